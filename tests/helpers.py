@@ -1,0 +1,61 @@
+"""Shared test helpers (plain functions; fixtures live in conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+ARTIFACTS = REPO / "test-artifacts"
+TINY_MODEL = "visioncap-tiny"
+PERSON_DETECTOR = "pkg:fall_detection/models/best.pt"
+
+
+def pipeline_dict(video: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    """The demo pipeline pointed at `video`; keyword sections are merged over it."""
+    base: dict[str, Any] = {
+        "name": "test",
+        "sources": [{"camera": "cam-1", "path": str(video), "analyze_fps": 5}],
+        "detector": {"weights": PERSON_DETECTOR, "person_classes": [0, 1], "image_size": 320},
+        "selection": {"interval_s": 2.0, "gap_s": 1.0},
+        "caption": {"max_tokens": 8, "max_image_pixels": 200704},
+        "vlm": {"model": TINY_MODEL, "extra_body": {"ignore_eos": True}},
+    }
+    for key, value in sections.items():
+        base[key] = {**base[key], **value} if isinstance(base.get(key), dict) else value
+    return base
+
+
+def write_pipeline(directory: Path, data: dict[str, Any] | str, name: str = "pipeline.yaml") -> Path:
+    path = directory / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """`visioncap ARGS` in a child process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "visioncap", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+        check=False,
+    )
+
+
+def scrape_metric(root_url: str, name: str) -> float:
+    """Sum of all samples of a Prometheus metric on a server's /metrics."""
+    text = httpx.get(f"{root_url}/metrics", timeout=10).text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

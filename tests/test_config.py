@@ -1,0 +1,101 @@
+"""A broken pipeline file exits 2 with one line naming the file, the field and the problem."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from helpers import pipeline_dict, run_cli, write_pipeline
+
+from visioncap.config import load_pipeline
+from visioncap.errors import ConfigError
+
+
+@pytest.fixture
+def video(tmp_path: Path) -> Path:
+    # Only existence is checked before any frame is read.
+    path = tmp_path / "clip.mp4"
+    path.write_bytes(b"not decoded by these tests")
+    return path
+
+
+def test_valid_file_loads_and_anchors_relative_paths(tmp_path: Path, video: Path) -> None:
+    data = pipeline_dict(Path("clip.mp4"))
+    config = load_pipeline(write_pipeline(tmp_path, data))
+    assert config.sources[0].path == video.resolve()
+    assert config.detector.person_classes == [0, 1]
+    assert config.vlm.extra_body == {"ignore_eos": True}
+
+
+def test_shipped_demo_pipeline_is_valid(tmp_path: Path) -> None:
+    demo = Path(__file__).resolve().parents[1] / "pipelines" / "demo.yaml"
+    text = demo.read_text().replace("../data/demo.mp4", "clip.mp4")
+    (tmp_path / "clip.mp4").write_bytes(b"x")
+    config = load_pipeline(write_pipeline(tmp_path, text))
+    assert config.vlm.model == "visioncap-tiny"
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"detector": {"weightz": "x.pt"}}, "detector.weightz: Extra inputs are not permitted"),
+        ({"caption": {"max_tokens": "many"}}, "caption.max_tokens: Input should be a valid integer"),
+        ({"detector": {"confidence": 1.5}}, "detector.confidence: Input should be less than or equal to 1"),
+        ({"selection": {"interval_s": -1}}, "selection.interval_s: Input should be greater than 0"),
+        ({"vlm": {"base_url": "ftp://x"}}, "vlm.base_url: String should match pattern"),
+        ({"sources": []}, "sources: List should have at least 1 item"),
+    ],
+)
+def test_invalid_fields_are_named(tmp_path: Path, video: Path, change: dict, expected: str) -> None:
+    path = write_pipeline(tmp_path, pipeline_dict(video, **change))
+    with pytest.raises(ConfigError) as info:
+        load_pipeline(path)
+    assert str(path) in str(info.value)
+    assert expected in str(info.value)
+
+
+def test_missing_required_section(tmp_path: Path, video: Path) -> None:
+    data = pipeline_dict(video)
+    del data["vlm"]
+    with pytest.raises(ConfigError, match="vlm: Field required"):
+        load_pipeline(write_pipeline(tmp_path, data))
+
+
+def test_duplicate_camera_ids(tmp_path: Path, video: Path) -> None:
+    data = pipeline_dict(video)
+    data["sources"] = data["sources"] * 2
+    with pytest.raises(ConfigError, match="camera id 'cam-1' is used by more than one source"):
+        load_pipeline(write_pipeline(tmp_path, data))
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("unknown", "unknown field"),
+        ("wrong_type", "caption.max_tokens: Input should be a valid integer"),
+        ("missing_video", "sources.0.path: video file"),
+        ("bad_yaml", "invalid YAML at line 3, column 1"),
+        ("not_a_mapping", "must be a mapping"),
+        ("no_file", "cannot read pipeline file"),
+    ],
+)
+def test_cli_exits_2_with_one_line(tmp_path: Path, video: Path, content: str, expected: str) -> None:
+    path = tmp_path / "p.yaml"
+    if content == "unknown":
+        write_pipeline(tmp_path, pipeline_dict(video, selection={"every_frame": True}), "p.yaml")
+        expected = "selection.every_frame: Extra inputs are not permitted"
+    elif content == "wrong_type":
+        write_pipeline(tmp_path, pipeline_dict(video, caption={"max_tokens": "lots"}), "p.yaml")
+    elif content == "missing_video":
+        write_pipeline(tmp_path, pipeline_dict(tmp_path / "nowhere.mp4"), "p.yaml")
+    elif content == "bad_yaml":
+        path.write_text("name: x\nsources: [unclosed\n")
+    elif content == "not_a_mapping":
+        path.write_text("- just\n- a list\n")
+    result = run_cli("run", str(path))
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ")
+    assert expected in lines[0]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,65 @@
+"""A VLM that is down or hung gives a clear error within bounded time, never a hang.
+
+Both faults are real: nothing listening on a port, and a listening socket that never answers.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import pipeline_dict, run_cli, write_pipeline
+
+from visioncap.caption.client import CaptionError, VlmCaptioner
+from visioncap.caption.encode import encode_jpeg
+from visioncap.config import CaptionConfig, VlmConfig
+from visioncap.serve import free_port
+from visioncap.store import CaptionStore, create_db_engine
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """Accepts TCP connections (the kernel completes the handshake) and never says a word."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+
+
+def test_run_against_a_dead_endpoint_exits_with_a_clear_error(tmp_path: Path, demo_video: tuple[Path, object]) -> None:
+    video, _ = demo_video
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    database = f"sqlite:///{tmp_path / 'c.db'}"
+    started = time.monotonic()
+    result = run_cli(
+        "run",
+        str(write_pipeline(tmp_path, pipeline_dict(video))),
+        env={"VISIONCAP_DATABASE_URL": database, "VISIONCAP_VLM_BASE_URL": dead},
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert f"error: VLM endpoint {dead} is unreachable" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - started < 30
+    assert CaptionStore(create_db_engine(database)).count() == 0
+
+
+def test_hung_endpoint_fails_the_readiness_check(silent_server: str) -> None:
+    captioner = VlmCaptioner(VlmConfig(model="m"), CaptionConfig(), silent_server, "k")
+    with pytest.raises(Exception, match="is unreachable \\(ReadTimeout"):
+        captioner.check_ready(timeout_s=0.5)
+
+
+def test_hung_endpoint_caption_times_out_after_bounded_retries(silent_server: str) -> None:
+    vlm = VlmConfig(model="m", timeout_s=0.5, retries=1)
+    captioner = VlmCaptioner(vlm, CaptionConfig(), silent_server, "k")
+    image = encode_jpeg(np.zeros((48, 64, 3), np.uint8), max_pixels=64 * 48)
+    started = time.monotonic()
+    with pytest.raises(CaptionError, match="APITimeoutError after 2 attempts"):
+        captioner.caption(image)
+    # two 0.5 s timeouts and one 0.5 s backoff, with slack for a loaded machine
+    assert time.monotonic() - started < 10

@@ -1,0 +1,3 @@
+from visioncap.cli import main
+
+main()

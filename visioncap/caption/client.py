@@ -1,0 +1,103 @@
+"""Captions frames through an OpenAI-compatible chat-completions endpoint (vLLM or the gateway).
+
+Requests go through `ultralytics.LLM` with api="chat.completions", Ultralytics' own client for text + image
+prompts, which passes request arguments (extra_body, timeout, response_format) straight to the `openai` SDK
+and returns its native response, usage included. Two things it does not do, so this module does them:
+it builds its `openai.OpenAI` client with the SDK defaults (2 silent retries, 10-minute timeout), so a
+client configured with our timeout and no SDK retries is handed to it and retries happen here, where they
+can be counted and bounded; and it re-encodes arrays at a fixed JPEG quality with no size bound, so frames
+arrive as data URIs already fitted to the pixel budget.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import time
+
+import httpx
+import openai
+
+from visioncap.config.caption import CaptionConfig
+from visioncap.config.vlm import VlmConfig
+from visioncap.errors import ConfigError, VlmUnavailableError
+from visioncap.frames import Caption, EncodedImage
+
+log = logging.getLogger(__name__)
+
+# Errors worth another try: the server may be starting, overloaded or restarting.
+TRANSIENT_ERRORS = (
+    openai.APIConnectionError,  # includes APITimeoutError
+    openai.InternalServerError,
+    openai.RateLimitError,
+)
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 8.0
+
+
+class CaptionError(Exception):
+    """A caption request failed for good; the message says why."""
+
+
+class VlmCaptioner:
+    """Sends one frame per request and returns the caption; safe to call from several threads."""
+
+    def __init__(self, vlm: VlmConfig, caption: CaptionConfig, base_url: str, api_key: str) -> None:
+        from ultralytics import LLM
+
+        self._vlm = vlm
+        self._caption = caption
+        self.base_url = base_url.rstrip("/")
+        self._llm = LLM(vlm.model, api="chat.completions", base_url=self.base_url, api_key=api_key)
+        self._llm.client = openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=vlm.timeout_s, max_retries=0)
+        self._api_key = api_key
+
+    def check_ready(self, timeout_s: float = 5.0) -> None:
+        """Fail fast, with a clear message, when the endpoint is down or does not serve the model."""
+        url = f"{self.base_url}/models"
+        try:
+            response = httpx.get(url, timeout=timeout_s, headers={"Authorization": f"Bearer {self._api_key}"})
+            response.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise VlmUnavailableError(
+                f"VLM endpoint {self.base_url} is unreachable ({type(exc).__name__}: {exc}); start it "
+                "(e.g. `visioncap serve --profile tiny`) or set vlm.base_url / VISIONCAP_VLM_BASE_URL"
+            ) from exc
+        served = [entry.get("id") for entry in response.json().get("data", [])]
+        if self._vlm.model not in served:
+            raise ConfigError(f"vlm.model: {self._vlm.model!r} is not served by {self.base_url} (it serves {served})")
+
+    def caption(self, image: EncodedImage) -> Caption:
+        """Caption one image, retrying transient failures with exponential backoff."""
+        data_uri = "data:image/jpeg;base64," + base64.b64encode(image.jpeg).decode("ascii")
+        attempt = 0
+        while True:
+            started = time.perf_counter()
+            try:
+                response = self._llm(
+                    self._caption.prompt,
+                    image=data_uri,
+                    max_tokens=self._caption.max_tokens,
+                    temperature=self._caption.temperature,
+                    extra_body=self._vlm.extra_body or None,
+                )
+            except TRANSIENT_ERRORS as exc:
+                if attempt >= self._vlm.retries:
+                    raise CaptionError(f"{type(exc).__name__} after {attempt + 1} attempts: {exc}") from exc
+                delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
+                log.warning("caption attempt %d failed (%s); retrying in %.1f s", attempt + 1, exc, delay)
+                time.sleep(delay)
+                attempt += 1
+                continue
+            except openai.APIStatusError as exc:
+                raise CaptionError(f"VLM refused the request (HTTP {exc.status_code}): {exc.message}") from exc
+            latency = time.perf_counter() - started
+            choice = response.choices[0]
+            usage = response.usage
+            return Caption(
+                text=(choice.message.content or "").strip(),
+                model=response.model,
+                prompt_tokens=usage.prompt_tokens if usage else 0,
+                completion_tokens=usage.completion_tokens if usage else 0,
+                latency_s=latency,
+            )

@@ -1,0 +1,175 @@
+"""The `visioncap` command."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+import sys
+from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from visioncap.errors import ConfigError, VisioncapError
+from visioncap.settings import Settings
+
+if TYPE_CHECKING:
+    from visioncap.serve import VllmServer
+
+app = typer.Typer(help="Turns camera streams into searchable captions.", no_args_is_help=True, add_completion=False)
+err = Console(stderr=True)
+log = logging.getLogger("visioncap")
+
+
+def _settings() -> Settings:
+    try:
+        return Settings()
+    except Exception as exc:  # pydantic's ValidationError, already naming the variable
+        raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    # One line per HTTP request drowns the pipeline's own log.
+    for noisy in ("httpx", "httpx2", "httpcore", "openai"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+@app.command()
+def run(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML file.")],
+    serve: Annotated[
+        str | None,
+        typer.Option(help="Start this model profile's vLLM server for the duration of the run (a free port)."),
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run a pipeline to the end of its sources and store the captions."""
+    _setup_logging(log_level)
+    from visioncap.caption.client import VlmCaptioner
+    from visioncap.config.pipeline import load_pipeline
+    from visioncap.detect.yolo import PersonDetector
+    from visioncap.pipeline.runner import PipelineRunner
+    from visioncap.store import CaptionStore, create_db_engine
+
+    settings = _settings()
+    config = load_pipeline(pipeline)
+    base_url = config.vlm.base_url or settings.vlm_base_url
+    with ExitStack() as stack:
+        if serve is not None:
+            server = _server_for(serve, settings, port=None)
+            if server.profile.served_model_name != config.vlm.model:
+                raise ConfigError(
+                    f"{pipeline}: vlm.model is {config.vlm.model!r} but profile {serve!r} serves "
+                    f"{server.profile.served_model_name!r}"
+                )
+            log.info("starting vLLM (profile %s) on %s; log in %s", serve, server.base_url, server.log_file)
+            stack.enter_context(server)
+            base_url = server.base_url
+        store = CaptionStore(create_db_engine(settings.resolved_database_url()))
+        store.create_schema()
+        captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
+        captioner.check_ready()
+        detector = PersonDetector(config.detector, base_dir=pipeline.parent)
+        summary = PipelineRunner(config, detector, captioner, store).run()
+    typer.echo(summary.line())
+    if summary.failed:
+        raise typer.Exit(1)
+
+
+def _server_for(profile_name: str, settings: Settings, port: int | None, host: str = "127.0.0.1") -> VllmServer:
+    from visioncap.serve import VllmServer, free_port, load_profile
+
+    profile = load_profile(profile_name, settings.models_dir)
+    chosen = port if port is not None else free_port()
+    log_file = settings.data_dir / "logs" / f"vllm-{profile.name}-{chosen}.log"
+    return VllmServer(profile, python=settings.server_python, host=host, port=chosen, log_file=log_file)
+
+
+@app.command("serve")
+def serve_command(
+    profile: Annotated[str, typer.Option(help="Model profile name (models/NAME.yaml) or a profile file.")] = "tiny",
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the vLLM command and exit.")] = False,
+) -> None:
+    """Start vLLM for a model profile, wait until healthy, and stop it cleanly on Ctrl-C or SIGTERM."""
+    _setup_logging("INFO")
+    settings = _settings()
+    server = _server_for(profile, settings, port=port, host=host)
+    server.log_file = None  # in the foreground, vLLM's own output is the log
+    if dry_run:
+        typer.echo(shlex.join(server.command()))
+        return
+    server.start()
+
+    def _forward(signum: int, _frame: object) -> None:
+        server.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, _forward)
+    try:
+        took = server.wait_ready()
+        err.print(f"vLLM ready at {server.base_url} (model {server.profile.served_model_name}) in {took:.1f} s")
+        code = server.wait()
+    except KeyboardInterrupt:
+        code = 0
+    finally:
+        server.stop()
+    raise typer.Exit(code)
+
+
+@app.command()
+def captions(
+    camera: Annotated[str | None, typer.Option(help="Only this camera.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000, help="How many, newest first.")] = 20,
+) -> None:
+    """Print stored captions, newest first."""
+    from visioncap.store import CaptionStore, create_db_engine
+
+    settings = _settings()
+    store = CaptionStore(create_db_engine(settings.resolved_database_url()))
+    store.create_schema()
+    rows = store.list(camera=camera, limit=limit)
+    table = Table(title=f"{len(rows)} stored captions (newest first)")
+    for column in ("id", "camera", "frame", "video s", "people", "status", "tokens in/out", "caption"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(
+            str(row.id),
+            row.camera,
+            str(row.frame_index),
+            f"{row.offset_s:.1f}",
+            str(row.people_count),
+            row.status,
+            f"{row.prompt_tokens}/{row.completion_tokens}",
+            row.caption if row.caption is not None else f"[red]{row.error}[/red]",
+        )
+    Console(width=160).print(table)
+
+
+@app.command("make-demo-video")
+def make_demo_video_command(
+    path: Annotated[Path, typer.Argument(help="Where to write the video (.mp4).")] = Path("data/demo.mp4"),
+) -> None:
+    """Write the demo video: photos with people from the ultralytics wheel between empty stretches."""
+    from visioncap.demo_video import FPS, make_demo_video
+
+    segments = make_demo_video(path)
+    people = [f"{s.start / FPS:.1f}-{s.end / FPS:.1f} s" for s in segments if s.has_people]
+    typer.echo(f"{path}: {segments[-1].end} frames at {FPS} fps; people at {', '.join(people)}")
+
+
+def main() -> None:
+    try:
+        app()
+    except VisioncapError as exc:
+        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,35 @@
+"""Engine creation with the per-backend settings that concurrent readers and writers need."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from visioncap.errors import ConfigError
+
+
+def create_db_engine(url: str) -> Engine:
+    """An engine for `url`; SQLite gets WAL so readers never block the pipeline's writes."""
+    try:
+        parsed = make_url(url)
+    except Exception as exc:
+        raise ConfigError(f"database URL {url!r} is not valid: {exc}") from exc
+    if parsed.get_backend_name() != "sqlite":
+        return create_engine(url, pool_pre_ping=True)
+    if parsed.database and parsed.database != ":memory:":
+        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+    # Caption workers write from several threads; each checks out its own connection.
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return engine
