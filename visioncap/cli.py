@@ -46,20 +46,30 @@ def run(
     pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML file.")],
     serve: Annotated[
         str | None,
-        typer.Option(help="Start this model profile's vLLM server for the duration of the run (a free port)."),
+        typer.Option(help="Start this model profile's vLLM server for the duration of the run (on a free port)."),
+    ] = None,
+    progress: Annotated[
+        str, typer.Option(help="`rich` live table, `log` lines every 10 s (services), or `none`; default by terminal.")
+    ] = "auto",
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port (127.0.0.1) while running.")
     ] = None,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
-    """Run a pipeline to the end of its sources and store the captions."""
+    """Run a pipeline until its sources end (files) or until Ctrl-C/SIGTERM (live cameras)."""
     _setup_logging(log_level)
     from visioncap.caption.client import VlmCaptioner
     from visioncap.config.pipeline import load_pipeline
     from visioncap.detect.yolo import PersonDetector
+    from visioncap.pipeline.progress import Progress
     from visioncap.pipeline.runner import PipelineRunner
     from visioncap.store import CaptionStore, create_db_engine
 
     settings = _settings()
     config = load_pipeline(pipeline)
+    if progress not in ("auto", "rich", "log", "none"):
+        raise ConfigError(f"--progress must be auto, rich, log or none, not {progress!r}")
+    mode = ("rich" if sys.stderr.isatty() else "log") if progress == "auto" else progress
     base_url = config.vlm.base_url or settings.vlm_base_url
     with ExitStack() as stack:
         if serve is not None:
@@ -77,9 +87,26 @@ def run(
         captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
         captioner.check_ready()
         detector = PersonDetector(config.detector, base_dir=pipeline.parent)
-        summary = PipelineRunner(config, detector, captioner, store).run()
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(metrics_port, addr="127.0.0.1")
+        runner = PipelineRunner(config, detector, captioner, store, settings.data_dir)
+
+        def _stop(_signum: int, _frame: object) -> None:
+            log.info("stopping: sources close, pending captions stay pending for the next run")
+            runner.stop()
+
+        signal.signal(signal.SIGTERM, _stop)
+        signal.signal(signal.SIGINT, _stop)
+        with Progress(mode, runner.summary, lambda: runner.outbox.depth):
+            summary = runner.run()
     typer.echo(summary.line())
-    if summary.failed:
+    for error in summary.source_errors:
+        err.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
+    if summary.pending:
+        err.print(f"{summary.pending} captions still pending; the next run captions them first", markup=False)
+    if not summary.ok:
         raise typer.Exit(1)
 
 
@@ -137,16 +164,16 @@ def captions(
     store.create_schema()
     rows = store.list(camera=camera, limit=limit)
     table = Table(title=f"{len(rows)} stored captions (newest first)")
-    for column in ("id", "camera", "frame", "video s", "people", "status", "tokens in/out", "caption"):
+    for column in ("id", "camera", "captured (UTC)", "people", "status", "reason", "tokens in/out", "caption"):
         table.add_column(column, overflow="fold")
     for row in rows:
         table.add_row(
             str(row.id),
             row.camera,
-            str(row.frame_index),
-            f"{row.offset_s:.1f}",
+            row.captured_at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-4],
             str(row.people_count),
             row.status,
+            row.reason,
             f"{row.prompt_tokens}/{row.completion_tokens}",
             row.caption if row.caption is not None else f"[red]{row.error}[/red]",
         )

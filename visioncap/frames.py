@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,17 @@ class PersonBox:
     y2: float
     confidence: float
     class_id: int
+    track_id: int | None = None
 
-    def as_dict(self) -> dict[str, float | int]:
+    @property
+    def area(self) -> float:
+        return max(0.0, self.x2 - self.x1) * max(0.0, self.y2 - self.y1)
+
+    @property
+    def center(self) -> tuple[float, float]:
+        return (self.x1 + self.x2) / 2, (self.y1 + self.y2) / 2
+
+    def as_dict(self) -> dict[str, float | int | None]:
         return {
             "x1": round(self.x1, 1),
             "y1": round(self.y1, 1),
@@ -36,6 +46,7 @@ class PersonBox:
             "y2": round(self.y2, 1),
             "confidence": round(self.confidence, 4),
             "class_id": self.class_id,
+            "track_id": self.track_id,
         }
 
 
@@ -49,19 +60,28 @@ class Detection:
 
 @dataclass(frozen=True, slots=True)
 class SelectedFrame:
-    """A person frame chosen for captioning, with the reason it was chosen."""
+    """A person frame chosen for captioning: why, for which person events (track ids), and how good it is."""
 
     detection: Detection
     reason: str
+    event_ids: tuple[int, ...] = ()
+    score: float = 0.0
+
+    @property
+    def event_key(self) -> str:
+        """Frames with the same key describe the same event and may replace each other in a full queue."""
+        first = min(self.event_ids) if self.event_ids else self.detection.frame.index
+        return f"{self.detection.frame.camera}:{first}"
 
 
 @dataclass(frozen=True, slots=True)
 class EncodedImage:
-    """A JPEG ready to send, and the size it was encoded at."""
+    """A JPEG ready to send, the size it was encoded at, and the image tokens the VLM will spend on it."""
 
     jpeg: bytes = field(repr=False)
     width: int
     height: int
+    image_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,3 +93,4 @@ class Caption:
     prompt_tokens: int
     completion_tokens: int
     latency_s: float
+    structured: dict[str, Any] | None = None

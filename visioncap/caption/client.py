@@ -2,11 +2,11 @@
 
 Requests go through `ultralytics.LLM` with api="chat.completions", Ultralytics' own client for text + image
 prompts, which passes request arguments (extra_body, timeout, response_format) straight to the `openai` SDK
-and returns its native response, usage included. Two things it does not do, so this module does them:
-it builds its `openai.OpenAI` client with the SDK defaults (2 silent retries, 10-minute timeout), so a
-client configured with our timeout and no SDK retries is handed to it and retries happen here, where they
-can be counted and bounded; and it re-encodes arrays at a fixed JPEG quality with no size bound, so frames
-arrive as data URIs already fitted to the pixel budget.
+and returns its native response, usage included. Two things it does not do: it builds its `openai.OpenAI`
+client with the SDK defaults (2 silent retries, 10-minute timeout), so a client configured with our timeout
+and no SDK retries is handed to it, and retries are the outbox's (durable, counted, with backoff); and it
+re-encodes arrays at a fixed JPEG quality with no size bound, so frames arrive as data URIs already fitted to
+the image-token budget.
 """
 
 from __future__ import annotations
@@ -14,33 +14,41 @@ from __future__ import annotations
 import base64
 import logging
 import time
+from typing import Any
 
 import httpx
 import openai
+from pydantic import ValidationError
 
+from visioncap.caption.structured import StructuredCaption, response_format
 from visioncap.config.caption import CaptionConfig
 from visioncap.config.vlm import VlmConfig
 from visioncap.errors import ConfigError, VlmUnavailableError
-from visioncap.frames import Caption, EncodedImage
+from visioncap.frames import Caption
 
 log = logging.getLogger(__name__)
 
-# Errors worth another try: the server may be starting, overloaded or restarting.
+# Errors worth another try: the server may be starting, overloaded, restarting or gone for a while.
 TRANSIENT_ERRORS = (
     openai.APIConnectionError,  # includes APITimeoutError
     openai.InternalServerError,
     openai.RateLimitError,
 )
-BACKOFF_BASE_S = 0.5
-BACKOFF_MAX_S = 8.0
 
 
 class CaptionError(Exception):
-    """A caption request failed for good; the message says why."""
+    """A caption request failed for good (the server refused it, or its answer is unusable)."""
+
+
+class TransientCaptionError(CaptionError):
+    """A caption request failed in a way that another attempt later may not (timeout, connection, 5xx, 429)."""
 
 
 class VlmCaptioner:
-    """Sends one frame per request and returns the caption; safe to call from several threads."""
+    """Sends one frame per request and returns the caption; safe to call from several threads.
+
+    One call is one attempt: the outbox decides when to try again, so that retries survive restarts.
+    """
 
     def __init__(self, vlm: VlmConfig, caption: CaptionConfig, base_url: str, api_key: str) -> None:
         from ultralytics import LLM
@@ -51,6 +59,9 @@ class VlmCaptioner:
         self._llm = LLM(vlm.model, api="chat.completions", base_url=self.base_url, api_key=api_key)
         self._llm.client = openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=vlm.timeout_s, max_retries=0)
         self._api_key = api_key
+        self._request_extras: dict[str, Any] = {}
+        if caption.structured:
+            self._request_extras["response_format"] = response_format()
 
     def check_ready(self, timeout_s: float = 5.0) -> None:
         """Fail fast, with a clear message, when the endpoint is down or does not serve the model."""
@@ -67,37 +78,39 @@ class VlmCaptioner:
         if self._vlm.model not in served:
             raise ConfigError(f"vlm.model: {self._vlm.model!r} is not served by {self.base_url} (it serves {served})")
 
-    def caption(self, image: EncodedImage) -> Caption:
-        """Caption one image, retrying transient failures with exponential backoff."""
-        data_uri = "data:image/jpeg;base64," + base64.b64encode(image.jpeg).decode("ascii")
-        attempt = 0
-        while True:
-            started = time.perf_counter()
-            try:
-                response = self._llm(
-                    self._caption.prompt,
-                    image=data_uri,
-                    max_tokens=self._caption.max_tokens,
-                    temperature=self._caption.temperature,
-                    extra_body=self._vlm.extra_body or None,
-                )
-            except TRANSIENT_ERRORS as exc:
-                if attempt >= self._vlm.retries:
-                    raise CaptionError(f"{type(exc).__name__} after {attempt + 1} attempts: {exc}") from exc
-                delay = min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2**attempt)
-                log.warning("caption attempt %d failed (%s); retrying in %.1f s", attempt + 1, exc, delay)
-                time.sleep(delay)
-                attempt += 1
-                continue
-            except openai.APIStatusError as exc:
-                raise CaptionError(f"VLM refused the request (HTTP {exc.status_code}): {exc.message}") from exc
-            latency = time.perf_counter() - started
-            choice = response.choices[0]
-            usage = response.usage
-            return Caption(
-                text=(choice.message.content or "").strip(),
-                model=response.model,
-                prompt_tokens=usage.prompt_tokens if usage else 0,
-                completion_tokens=usage.completion_tokens if usage else 0,
-                latency_s=latency,
+    def caption(self, jpeg: bytes) -> Caption:
+        """Caption one JPEG in one attempt; raises TransientCaptionError or CaptionError."""
+        data_uri = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
+        started = time.perf_counter()
+        try:
+            response = self._llm(
+                self._caption.prompt,
+                image=data_uri,
+                max_tokens=self._caption.max_tokens,
+                temperature=self._caption.temperature,
+                extra_body=self._vlm.extra_body or None,
+                **self._request_extras,
             )
+        except TRANSIENT_ERRORS as exc:
+            raise TransientCaptionError(f"{type(exc).__name__}: {exc}") from exc
+        except openai.APIStatusError as exc:
+            raise CaptionError(f"VLM refused the request (HTTP {exc.status_code}): {exc.message}") from exc
+        latency = time.perf_counter() - started
+        text = (response.choices[0].message.content or "").strip()
+        structured = None
+        if self._caption.structured:
+            try:
+                parsed = StructuredCaption.model_validate_json(text)
+            except ValidationError as exc:
+                raise CaptionError(f"structured caption does not match the schema: {exc.errors()[0]['msg']}") from exc
+            structured = parsed.model_dump()
+            text = parsed.summary
+        usage = response.usage
+        return Caption(
+            text=text,
+            model=response.model,
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+            latency_s=latency,
+            structured=structured,
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from visioncap.config.base import StrictModel
@@ -13,17 +15,31 @@ DEFAULT_PROMPT = (
 
 
 class CaptionConfig(StrictModel):
-    """The prompt and the image sent with it."""
+    """The prompt, the image sent with it, and the shape of the answer."""
 
     prompt: str = Field(default=DEFAULT_PROMPT, min_length=1, description="Instruction sent with each frame.")
     max_tokens: int = Field(default=96, ge=1, le=8192, description="Most tokens a caption may have.")
     temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="Sampling temperature; 0 is greedy.")
-    max_image_pixels: int = Field(
-        default=256 * 28 * 28,
-        ge=28 * 28,
-        description=(
-            "Frames are downscaled to at most this many pixels before sending; it bounds image tokens "
-            "(Qwen2-VL: one token per 28x28 pixels)."
-        ),
+    max_image_tokens: int = Field(
+        default=256,
+        ge=4,
+        le=16384,
+        description="Image tokens one frame may cost; frames are downscaled to fit, using the model's pixels per "
+        "token (vlm.image_token_size).",
+    )
+    image_mode: Literal["full", "boxes", "crop"] = Field(
+        default="full",
+        description="`full` frame, `boxes`: full frame with the people boxed, `crop`: the people's region only.",
+    )
+    crop_padding: float = Field(
+        default=0.15,
+        ge=0,
+        le=2,
+        description="With image_mode crop: margin around the people, as a share of their size.",
     )
     jpeg_quality: int = Field(default=85, ge=30, le=100, description="JPEG quality of the frame sent.")
+    structured: bool = Field(
+        default=False,
+        description="Ask for JSON (people count, activities, attributes, summary) enforced by the server's guided "
+        "decoding and validated; the summary becomes the caption text.",
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from visioncap.config.base import StrictModel
@@ -34,4 +36,7 @@ class DetectorConfig(StrictModel):
     device: str | None = Field(
         default=None,
         description="Torch device for the detector (`cpu`, `0`, `cuda:0`); None lets Ultralytics choose.",
+    )
+    tracker: Literal["bytetrack", "botsort"] = Field(
+        default="bytetrack", description="Ultralytics tracker that links detections of one person across frames."
     )

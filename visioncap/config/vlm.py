@@ -19,11 +19,11 @@ class VlmConfig(StrictModel):
     )
     model: str = Field(min_length=1, description="Model name as served (vLLM's --served-model-name).")
     timeout_s: float = Field(default=60.0, gt=0, description="Seconds to wait for one caption before failing it.")
-    retries: int = Field(
-        default=2,
-        ge=0,
-        le=10,
-        description="Retries of a caption after a connection error, timeout or 5xx answer, with backoff.",
+    image_token_size: int = Field(
+        default=28,
+        ge=1,
+        description="Side in pixels of the square one image token covers: patch size x merge size (Qwen2/2.5-VL: "
+        "14 x 2 = 28; Qwen3-VL: 16 x 2 = 32).",
     )
     concurrency: int = Field(default=2, ge=1, le=64, description="Caption requests in flight at once.")
     extra_body: dict[str, Any] = Field(

@@ -1,4 +1,4 @@
-"""Runs a pipeline: source -> detect -> select -> caption -> store."""
+"""Runs a pipeline: source -> detect -> track -> select -> outbox -> caption -> store."""
 
 from visioncap.pipeline.runner import PipelineRunner, RunSummary
 

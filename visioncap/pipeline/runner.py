@@ -1,25 +1,60 @@
-"""Drives the stages for every source of a pipeline and counts what happened."""
+"""Drives the stages for every camera of a pipeline: source -> detect -> track -> select -> outbox -> caption."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
 
-from visioncap.caption.client import CaptionError, VlmCaptioner
-from visioncap.caption.encode import encode_jpeg
+from visioncap import metrics
+from visioncap.caption.client import VlmCaptioner
+from visioncap.caption.encode import compose, encode_jpeg
 from visioncap.config.pipeline import PipelineConfig
+from visioncap.config.sources import FileSourceConfig, FolderSourceConfig, SourceConfig
+from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
-from visioncap.errors import SourceError
-from visioncap.frames import SelectedFrame
-from visioncap.select.person_runs import PersonRunSelector
-from visioncap.sources.video_file import VideoFileSource
+from visioncap.frames import Detection, SelectedFrame
+from visioncap.pipeline.hub import FrameHub
+from visioncap.pipeline.outbox import Outbox, PutResult
+from visioncap.pipeline.workers import CaptionWorkers
+from visioncap.select.events import EventSelector
+from visioncap.sources.factory import analyse_rate, open_source, time_anchor
 from visioncap.store.captions import CaptionStore, NewCaption
 
 log = logging.getLogger(__name__)
+RATE_WINDOW_S = 5.0
+
+
+@dataclass
+class CameraStats:
+    """What the progress display shows for one camera."""
+
+    camera: str
+    state: str = "starting"
+    analysed: int = 0
+    person_frames: int = 0
+    people_in_view: int = 0
+    events: int = 0
+    selected: int = 0
+    error: str | None = None
+    _recent: deque[float] = field(default_factory=deque, repr=False)
+
+    def analysed_frame(self, now: float) -> None:
+        self.analysed += 1
+        self._recent.append(now)
+        while self._recent and now - self._recent[0] > RATE_WINDOW_S:
+            self._recent.popleft()
+
+    @property
+    def fps(self) -> float:
+        if len(self._recent) < 2:
+            return 0.0
+        span = self._recent[-1] - self._recent[0]
+        return (len(self._recent) - 1) / span if span > 0 else 0.0
 
 
 @dataclass
@@ -27,35 +62,46 @@ class RunSummary:
     """Counts over one run; `line()` is what the CLI prints."""
 
     pipeline: str
+    cameras: dict[str, CameraStats]
     frames: int = 0
-    analysed: int = 0
-    person_frames: int = 0
+    recovered: int = 0
     captions: int = 0
-    errors: int = 0
-    source_errors: list[str] = field(default_factory=list)
+    failed: int = 0
+    skipped: int = 0
+    duplicates: int = 0
+    pending: int = 0
     elapsed_s: float = 0.0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def count_caption(self, ok: bool) -> None:
-        with self._lock:
-            if ok:
-                self.captions += 1
-            else:
-                self.errors += 1
 
     @property
-    def failed(self) -> bool:
-        return self.errors > 0 or bool(self.source_errors)
+    def source_errors(self) -> list[str]:
+        return [c.error for c in self.cameras.values() if c.error]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed and not self.pending and not self.source_errors
 
     def line(self) -> str:
+        cams = self.cameras.values()
         return (
-            f"{self.pipeline}: {self.frames} frames, {self.analysed} analysed, {self.person_frames} person frames, "
-            f"{self.captions} captions, {self.errors + len(self.source_errors)} errors in {self.elapsed_s:.1f} s"
+            f"{self.pipeline}: {self.frames} frames, {sum(c.analysed for c in cams)} analysed, "
+            f"{sum(c.person_frames for c in cams)} person frames, {sum(c.events for c in cams)} events, "
+            f"{self.captions} captions, {self.skipped} skipped, {self.pending} pending, "
+            f"{self.failed + len(self.source_errors)} errors in {self.elapsed_s:.1f} s"
         )
 
 
+@dataclass
+class _Camera:
+    config: SourceConfig
+    anchor: datetime
+    tracker: PersonTracker
+    selector: EventSelector
+    stats: CameraStats
+    source: object = None
+
+
 class PipelineRunner:
-    """Reads each source to its end; captions run on worker threads while detection goes on."""
+    """Runs until every source has ended (files, folders) or `stop()` is called (live streams)."""
 
     def __init__(
         self,
@@ -63,98 +109,133 @@ class PipelineRunner:
         detector: PersonDetector,
         captioner: VlmCaptioner,
         store: CaptionStore,
+        data_dir: Path,
     ) -> None:
         self._config = config
         self._detector = detector
         self._captioner = captioner
         self._store = store
+        self._data_dir = data_dir
+        self._stop = threading.Event()
+        self.outbox = Outbox(store, data_dir, config.outbox)
+        self._cameras: dict[str, _Camera] = {}
+        for source in config.sources:
+            self._cameras[source.camera] = _Camera(
+                config=source,
+                anchor=time_anchor(source),
+                tracker=PersonTracker(
+                    config.detector.tracker, analyse_rate(source), keep_lost_s=config.selection.event_end_s
+                ),
+                selector=EventSelector(config.selection),
+                stats=CameraStats(camera=source.camera),
+            )
+        self.summary = RunSummary(pipeline=config.name, cameras={c: cam.stats for c, cam in self._cameras.items()})
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        """Ask the run to end: sources stop, what is pending stays pending for the next run."""
+        self._stop.set()
 
     def run(self) -> RunSummary:
-        summary = RunSummary(pipeline=self._config.name)
+        summary = self.summary
         started = time.perf_counter()
-        workers = self._config.vlm.concurrency
-        # Bounds the frames held in memory while captions are slower than detection; detection
-        # waits instead of dropping, because a file source can always be read later.
-        in_flight = threading.BoundedSemaphore(workers * 2)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="caption") as pool:
-            for source_config in self._config.sources:
-                source = VideoFileSource(source_config)
-                selector = PersonRunSelector(self._config.selection)
-                # File frames carry offsets, not clock times: anchor them at the moment the file is read.
-                start_time = datetime.now(UTC)
-                try:
-                    for frame in source.frames():
-                        summary.analysed += 1
-                        detection = self._detector.detect([frame])[0]
-                        if detection.people:
-                            summary.person_frames += 1
-                        selected = selector.offer(detection)
-                        if selected is None:
-                            continue
-                        in_flight.acquire()
-                        future: Future[None] = pool.submit(
-                            self._caption_and_store, selected, str(source_config.path), start_time, summary
-                        )
-                        future.add_done_callback(lambda f: self._finished(f, in_flight, summary))
-                except SourceError as exc:
-                    log.error("%s", exc)
-                    summary.source_errors.append(str(exc))
-                finally:
-                    summary.frames += source.frames_read
+        summary.recovered = self.outbox.recover()
+        workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency)
+        workers.start()
+        sources = []
+        for camera in self._cameras.values():
+            camera.source = open_source(camera.config, on_state=self._on_state)
+            sources.append(camera.source)
+        hub = FrameHub(sources, on_finished=self._on_finished)
+        hub.start()
+        try:
+            while not self._stop.is_set():
+                batch = hub.next_batch(timeout=0.5)
+                if not batch:
+                    if hub.finished:
+                        break
+                    continue
+                for detection in self._detector.detect(batch):
+                    self._handle(detection)
+        finally:
+            hub.stop()
+            hub.join(timeout=10)
+            for camera in self._cameras.values():
+                for selected in camera.selector.flush():
+                    self._submit(camera, selected)
+            drain = 0.0 if self._stop.is_set() else self._config.outbox.drain_timeout_s
+            if not self.outbox.wait_drained(drain) and drain:
+                log.warning("outbox: captions still pending after %.0f s; the next run captions them first", drain)
+            self.outbox.close()
+            workers.join(timeout=self._config.vlm.timeout_s + 5)
+        summary.frames = sum(getattr(c.source, "frames_read", 0) for c in self._cameras.values())
+        counts = self.outbox.counts
+        summary.captions, summary.failed = counts["captioned"], counts["failed"]
+        summary.skipped, summary.duplicates = counts["skipped"], counts["duplicate"]
+        summary.pending = self.outbox.depth
         summary.elapsed_s = time.perf_counter() - started
         return summary
 
-    @staticmethod
-    def _finished(future: Future[None], in_flight: threading.BoundedSemaphore, summary: RunSummary) -> None:
-        in_flight.release()
-        exc = future.exception()
-        if exc is not None:
-            # Caption failures are handled inside the task; anything here (e.g. the database
-            # refusing a write) must still be counted and shown, not vanish with the thread.
-            log.error("caption task failed: %s: %s", type(exc).__name__, exc)
-            summary.count_caption(ok=False)
+    def _on_state(self, camera: str, state: object) -> None:
+        value = str(state)
+        with self._lock:
+            self._cameras[camera].stats.state = value
+        for known in ("starting", "online", "reconnecting", "offline", "finished"):
+            metrics.CAMERA_STATE.labels(camera, known).set(1 if known == value else 0)
 
-    def _caption_and_store(
-        self, selected: SelectedFrame, source: str, start_time: datetime, summary: RunSummary
-    ) -> None:
+    def _on_finished(self, camera: str, error: str | None) -> None:
+        with self._lock:
+            stats = self._cameras[camera].stats
+            stats.error = error
+            stats.state = "failed" if error else "finished"
+
+    def _handle(self, detection: Detection) -> None:
+        camera = self._cameras[detection.frame.camera]
+        stats = camera.stats
+        stats.analysed_frame(time.monotonic())
+        metrics.FRAMES_ANALYSED.labels(stats.camera).inc()
+        if isinstance(camera.config, FileSourceConfig | FolderSourceConfig) and stats.state == "starting":
+            stats.state = "online"
+        tracked = camera.tracker.update(detection)
+        if tracked.people:
+            stats.person_frames += 1
+        stats.people_in_view = len(tracked.people)
+        metrics.PEOPLE_IN_VIEW.labels(stats.camera).set(stats.people_in_view)
+        before = camera.selector.events_started
+        selections = camera.selector.offer(tracked)
+        if camera.selector.events_started > before:
+            metrics.EVENTS.labels(stats.camera).inc(camera.selector.events_started - before)
+        stats.events = camera.selector.events_started
+        for selected in selections:
+            self._submit(camera, selected)
+
+    def _submit(self, camera: _Camera, selected: SelectedFrame) -> None:
+        caption = self._config.caption
         frame = selected.detection.frame
-        image = encode_jpeg(frame.image, self._config.caption.max_image_pixels, self._config.caption.jpeg_quality)
+        picture = compose(frame.image, selected.detection.people, caption.image_mode, caption.crop_padding)
+        image = encode_jpeg(picture, caption.max_image_tokens, self._config.vlm.image_token_size, caption.jpeg_quality)
+        source = camera.config
         new = NewCaption(
             pipeline=self._config.name,
             camera=frame.camera,
-            source=source,
+            source=str(getattr(source, "path", None) or getattr(source, "url", "")),
             frame_index=frame.index,
             offset_s=frame.offset_s,
-            captured_at=start_time + timedelta(seconds=frame.offset_s),
+            captured_at=(getattr(camera.source, "started_at", None) or camera.anchor)
+            + timedelta(seconds=frame.offset_s),
             reason=selected.reason,
+            event_key=selected.event_key,
+            event_ids=list(selected.event_ids),
+            score=selected.score,
             people=[person.as_dict() for person in selected.detection.people],
             image_width=image.width,
             image_height=image.height,
+            image_tokens=image.image_tokens,
             model=self._config.vlm.model,
         )
-        try:
-            caption = self._captioner.caption(image)
-        except CaptionError as exc:
-            log.error("camera %s frame %d: caption failed: %s", frame.camera, frame.index, exc)
-            self._store.add(replace(new, error=str(exc)))
-            summary.count_caption(ok=False)
-            return
-        self._store.add(
-            replace(
-                new,
-                caption=caption.text,
-                model=caption.model,
-                prompt_tokens=caption.prompt_tokens,
-                completion_tokens=caption.completion_tokens,
-                latency_ms=caption.latency_s * 1000,
-            )
-        )
-        summary.count_caption(ok=True)
-        log.info(
-            "camera %s frame %d (%.1f s, %d people): %s",
-            frame.camera,
-            frame.index,
-            frame.offset_s,
-            len(selected.detection.people),
-            caption.text[:120],
-        )
+        result, row_id = self.outbox.put(new, image.jpeg)
+        camera.stats.selected += 1
+        metrics.FRAMES_SELECTED.labels(frame.camera, selected.reason).inc()
+        if result in (PutResult.QUEUED, PutResult.REPLACED):
+            metrics.IMAGE_TOKENS.labels(frame.camera).inc(image.image_tokens)
+        log.debug("camera %s frame %d: %s -> %s (#%s)", frame.camera, frame.index, selected.reason, result, row_id)

@@ -1,5 +1,5 @@
 """Frame selection: which person frames get a caption."""
 
-from visioncap.select.person_runs import PersonRunSelector
+from visioncap.select.events import EventSelector
 
-__all__ = ["PersonRunSelector"]
+__all__ = ["EventSelector"]

@@ -1,7 +1,7 @@
 """Caption storage: SQLAlchemy 2 over SQLite (default) or PostgreSQL."""
 
-from visioncap.store.captions import CaptionStore, NewCaption
+from visioncap.store.captions import CaptionStore, NewCaption, PendingRow
 from visioncap.store.database import create_db_engine
-from visioncap.store.records import CaptionRecord
+from visioncap.store.records import CaptionRecord, CaptionStatus
 
-__all__ = ["CaptionRecord", "CaptionStore", "NewCaption", "create_db_engine"]
+__all__ = ["CaptionRecord", "CaptionStatus", "CaptionStore", "NewCaption", "PendingRow", "create_db_engine"]

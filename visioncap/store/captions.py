@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, func, select
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import Engine, func, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import sessionmaker
 
 from visioncap.errors import VisioncapError
-from visioncap.store.records import Base, CaptionRecord
-
-CAPTIONED = "captioned"
-FAILED = "failed"
+from visioncap.frames import Caption
+from visioncap.store.records import Base, CaptionRecord, CaptionStatus
 
 
 @dataclass(frozen=True, slots=True)
 class NewCaption:
-    """Everything stored about one selected frame."""
+    """What is known about a selected frame before the VLM sees it."""
 
     pipeline: str
     camera: str
@@ -32,19 +30,35 @@ class NewCaption:
     image_width: int
     image_height: int
     model: str
-    caption: str | None = None
-    error: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    latency_ms: float | None = None
+    event_key: str = ""
+    event_ids: list[int] = field(default_factory=list)
+    score: float = 0.0
+    image_path: str | None = None
+    image_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    """A pending row as the outbox needs it after a restart."""
+
+    id: int
+    camera: str
+    event_key: str
+    score: float
+    attempts: int
+    image_path: str | None
 
 
 class CaptionStore:
-    """Adds and lists caption rows; each write is its own transaction."""
+    """Writes rows through their outbox states and reads them back; each write is its own transaction."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
 
     def create_schema(self) -> None:
         try:
@@ -52,40 +66,74 @@ class CaptionStore:
         except SQLAlchemyError as exc:
             raise VisioncapError(f"cannot prepare the database at {self._engine.url!r}: {exc}") from exc
 
-    def add(self, new: NewCaption) -> CaptionRecord:
-        record = CaptionRecord(
-            pipeline=new.pipeline,
-            camera=new.camera,
-            source=new.source,
-            frame_index=new.frame_index,
-            offset_s=new.offset_s,
-            captured_at=new.captured_at,
-            reason=new.reason,
-            people=new.people,
-            people_count=len(new.people),
-            image_width=new.image_width,
-            image_height=new.image_height,
-            status=FAILED if new.error is not None else CAPTIONED,
-            caption=new.caption,
-            error=new.error,
-            model=new.model,
-            prompt_tokens=new.prompt_tokens,
-            completion_tokens=new.completion_tokens,
-            latency_ms=new.latency_ms,
-        )
+    def add(
+        self, new: NewCaption, status: CaptionStatus = CaptionStatus.PENDING, error: str | None = None
+    ) -> int | None:
+        """Insert a row; None when this camera already has a row for this instant (a re-run of a file)."""
+        record = CaptionRecord(**asdict(new), people_count=len(new.people), status=status, error=error)
+        try:
+            with self._sessions.begin() as session:
+                session.add(record)
+        except IntegrityError:
+            return None
+        return record.id
+
+    def _update(self, caption_id: int, **values: Any) -> None:
         with self._sessions.begin() as session:
-            session.add(record)
-        return record
+            session.execute(update(CaptionRecord).where(CaptionRecord.id == caption_id).values(**values))
+
+    def mark_captioned(self, caption_id: int, caption: Caption, attempts: int) -> None:
+        self._update(
+            caption_id,
+            status=CaptionStatus.CAPTIONED,
+            caption=caption.text,
+            structured=caption.structured,
+            model=caption.model,
+            prompt_tokens=caption.prompt_tokens,
+            completion_tokens=caption.completion_tokens,
+            latency_ms=caption.latency_s * 1000,
+            attempts=attempts,
+            error=None,
+        )
+
+    def mark_retrying(self, caption_id: int, error: str, attempts: int) -> None:
+        """A transient failure: the row stays pending, with the last error and the attempt count."""
+        self._update(caption_id, attempts=attempts, error=error)
+
+    def mark_failed(self, caption_id: int, error: str, attempts: int) -> None:
+        self._update(caption_id, status=CaptionStatus.FAILED, error=error, attempts=attempts)
+
+    def mark_skipped(self, caption_id: int, reason: str) -> None:
+        self._update(caption_id, status=CaptionStatus.SKIPPED, error=reason)
+
+    def pending(self) -> list[PendingRow]:
+        """Pending rows, oldest first: a restarted pipeline captions them before anything new."""
+        query = (
+            select(
+                CaptionRecord.id,
+                CaptionRecord.camera,
+                CaptionRecord.event_key,
+                CaptionRecord.score,
+                CaptionRecord.attempts,
+                CaptionRecord.image_path,
+            )
+            .where(CaptionRecord.status == CaptionStatus.PENDING)
+            .order_by(CaptionRecord.id)
+        )
+        with self._sessions() as session:
+            return [PendingRow(*row) for row in session.execute(query)]
 
     def get(self, caption_id: int) -> CaptionRecord | None:
         with self._sessions() as session:
             return session.get(CaptionRecord, caption_id)
 
-    def list(self, camera: str | None = None, limit: int = 50) -> list[CaptionRecord]:
+    def list(self, camera: str | None = None, status: str | None = None, limit: int = 50) -> list[CaptionRecord]:
         """Newest first (by capture time, then id)."""
         query = select(CaptionRecord).order_by(CaptionRecord.captured_at.desc(), CaptionRecord.id.desc())
         if camera is not None:
             query = query.where(CaptionRecord.camera == camera)
+        if status is not None:
+            query = query.where(CaptionRecord.status == status)
         with self._sessions() as session:
             return list(session.scalars(query.limit(limit)))
 

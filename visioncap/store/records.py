@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Dialect, Float, Index, Integer, String, Text, TypeDecorator
+from sqlalchemy import JSON, DateTime, Dialect, Float, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -36,8 +37,17 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+class CaptionStatus(StrEnum):
+    """Where a selected frame is in the outbox."""
+
+    PENDING = "pending"  # saved, waiting for (or between attempts at) a caption
+    CAPTIONED = "captioned"
+    FAILED = "failed"  # the VLM refused it for good (e.g. HTTP 400); the error says why
+    SKIPPED = "skipped"  # never sent: coalesced, queue full, too old; the error says why
+
+
 class CaptionRecord(Base):
-    """One selected frame and what became of it: a caption, or the error that prevented one."""
+    """One selected frame and what became of it. Rows are written before any VLM call (the outbox)."""
 
     __tablename__ = "captions"
 
@@ -49,17 +59,29 @@ class CaptionRecord(Base):
     offset_s: Mapped[float] = mapped_column(Float)
     captured_at: Mapped[datetime] = mapped_column(UtcDateTime())
     reason: Mapped[str] = mapped_column(String(32))
+    event_key: Mapped[str] = mapped_column(String(96))
+    event_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    score: Mapped[float] = mapped_column(Float, default=0.0)
     people: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
     people_count: Mapped[int] = mapped_column(Integer)
+    image_path: Mapped[str | None] = mapped_column(Text, nullable=True)
     image_width: Mapped[int] = mapped_column(Integer)
     image_height: Mapped[int] = mapped_column(Integer)
+    image_tokens: Mapped[int] = mapped_column(Integer, default=0)
     status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
     caption: Mapped[str | None] = mapped_column(Text, nullable=True)
+    structured: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     model: Mapped[str] = mapped_column(String(256))
     prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
 
-    __table_args__ = (Index("ix_captions_camera_captured", "camera", "captured_at"),)
+    __table_args__ = (
+        # A camera sees one frame at a time: re-running a file finds its frames already stored.
+        UniqueConstraint("camera", "captured_at", name="uq_captions_camera_captured"),
+        Index("ix_captions_status", "status"),
+    )

@@ -1,0 +1,72 @@
+"""Caption workers: take due frames from the outbox, caption them, record the outcome."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from visioncap import metrics
+from visioncap.caption.client import CaptionError, TransientCaptionError, VlmCaptioner
+from visioncap.pipeline.outbox import Outbox, OutboxItem
+
+log = logging.getLogger(__name__)
+# A VLM that is away fails every attempt; one warning per this many seconds says so without flooding.
+WARN_EVERY_S = 10.0
+
+
+class CaptionWorkers:
+    """N threads draining the outbox until it is closed."""
+
+    def __init__(self, outbox: Outbox, captioner: VlmCaptioner, count: int) -> None:
+        self._outbox = outbox
+        self._captioner = captioner
+        self._threads = [threading.Thread(target=self._loop, name=f"caption-{i}", daemon=True) for i in range(count)]
+        self._last_warning = 0.0
+        self._warn_lock = threading.Lock()
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _loop(self) -> None:
+        while (item := self._outbox.take()) is not None:
+            try:
+                self._handle(item)
+            except Exception as exc:
+                # A worker must survive anything one frame throws at it (a missing file, a database error):
+                # the frame goes back to the queue instead of vanishing with the thread.
+                log.exception("caption worker: frame #%d: unexpected error", item.id)
+                self._outbox.retry(item, f"{type(exc).__name__}: {exc}")
+
+    def _handle(self, item: OutboxItem) -> None:
+        if item.image_path is None or not item.image_path.is_file():
+            self._outbox.fail(item, f"image file {item.image_path} is missing")
+            return
+        jpeg = item.image_path.read_bytes()
+        try:
+            caption = self._captioner.caption(jpeg)
+        except TransientCaptionError as exc:
+            delay = self._outbox.retry(item, str(exc))
+            self._warn(f"caption of frame #{item.id} failed ({exc}); attempt {item.attempts + 2} in {delay:.1f} s")
+            return
+        except CaptionError as exc:
+            log.error("caption of frame #%d refused: %s", item.id, exc)
+            self._outbox.fail(item, str(exc))
+            return
+        self._outbox.complete(item, caption)
+        metrics.CAPTIONS.labels(item.camera).inc()
+        metrics.CAPTION_LATENCY.observe(caption.latency_s)
+        log.info("camera %s frame #%d: %s", item.camera, item.id, caption.text[:120])
+
+    def _warn(self, message: str) -> None:
+        with self._warn_lock:
+            now = time.monotonic()
+            if now - self._last_warning < WARN_EVERY_S:
+                return
+            self._last_warning = now
+        log.warning("%s", message)

@@ -1,0 +1,205 @@
+"""Person events and when to describe them.
+
+A person event is a track. It is due for its first caption once seen in `stable_frames` analysed frames, and
+again after `recaption_interval_s`, after moving far, or when people it was described with have left. While
+something is due, the best frame of a short window is kept; it is emitted when the window has passed and the
+camera's rate limits allow. By default one caption covers everyone in that frame; `per_person` gives each
+event its own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from visioncap.config.selection import SelectionConfig
+from visioncap.frames import Detection, PersonBox, SelectedFrame
+from visioncap.select.scoring import frame_score
+
+NEW_EVENT = "new-event"
+RECAPTION = "recaption"
+MOVEMENT = "movement"
+PEOPLE_LEFT = "people-left"
+STREAM_END = "stream-end"
+
+
+@dataclass
+class _Track:
+    first_s: float
+    last_s: float
+    frames: int = 0
+    started: bool = False
+    captioned_s: float | None = None
+    captioned_center: tuple[float, float] | None = None
+    box: PersonBox | None = None
+
+
+@dataclass
+class _Candidate:
+    detection: Detection
+    people: tuple[PersonBox, ...]
+    score: float
+
+
+class EventSelector:
+    """Selection state of one camera; feed it every analysed, tracked detection in time order."""
+
+    def __init__(self, config: SelectionConfig) -> None:
+        self._config = config
+        self._tracks: dict[int, _Track] = {}
+        self._window_start: float | None = None
+        self._window_reasons: list[str] = []
+        self._window_focus: int | None = None  # per_person: the event the window is for
+        self._best: _Candidate | None = None
+        self._last_emit_s: float | None = None
+        self._last_caption_ids: set[int] = set()
+        self.events_started = 0
+        self._diagonal = 1.0
+        self._now = 0.0
+        spacing = 60.0 / config.max_captions_per_minute if config.max_captions_per_minute else 0.0
+        self._min_gap_s = max(config.min_interval_s, spacing)
+
+    @property
+    def tracks_in_view(self) -> int:
+        return sum(1 for t in self._tracks.values() if t.box is not None)
+
+    def offer(self, detection: Detection) -> list[SelectedFrame]:
+        """Frames to caption now (usually none, sometimes one)."""
+        now = self._now = detection.frame.offset_s
+        height, width = detection.frame.image.shape[:2]
+        self._diagonal = math.hypot(width, height)
+        self._update_tracks(detection, now)
+        due = self._due_ids(now)
+        reasons = self._due_reasons(due)
+        if reasons and self._window_start is None:
+            self._window_start = now
+            self._window_reasons = reasons
+            self._window_focus = self._focus(due) if self._config.per_person else None
+        elif reasons:
+            self._window_reasons = sorted(set(self._window_reasons) | set(reasons), key=_REASON_ORDER.index)
+        if self._window_start is not None:
+            self._consider(detection, due)
+        if self._ready(now):
+            return [self._emit()]
+        return []
+
+    def flush(self) -> list[SelectedFrame]:
+        """At the end of a stream: whatever is held is captioned, so no event is lost to the rate limits."""
+        if self._best is None:
+            return []
+        return [self._emit(final=True)]
+
+    # -- tracks ----------------------------------------------------------------------------------
+
+    def _update_tracks(self, detection: Detection, now: float) -> None:
+        seen = set()
+        for person in detection.people:
+            if person.track_id is None:
+                continue
+            seen.add(person.track_id)
+            track = self._tracks.setdefault(person.track_id, _Track(first_s=now, last_s=now))
+            track.frames += 1
+            track.last_s = now
+            track.box = person
+        for track_id, track in list(self._tracks.items()):
+            if track_id not in seen:
+                track.box = None
+                if now - track.last_s > self._config.event_end_s:
+                    del self._tracks[track_id]
+                    continue
+            if not track.started and track.frames >= self._config.stable_frames:
+                track.started = True
+                self.events_started += 1
+
+    def _visible(self) -> dict[int, _Track]:
+        return {tid: t for tid, t in self._tracks.items() if t.box is not None and t.started}
+
+    def _due_ids(self, now: float) -> dict[int, str]:
+        due: dict[int, str] = {}
+        for tid, track in self._visible().items():
+            if track.captioned_s is None:
+                due[tid] = NEW_EVENT
+            elif (
+                self._config.recaption_interval_s is not None
+                and now - track.captioned_s >= self._config.recaption_interval_s
+            ):
+                due[tid] = RECAPTION
+            elif self._config.movement_threshold is not None and track.captioned_center and track.box:
+                cx, cy = track.box.center
+                px, py = track.captioned_center
+                if math.hypot(cx - px, cy - py) >= self._config.movement_threshold * self._diagonal:
+                    due[tid] = MOVEMENT
+        return due
+
+    def _due_reasons(self, due: dict[int, str]) -> list[str]:
+        reasons = set(due.values())
+        if self._config.recaption_on_count_change and self._last_caption_ids:
+            gone = self._last_caption_ids - set(self._tracks)
+            if gone and self._visible():
+                reasons.add(PEOPLE_LEFT)
+                # Counted once: the people who left are not waited for again.
+                self._last_caption_ids -= gone
+        return sorted(reasons, key=_REASON_ORDER.index)
+
+    @staticmethod
+    def _focus(due: dict[int, str]) -> int | None:
+        return min(due, key=lambda tid: (_REASON_ORDER.index(due[tid]), tid)) if due else None
+
+    # -- window ----------------------------------------------------------------------------------
+
+    def _consider(self, detection: Detection, due: dict[int, str]) -> None:
+        if self._window_focus is not None:
+            people = tuple(p for p in detection.people if p.track_id == self._window_focus)
+        else:
+            # Everyone tracked in the frame is in the picture, stable or not yet: one caption covers them all.
+            people = tuple(p for p in detection.people if p.track_id is not None)
+        if not people:
+            return
+        wanted = set(due) if PEOPLE_LEFT not in self._window_reasons else {p.track_id for p in people}
+        covered = len(wanted & {p.track_id for p in people})
+        if not covered and self._window_focus is None:
+            return
+        score = frame_score(detection.frame.image, people)
+        if self._best is not None:
+            best_covered = len(wanted & {p.track_id for p in self._best.people})
+            # A frame that shows more of the people who are due beats a prettier one that shows fewer.
+            if (covered, score) <= (best_covered, self._best.score):
+                return
+        self._best = _Candidate(detection=detection, people=people, score=score)
+
+    def _ready(self, now: float) -> bool:
+        if self._window_start is None or self._best is None:
+            return False
+        if now - self._window_start < self._config.best_frame_window_s:
+            return False
+        # The limits space out requests to the VLM (when captions are sent), not the moments they show: a frame
+        # held back by them is still the best one of its window, and no event is dropped to honour them.
+        return self._last_emit_s is None or now - self._last_emit_s >= self._min_gap_s
+
+    def _emit(self, final: bool = False) -> SelectedFrame:
+        best = self._best
+        assert best is not None
+        frame = best.detection.frame
+        ids = tuple(sorted(p.track_id for p in best.people if p.track_id is not None))
+        for tid in ids:
+            track = self._tracks.get(tid)
+            if track is not None:
+                track.captioned_s = frame.offset_s
+                track.captioned_center = next(p.center for p in best.people if p.track_id == tid)
+        self._last_caption_ids = set(ids) if not self._config.per_person else self._last_caption_ids | set(ids)
+        self._last_emit_s = self._now
+        reason = self._window_reasons[0] if self._window_reasons else (STREAM_END if final else NEW_EVENT)
+        selected = SelectedFrame(
+            detection=Detection(frame=frame, people=best.people),
+            reason=reason,
+            event_ids=ids,
+            score=best.score,
+        )
+        self._window_start = None
+        self._window_reasons = []
+        self._window_focus = None
+        self._best = None
+        return selected
+
+
+_REASON_ORDER = [NEW_EVENT, PEOPLE_LEFT, MOVEMENT, RECAPTION, STREAM_END]
