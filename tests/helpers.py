@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +61,24 @@ def scrape_metric(root_url: str, name: str) -> float:
         if line.startswith((name + "{", name + " ")):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, poll_s: float = 0.2) -> None:
+    """Poll a condition another process makes true (a database row, a metric); fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`visioncap ARGS` in the background; the caller waits for it."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "visioncap", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
+    )

@@ -102,3 +102,10 @@ def test_cli_exits_2_with_one_line(tmp_path: Path, video: Path, content: str, ex
     assert lines[0].startswith("error: ")
     assert expected in lines[0]
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("name", ["production-example.yaml"])
+def test_shipped_live_pipelines_are_valid(name: str) -> None:
+    config = load_pipeline(Path(__file__).resolve().parents[1] / "pipelines" / name)
+    assert all(source.kind in ("rtsp", "http") for source in config.sources)
+    assert config.detector.weights == "yolo26n.pt"

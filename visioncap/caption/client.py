@@ -12,6 +12,7 @@ the image-token budget.
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import time
 from typing import Any
@@ -42,6 +43,10 @@ class CaptionError(Exception):
 
 class TransientCaptionError(CaptionError):
     """A caption request failed in a way that another attempt later may not (timeout, connection, 5xx, 429)."""
+
+
+class SkippedCaptionError(CaptionError):
+    """The endpoint declined the frame on purpose (the gateway's deadline for background work passed)."""
 
 
 class VlmCaptioner:
@@ -94,13 +99,20 @@ class VlmCaptioner:
         except TRANSIENT_ERRORS as exc:
             raise TransientCaptionError(f"{type(exc).__name__}: {exc}") from exc
         except openai.APIStatusError as exc:
+            if exc.status_code == 408:
+                # The gateway gives up on background work that waited past its deadline: a fresher frame of
+                # the event is worth more than this one, so it is recorded as skipped, not retried.
+                raise SkippedCaptionError(f"deadline: {exc.message}") from exc
             raise CaptionError(f"VLM refused the request (HTTP {exc.status_code}): {exc.message}") from exc
         latency = time.perf_counter() - started
         text = (response.choices[0].message.content or "").strip()
         structured = None
         if self._caption.structured:
             try:
-                parsed = StructuredCaption.model_validate_json(text)
+                # strict=False admits raw control characters inside strings, which guided decoding lets through.
+                parsed = StructuredCaption.model_validate(json.loads(text, strict=False))
+            except json.JSONDecodeError as exc:
+                raise CaptionError(f"structured caption does not match the schema: invalid JSON: {exc}") from exc
             except ValidationError as exc:
                 raise CaptionError(f"structured caption does not match the schema: {exc.errors()[0]['msg']}") from exc
             structured = parsed.model_dump()

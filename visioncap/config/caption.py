@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from visioncap.config.base import StrictModel
 
@@ -41,5 +41,15 @@ class CaptionConfig(StrictModel):
     structured: bool = Field(
         default=False,
         description="Ask for JSON (people count, activities, attributes, summary) enforced by the server's guided "
-        "decoding and validated; the summary becomes the caption text.",
+        "decoding and validated; the summary becomes the caption text. Needs max_tokens of about 800 to be safe.",
     )
+
+    @model_validator(mode="after")
+    def _room_for_json(self) -> CaptionConfig:
+        from visioncap.caption.structured import WORST_CASE_TOKENS
+
+        if self.structured and self.max_tokens < WORST_CASE_TOKENS:
+            raise ValueError(
+                f"structured captions need max_tokens >= {WORST_CASE_TOKENS} (the longest JSON the schema admits)"
+            )
+        return self

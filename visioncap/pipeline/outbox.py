@@ -221,6 +221,13 @@ class Outbox:
         metrics.CAPTION_FAILURES.labels(item.camera, "permanent").inc()
         self._finish(item)
 
+    def skip(self, item: OutboxItem, reason: str) -> None:
+        """Never captioned, on purpose (e.g. too old by the time the VLM had room): recorded with the reason."""
+        self._store.mark_skipped(item.id, reason)
+        self._count("skipped")
+        metrics.FRAMES_SKIPPED.labels(item.camera, reason.split(":")[0]).inc()
+        self._finish(item)
+
     def retry(self, item: OutboxItem, error: str) -> float:
         """Back into the queue after a transient failure; returns the backoff in seconds."""
         attempts = item.attempts + 1

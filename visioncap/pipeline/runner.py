@@ -23,6 +23,7 @@ from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.pipeline.workers import CaptionWorkers
 from visioncap.select.events import EventSelector
 from visioncap.sources.factory import analyse_rate, open_source, time_anchor
+from visioncap.sources.urls import mask_credentials
 from visioncap.store.captions import CaptionStore, NewCaption
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,8 @@ class PipelineRunner:
         new = NewCaption(
             pipeline=self._config.name,
             camera=frame.camera,
-            source=str(getattr(source, "path", None) or getattr(source, "url", "")),
+            # Stored rows are served by the API: a camera's password must never be in them.
+            source=str(getattr(source, "path", None) or mask_credentials(getattr(source, "url", ""))),
             frame_index=frame.index,
             offset_s=frame.offset_s,
             captured_at=(getattr(camera.source, "started_at", None) or camera.anchor)

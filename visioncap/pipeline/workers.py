@@ -7,7 +7,7 @@ import threading
 import time
 
 from visioncap import metrics
-from visioncap.caption.client import CaptionError, TransientCaptionError, VlmCaptioner
+from visioncap.caption.client import CaptionError, SkippedCaptionError, TransientCaptionError, VlmCaptioner
 from visioncap.pipeline.outbox import Outbox, OutboxItem
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,10 @@ class CaptionWorkers:
         except TransientCaptionError as exc:
             delay = self._outbox.retry(item, str(exc))
             self._warn(f"caption of frame #{item.id} failed ({exc}); attempt {item.attempts + 2} in {delay:.1f} s")
+            return
+        except SkippedCaptionError as exc:
+            log.info("frame #%d skipped: %s", item.id, exc)
+            self._outbox.skip(item, str(exc))
             return
         except CaptionError as exc:
             log.error("caption of frame #%d refused: %s", item.id, exc)

@@ -50,5 +50,13 @@ class VideoFileSource:
                 index += 1
             if self.frames_read == 0:
                 raise SourceError(f"camera {self.camera}: no frame could be decoded from {path}")
+            expected = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+            if expected > 0 and self.frames_read < expected:
+                # OpenCV just stops at a broken or missing tail; the frames before it were used, but the
+                # camera's run is incomplete and must say so.
+                raise SourceError(
+                    f"camera {self.camera}: video file {path} ended after {self.frames_read} of {expected} frames "
+                    "(truncated or corrupt)"
+                )
         finally:
             capture.release()
