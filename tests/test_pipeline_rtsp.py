@@ -70,8 +70,8 @@ def test_pipeline_reconnects_to_a_restarted_camera_and_goes_on(tmp_path: Path, v
         finally:
             if run.poll() is None:
                 run.kill()
-    assert "door:" not in out  # the summary names the pipeline, not the camera
-    assert "captions" in out, out
+    assert run.returncode == 0, errors[-3000:]  # a requested stop is a clean end, pending frames are durable
+    assert "test: " in out and " errors in " in out, out
     assert "secret" not in errors, "credentials never reach the logs"
     assert "viewer:***@" in errors
     assert "Traceback" not in errors

@@ -71,6 +71,7 @@ class RunSummary:
     skipped: int = 0
     duplicates: int = 0
     pending: int = 0
+    stopped: bool = False
     elapsed_s: float = 0.0
 
     @property
@@ -79,7 +80,9 @@ class RunSummary:
 
     @property
     def ok(self) -> bool:
-        return not self.failed and not self.pending and not self.source_errors
+        # Pending frames are durable: after a requested stop they are expected and the next run takes them;
+        # when sources ended by themselves, the drain timed out, which means the VLM could not be reached.
+        return not self.failed and not self.source_errors and (self.stopped or not self.pending)
 
     def line(self) -> str:
         cams = self.cameras.values()
@@ -174,6 +177,7 @@ class PipelineRunner:
         summary.captions, summary.failed = counts["captioned"], counts["failed"]
         summary.skipped, summary.duplicates = counts["skipped"], counts["duplicate"]
         summary.pending = self.outbox.depth
+        summary.stopped = self._stop.is_set()
         summary.elapsed_s = time.perf_counter() - started
         return summary
 

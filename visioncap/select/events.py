@@ -25,7 +25,6 @@ STREAM_END = "stream-end"
 
 @dataclass
 class _Track:
-    first_s: float
     last_s: float
     frames: int = 0
     started: bool = False
@@ -58,10 +57,6 @@ class EventSelector:
         self._now = 0.0
         spacing = 60.0 / config.max_captions_per_minute if config.max_captions_per_minute else 0.0
         self._min_gap_s = max(config.min_interval_s, spacing)
-
-    @property
-    def tracks_in_view(self) -> int:
-        return sum(1 for t in self._tracks.values() if t.box is not None)
 
     def offer(self, detection: Detection) -> list[SelectedFrame]:
         """Frames to caption now (usually none, sometimes one)."""
@@ -97,7 +92,7 @@ class EventSelector:
             if person.track_id is None:
                 continue
             seen.add(person.track_id)
-            track = self._tracks.setdefault(person.track_id, _Track(first_s=now, last_s=now))
+            track = self._tracks.setdefault(person.track_id, _Track(last_s=now))
             track.frames += 1
             track.last_s = now
             track.box = person
