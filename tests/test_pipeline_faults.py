@@ -104,7 +104,9 @@ def test_vlm_killed_then_pipeline_rerun_captions_every_pending_frame(
     assert "pending frames from an earlier run are captioned first" in again.stderr
 
 
-def test_broken_files_fail_their_camera_only(tmp_path: Path, vllm_server: VllmServer, events_video: Path) -> None:
+def test_two_good_cameras_beside_broken_files(
+    tmp_path: Path, vllm_server: VllmServer, events_video: Path, demo_video: tuple[Path, object]
+) -> None:
     garbage = tmp_path / "garbage.mp4"
     garbage.write_bytes(np.random.default_rng(0).integers(0, 255, 200_000, dtype=np.uint8).tobytes())
     # An MJPEG AVI cut short: OpenCV opens it, reads what is there and stops early without a word.
@@ -122,6 +124,7 @@ def test_broken_files_fail_their_camera_only(tmp_path: Path, vllm_server: VllmSe
     data = pipeline_dict(events_video)
     data["sources"] = [
         {"camera": "good", "path": str(events_video), "analyze_fps": 5},
+        {"camera": "other", "path": str(demo_video[0]), "analyze_fps": 5},
         {"camera": "garbage", "path": str(garbage)},
         {"camera": "cut", "path": str(truncated), "analyze_fps": 5},
     ]
@@ -137,5 +140,6 @@ def test_broken_files_fail_their_camera_only(tmp_path: Path, vllm_server: VllmSe
         by_camera[row.camera] = by_camera.get(row.camera, 0) + 1
         assert row.status == "captioned"
     assert by_camera.get("good") == 3, "the good camera ran to its end beside the broken ones"
+    assert by_camera.get("other", 0) >= 2, "a second good camera, detected in the same batches"
     assert "garbage" not in by_camera
     assert by_camera.get("cut", 0) >= 1, "frames before the cut were still used"
