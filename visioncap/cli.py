@@ -151,6 +151,30 @@ def serve_command(
     raise typer.Exit(code)
 
 
+@app.command("gateway")
+def gateway_command(
+    config: Annotated[Path, typer.Option("--config", help="Gateway YAML file (see pipelines/gateway.example.yaml).")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run the priority gateway (OpenAI-compatible) in front of vLLM until Ctrl-C/SIGTERM."""
+    _setup_logging(log_level)
+    from visioncap.config.gateway import load_gateway_config
+    from visioncap.gateway import serve
+
+    serve(load_gateway_config(config), host=host, port=port, log_level=log_level)
+
+
+@app.command("gateway-key")
+def gateway_key_command() -> None:
+    """Print a new random gateway API key and the sha256 to put in the gateway file."""
+    from visioncap.gateway.auth import generate_key
+
+    key, digest = generate_key()
+    typer.echo(f"key:    {key}\nsha256: {digest}")
+
+
 @app.command()
 def captions(
     camera: Annotated[str | None, typer.Option(help="Only this camera.")] = None,

@@ -37,6 +37,9 @@ TRANSIENT_ERRORS = (
 )
 
 
+CAMERA_HEADER = "X-Visioncap-Camera"
+
+
 class CaptionError(Exception):
     """A caption request failed for good (the server refused it, or its answer is unusable)."""
 
@@ -83,8 +86,11 @@ class VlmCaptioner:
         if self._vlm.model not in served:
             raise ConfigError(f"vlm.model: {self._vlm.model!r} is not served by {self.base_url} (it serves {served})")
 
-    def caption(self, jpeg: bytes) -> Caption:
-        """Caption one JPEG in one attempt; raises TransientCaptionError or CaptionError."""
+    def caption(self, jpeg: bytes, camera: str | None = None) -> Caption:
+        """Caption one JPEG in one attempt; raises TransientCaptionError or CaptionError.
+
+        `camera` goes along as a header: the visioncap gateway takes turns between cameras with it.
+        """
         data_uri = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
         started = time.perf_counter()
         try:
@@ -94,6 +100,7 @@ class VlmCaptioner:
                 max_tokens=self._caption.max_tokens,
                 temperature=self._caption.temperature,
                 extra_body=self._vlm.extra_body or None,
+                extra_headers={CAMERA_HEADER: camera} if camera else None,
                 **self._request_extras,
             )
         except TRANSIENT_ERRORS as exc:

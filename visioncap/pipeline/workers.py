@@ -49,7 +49,7 @@ class CaptionWorkers:
             return
         jpeg = item.image_path.read_bytes()
         try:
-            caption = self._captioner.caption(jpeg)
+            caption = self._captioner.caption(jpeg, camera=item.camera)
         except TransientCaptionError as exc:
             delay = self._outbox.retry(item, str(exc))
             self._warn(f"caption of frame #{item.id} failed ({exc}); attempt {item.attempts + 2} in {delay:.1f} s")

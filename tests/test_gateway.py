@@ -1,0 +1,832 @@
+"""The priority gateway end to end: real sockets, the real vLLM server, the real `openai` client.
+
+Gateways run in-process (uvicorn in a thread, `GatewayThread`). Where a test needs to see or stall what the
+gateway sends, a recording hop (`Tap`) sits between the gateway and vLLM: it records every request body
+and holds the requests a test names until the test lets them go; everything it forwards is answered by vLLM.
+Every wait below waits on a state (the scheduler's queue, the tap's arrivals), never on time.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import openai
+import pytest
+import uvicorn
+import yaml
+from helpers import REPO, TINY_MODEL
+from PIL import Image
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from visioncap.config.gateway import GatewayConfig, TrafficClassConfig, hash_key
+from visioncap.gateway.scheduler import SchedulerState
+from visioncap.gateway.server import GatewayThread
+from visioncap.serve import VllmServer, free_port
+
+INTERACTIVE_KEY = "test-interactive-key"
+BACKGROUND_KEY = "test-background-key"
+TIMEOUT = 120  # seconds; only a bound on a broken test, never a measurement
+
+
+def config_for(base_url: str, interactive_key: dict[str, Any] | None = None, **sections: Any) -> GatewayConfig:
+    """A gateway in front of `base_url` (vLLM's /v1) with one interactive and one background key."""
+    raw: dict[str, Any] = {
+        "upstream": {"base_url": base_url, "metrics_poll_s": 0.5},
+        "keys": [
+            {
+                "name": "chat",
+                "sha256": hash_key(INTERACTIVE_KEY),
+                "traffic_class": "interactive",
+                **(interactive_key or {}),
+            },
+            {"name": "captions", "sha256": hash_key(BACKGROUND_KEY), "traffic_class": "background"},
+        ],
+    }
+    for name, section in sections.items():
+        raw[name] = {**raw.get(name, {}), **section}
+    return GatewayConfig.model_validate(raw)
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def chat_body(text: str = "describe the scene", max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": TINY_MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        **extra,
+    }
+
+
+def jpeg_data_uri(width: int, height: int) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 120, 150)).save(buffer, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def image_chat_body(url: str, **extra: Any) -> dict[str, Any]:
+    content = [{"type": "text", "text": "who is there"}, {"type": "image_url", "image_url": {"url": url}}]
+    return {**chat_body(max_tokens=4), "messages": [{"role": "user", "content": content}], **extra}
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    """The `data:` payloads of a server-sent-event stream, in order ("[DONE]" kept as a string)."""
+    events: list[Any] = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: ") :]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus series' samples whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        series, _, label_text = head.partition("{")
+        if series != name:
+            continue
+        if all(f'{key}="{val}"' in label_text for key, val in labels.items()):
+            total += float(value)
+    return total
+
+
+# -- a recording hop between a gateway and vLLM ------------------------------------------------------------
+
+
+class Tap:
+    """Forwards everything to vLLM, records request bodies, holds requests whose `user` is in `held`.
+
+    It also serves a JPEG at /frame.jpg, for the allow-listed media URL test (vLLM fetches it from here).
+    """
+
+    def __init__(self, target_root: str) -> None:
+        self.target_root = target_root
+        self.root_url = ""  # set once served
+        self.bodies: list[dict[str, Any]] = []
+        self.held: dict[str, threading.Event] = {}
+        self._changed = threading.Condition()
+        self.frame = base64.b64decode(jpeg_data_uri(640, 480).split(",", 1)[1])
+        self.app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", "POST"])])
+        self._client: httpx.AsyncClient | None = None
+
+    def hold(self, user: str) -> threading.Event:
+        gate = self.held[user] = threading.Event()
+        return gate
+
+    def users_seen(self) -> list[str]:
+        with self._changed:
+            return [body.get("user", "") for body in self.bodies]
+
+    def wait_for_user(self, user: str) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: any(b.get("user") == user for b in self.bodies), TIMEOUT)
+
+    async def _handle(self, request: Request) -> Response:
+        path = request.url.path
+        if path == "/frame.jpg":
+            return Response(self.frame, media_type="image/jpeg")
+        raw = await request.body()
+        body = json.loads(raw) if raw else {}
+        if request.method == "POST":
+            with self._changed:
+                self.bodies.append(body)
+                self._changed.notify_all()
+            gate = self.held.get(body.get("user", ""))
+            if gate is not None:
+                assert await anyio.to_thread.run_sync(gate.wait, TIMEOUT), "test never released a held request"
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=TIMEOUT)
+        upstream = await self._client.request(
+            request.method,
+            self.target_root + path,
+            content=raw or None,
+            headers={"content-type": "application/json"} if raw else None,
+        )
+        return Response(
+            upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type")
+        )
+
+
+class AsgiThread:
+    """Any ASGI app served by uvicorn in a thread on a free port, ready before __enter__ returns."""
+
+    def __init__(self, app: Any) -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(256)  # connections wait in the backlog until uvicorn serves them
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+        self.root_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    def __enter__(self) -> AsgiThread:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+        self._socket.close()
+
+
+# -- fixtures ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateway(vllm_server: VllmServer) -> Iterator[GatewayThread]:
+    """A gateway with default caps straight in front of the real vLLM server."""
+    with GatewayThread(config_for(vllm_server.base_url)) as gw:
+        yield gw
+
+
+@pytest.fixture
+def tap(vllm_server: VllmServer) -> Iterator[Tap]:
+    tap = Tap(vllm_server.root_url)
+    with AsgiThread(tap.app) as served:
+        tap.root_url = served.root_url
+        yield tap
+        for gate in tap.held.values():  # never leave a request hanging in the tap
+            gate.set()
+
+
+@pytest.fixture
+def tapped_gateway(tap: Tap) -> Iterator[Callable[..., GatewayThread]]:
+    """Factory: a gateway in front of the tap, with config sections overridden per test."""
+    started: list[GatewayThread] = []
+
+    def make(**sections: dict[str, Any]) -> GatewayThread:
+        gw = GatewayThread(config_for(tap.root_url + "/v1", **sections))
+        gw.start()
+        started.append(gw)
+        return gw
+
+    yield make
+    for gw in started:
+        for gate in tap.held.values():
+            gate.set()
+        gw.stop()
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=8) as executor:
+        yield executor
+
+
+def wait_queue(gw: GatewayThread, predicate: Callable[[SchedulerState], bool]) -> SchedulerState:
+    """Block until the gateway's background scheduler reaches a state (checked on every change)."""
+    return gw.call(lambda: gw.gateway.scheduler.wait_until(predicate, timeout=TIMEOUT), timeout=TIMEOUT + 5)
+
+
+def post_chat(gw: GatewayThread, key: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(f"{gw.base_url}/chat/completions", json=body, headers={**auth(key), **headers}, timeout=TIMEOUT)
+
+
+# -- serve(): what `visioncap gateway` runs ----------------------------------------------------------------------
+
+
+def test_serve_runs_a_gateway_from_a_file_until_sigterm(vllm_server: VllmServer, tmp_path: Path) -> None:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(
+        yaml.safe_dump(config_for(vllm_server.base_url).model_dump(mode="json", exclude_defaults=True)),
+        encoding="utf-8",
+    )
+    port = free_port()
+    program = (
+        "import sys; from pathlib import Path; from visioncap.config.gateway import load_gateway_config; "
+        "from visioncap.gateway import serve; serve(load_gateway_config(Path(sys.argv[1])), port=int(sys.argv[2]))"
+    )
+    process = subprocess.Popen([sys.executable, "-c", program, str(path), str(port)], cwd=REPO)
+    try:
+        root = f"http://127.0.0.1:{port}"
+        give_up = time.monotonic() + TIMEOUT
+        while True:  # another process: poll its health endpoint until it answers
+            assert process.poll() is None, "gateway exited"
+            try:
+                if httpx.get(f"{root}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < give_up, "gateway never answered"
+                time.sleep(0.1)
+        answer = httpx.post(
+            f"{root}/v1/chat/completions", json=chat_body(max_tokens=3), headers=auth(INTERACTIVE_KEY), timeout=TIMEOUT
+        )
+        assert answer.json()["usage"]["completion_tokens"] == 3
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(TIMEOUT)
+    assert code in (0, -signal.SIGTERM)  # uvicorn ends gracefully, then re-raises the signal it caught
+
+
+# -- passthrough ---------------------------------------------------------------------------------------------
+
+
+def stream_summary(events: list[Any]) -> dict[str, Any]:
+    """What a stream delivered: its token ids and text in order, finish reasons and usage.
+
+    Chunk boundaries are not compared: vLLM itself merges tokens into one chunk when its output loop falls
+    behind (a busy machine), directly or not.
+    """
+    token_ids: list[int] = []
+    text: list[str] = []
+    finish = []
+    usage = None
+    for event in events:
+        if not isinstance(event, dict):
+            continue
+        usage = event.get("usage") or usage
+        for choice in event.get("choices") or ():
+            token_ids += choice.get("token_ids") or []
+            text.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+            if choice.get("finish_reason"):
+                finish.append(choice["finish_reason"])
+    return {"token_ids": token_ids, "text": "".join(text), "finish": finish, "usage": usage}
+
+
+@pytest.mark.parametrize("path", ["/chat/completions", "/completions"])
+def test_stream_passes_through_intact(gateway: GatewayThread, vllm_server: VllmServer, path: str) -> None:
+    common = {
+        "max_tokens": 24,
+        "temperature": 0,
+        "ignore_eos": True,
+        "return_token_ids": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if path == "/chat/completions":
+        body = {**chat_body(), **common}
+    else:
+        body = {"model": TINY_MODEL, "prompt": "a person at the door", **common}
+    summaries = []
+    for base, headers in ((vllm_server.base_url, {}), (gateway.base_url, auth(INTERACTIVE_KEY))):
+        with httpx.stream("POST", base + path, json=body, headers=headers, timeout=TIMEOUT) as response:
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            events = sse_events(response)
+        assert events[-1] == "[DONE]"
+        summaries.append(stream_summary(events))
+    direct, through = summaries
+    assert len(direct["token_ids"]) == 24
+    assert through == direct  # same tokens, same text, same finish reason, same usage
+
+
+def test_non_streaming_answer_matches_direct(gateway: GatewayThread, vllm_server: VllmServer) -> None:
+    body = chat_body(max_tokens=12)
+    direct = httpx.post(f"{vllm_server.base_url}/chat/completions", json=body, timeout=TIMEOUT).json()
+    through = post_chat(gateway, INTERACTIVE_KEY, body).json()
+    assert through["choices"] == direct["choices"]
+    assert through["usage"] == direct["usage"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]},
+        {"model": TINY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -3},
+        {"model": TINY_MODEL, "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+    ],
+    ids=["unknown-model", "negative-max-tokens", "wrong-type"],
+)
+def test_vllm_errors_reach_the_caller_unchanged(
+    gateway: GatewayThread, vllm_server: VllmServer, body: dict[str, Any]
+) -> None:
+    direct = httpx.post(f"{vllm_server.base_url}/chat/completions", json=body, timeout=TIMEOUT)
+    through = post_chat(gateway, BACKGROUND_KEY, body)
+    assert direct.status_code >= 400
+    assert through.status_code == direct.status_code
+    assert through.json() == direct.json()
+
+
+def test_models_and_health(gateway: GatewayThread, vllm_server: VllmServer) -> None:
+    models = httpx.get(f"{gateway.base_url}/models", headers=auth(BACKGROUND_KEY), timeout=TIMEOUT)
+    assert models.status_code == 200
+    assert [entry["id"] for entry in models.json()["data"]] == [TINY_MODEL]
+    health = httpx.get(f"{gateway.root_url}/healthz", timeout=TIMEOUT)
+    assert health.status_code == 200
+    assert health.json()["status"] == "ok"
+
+
+# -- the real openai client -----------------------------------------------------------------------------------
+
+
+def test_openai_client_streaming_and_not(gateway: GatewayThread) -> None:
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=INTERACTIVE_KEY, max_retries=0, timeout=TIMEOUT)
+    messages = [{"role": "user", "content": "what is on the street"}]
+    extra = {"ignore_eos": True}
+    whole = client.chat.completions.create(
+        model=TINY_MODEL, messages=messages, max_tokens=10, temperature=0, extra_body=extra
+    )
+    assert whole.usage is not None and whole.usage.completion_tokens == 10
+    pieces = []
+    for chunk in client.chat.completions.create(
+        model=TINY_MODEL, messages=messages, max_tokens=10, temperature=0, extra_body=extra, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].delta.content:
+            pieces.append(chunk.choices[0].delta.content)
+    assert "".join(pieces) == whole.choices[0].message.content
+    completion = client.completions.create(
+        model=TINY_MODEL, prompt="a car parks", max_tokens=5, temperature=0, extra_body=extra
+    )
+    assert completion.usage is not None and completion.usage.completion_tokens == 5
+    streamed = list(
+        client.completions.create(
+            model=TINY_MODEL, prompt="a car parks", max_tokens=5, temperature=0, extra_body=extra, stream=True
+        )
+    )
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == completion.choices[0].text
+    assert [m.id for m in client.models.list()] == [TINY_MODEL]
+
+
+def test_openai_client_sees_refusals_as_typed_errors(gateway: GatewayThread) -> None:
+    stranger = openai.OpenAI(base_url=gateway.base_url, api_key="not-a-key", max_retries=0, timeout=TIMEOUT)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        stranger.chat.completions.create(model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}])
+    assert refused.value.status_code == 401
+    client = openai.OpenAI(base_url=gateway.base_url, api_key=BACKGROUND_KEY, max_retries=0, timeout=TIMEOUT)
+    with pytest.raises(openai.NotFoundError, match="no-such-model"):  # vLLM's own error, unchanged
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_caption_client_works_through_the_gateway_with_a_background_key(gateway: GatewayThread) -> None:
+    """The pipeline's captioner needs only a base URL and a key to go through the gateway."""
+    import numpy as np
+
+    from visioncap.caption.client import VlmCaptioner
+    from visioncap.caption.encode import encode_jpeg
+    from visioncap.config import CaptionConfig, VlmConfig
+
+    vlm = VlmConfig(model=TINY_MODEL, base_url=gateway.base_url, extra_body={"ignore_eos": True})
+    captioner = VlmCaptioner(vlm, CaptionConfig(max_tokens=6), gateway.base_url, BACKGROUND_KEY)
+    captioner.check_ready()
+    before = metric(
+        httpx.get(f"{gateway.root_url}/metrics").text,
+        "visioncap_gateway_requests_total",
+        traffic_class="background",
+        endpoint="chat",
+        status="200",
+    )
+    caption = captioner.caption(encode_jpeg(np.full((480, 640, 3), 127, np.uint8), max_tokens=64).jpeg)
+    assert caption.completion_tokens == 6
+    after = metric(
+        httpx.get(f"{gateway.root_url}/metrics").text,
+        "visioncap_gateway_requests_total",
+        traffic_class="background",
+        endpoint="chat",
+        status="200",
+    )
+    assert after == before + 1
+
+
+# -- classes and priorities -------------------------------------------------------------------------------------
+
+
+def test_class_priority_reaches_vllm(vllm_server: VllmServer) -> None:
+    """A class priority vLLM refuses (outside int64; the config loader would refuse it too) fails at vLLM."""
+    config = config_for(vllm_server.base_url)
+    out_of_range = TrafficClassConfig.model_construct(role="interactive", priority=2**63)
+    config = config.model_copy(update={"classes": {**config.classes, "interactive": out_of_range}})
+    with GatewayThread(config) as gw:
+        refused = post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2))
+        accepted = post_chat(gw, BACKGROUND_KEY, chat_body(max_tokens=2))
+    assert refused.status_code == 400
+    assert "priority" in refused.text
+    assert accepted.status_code == 200
+
+
+def test_each_class_sends_its_own_priority_whatever_the_caller_asks(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap
+) -> None:
+    gw = tapped_gateway(
+        classes={
+            "interactive": {"role": "interactive", "priority": -7},
+            "background": {"role": "background", "priority": 42},
+        }
+    )
+    assert post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2, user="i1")).status_code == 200
+    assert post_chat(gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="b1", priority=-100)).status_code == 200
+    completion = {"model": TINY_MODEL, "prompt": "x", "max_tokens": 2, "user": "b2"}
+    response = httpx.post(f"{gw.base_url}/completions", json=completion, headers=auth(BACKGROUND_KEY), timeout=TIMEOUT)
+    assert response.status_code == 200
+    by_user = {body.get("user"): body for body in tap.bodies}
+    assert by_user["i1"]["priority"] == -7
+    assert by_user["b1"]["priority"] == 42  # the caller's -100 is replaced: the key decides
+    assert by_user["b2"]["priority"] == 42
+
+
+# -- background admission ---------------------------------------------------------------------------------------
+
+
+def test_background_waits_while_the_cap_is_reached_and_proceeds_after(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    gw = tapped_gateway(background={"max_concurrency": 1, "min_concurrency": 1})
+    release_first = tap.hold("first")
+    first: Future[httpx.Response] = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=3, user="first"))
+    tap.wait_for_user("first")  # in flight: the one background slot is taken
+    second = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=3, user="second"))
+    state = wait_queue(gw, lambda s: s.waiting == 1)
+    assert state.in_flight == 1
+    assert tap.users_seen() == ["first"]  # the second waits in the gateway, not in vLLM
+    assert not second.done()
+    release_first.set()
+    assert first.result(TIMEOUT).status_code == 200
+    answer = second.result(TIMEOUT)
+    assert answer.status_code == 200
+    assert answer.json()["usage"]["completion_tokens"] == 3
+    assert tap.users_seen() == ["first", "second"]
+    waited = metric(
+        httpx.get(f"{gw.root_url}/metrics").text,
+        "visioncap_gateway_queue_wait_seconds_count",
+        traffic_class="background",
+    )
+    assert waited == 2
+
+
+def test_interactive_latency_shrinks_the_background_cap(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """The controller's decision reaches the scheduler: with the cap cut to 1, a second request waits."""
+    gw = tapped_gateway(
+        background={"max_concurrency": 2, "min_concurrency": 1},
+        objectives={"itl_p99_ms": 50},
+        # No automatic steps (the test makes them) and interactive stays "active" once seen.
+        controller={"interval_s": 3600, "idle_after_s": 3600},
+    )
+    assert post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2, user="chat")).status_code == 200
+    controller = gw.gateway.controller
+
+    def slow_tokens() -> None:  # what the gateway records when chat streams stall
+        now = gw.gateway.clock()
+        for _ in range(20):
+            controller.observe_itl(now, 0.4)
+
+    gw.call_soon(slow_tokens)
+    decision = gw.call_soon(gw.gateway.control_step)
+    assert (decision.action, decision.caps.concurrency, decision.reasons) == ("decrease", 1, ("itl",))
+    assert metric(httpx.get(f"{gw.root_url}/metrics").text, "visioncap_gateway_background_concurrency_cap") == 1
+    release = tap.hold("first")
+    first = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="first"))
+    tap.wait_for_user("first")
+    second = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="second"))
+    wait_queue(gw, lambda s: s.waiting == 1 and s.in_flight == 1)  # max_concurrency is 2, the cap is 1
+    assert "second" not in tap.users_seen()
+    release.set()
+    assert first.result(TIMEOUT).status_code == 200
+    assert second.result(TIMEOUT).status_code == 200
+
+
+def test_full_queue_answers_429_with_retry_after(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    gw = tapped_gateway(background={"max_concurrency": 1, "queue_size": 1})
+    release = tap.hold("held")
+    held = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="held"))
+    tap.wait_for_user("held")
+    queued = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="queued"))
+    wait_queue(gw, lambda s: s.waiting == 1)
+    refused = post_chat(gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="refused"))
+    assert refused.status_code == 429
+    assert refused.json()["error"]["type"] == "queue_full"
+    assert int(refused.headers["retry-after"]) >= 1
+    release.set()
+    assert held.result(TIMEOUT).status_code == 200
+    assert queued.result(TIMEOUT).status_code == 200
+    assert "refused" not in tap.users_seen()
+    text = httpx.get(f"{gw.root_url}/metrics").text
+    assert metric(text, "visioncap_gateway_rejections_total", traffic_class="background", reason="queue_full") == 1
+
+
+def test_deadline_answers_408_deadline_exceeded(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    gw = tapped_gateway(background={"max_concurrency": 1, "deadline_s": 60})
+    release = tap.hold("held")
+    held = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="held"))
+    tap.wait_for_user("held")
+    # The held request stays in flight until this answer is in, so the deadline must pass.
+    late = post_chat(gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="late"), **{"X-Visioncap-Deadline-Ms": "100"})
+    assert late.status_code == 408
+    assert late.json()["error"]["type"] == "deadline_exceeded"
+    assert gw.call_soon(gw.gateway.scheduler.state).waiting == 0
+    release.set()
+    assert held.result(TIMEOUT).status_code == 200
+    assert "late" not in tap.users_seen()
+    # The caption client turns it into a skip (recorded by the outbox), not an error or a retry.
+    client = openai.OpenAI(base_url=gw.base_url, api_key=BACKGROUND_KEY, max_retries=0, timeout=TIMEOUT)
+    release2 = tap.hold("held2")
+    held2 = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="held2"))
+    tap.wait_for_user("held2")
+    with pytest.raises(openai.APIStatusError) as skipped:
+        client.chat.completions.create(
+            model=TINY_MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            extra_headers={"X-Visioncap-Deadline-Ms": "50"},
+        )
+    assert skipped.value.status_code == 408
+    release2.set()
+    assert held2.result(TIMEOUT).status_code == 200
+
+
+def test_a_caller_that_leaves_the_queue_is_never_forwarded(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    gw = tapped_gateway(background={"max_concurrency": 1})
+    release = tap.hold("held")
+    held = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="held"))
+    tap.wait_for_user("held")
+    body = json.dumps(chat_body(max_tokens=2, user="gone")).encode()
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {BACKGROUND_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", gw.port)) as raw:
+        raw.sendall(request + body)
+        wait_queue(gw, lambda s: s.waiting == 1)
+    wait_queue(gw, lambda s: s.waiting == 0)  # the socket closed while waiting: its place is given up
+    release.set()
+    assert held.result(TIMEOUT).status_code == 200
+    assert post_chat(gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="after")).status_code == 200
+    assert tap.users_seen() == ["held", "after"]
+
+
+def test_background_stream_slot_is_given_back_when_the_caller_disconnects(vllm_server: VllmServer) -> None:
+    with GatewayThread(config_for(vllm_server.base_url, background={"max_concurrency": 1})) as direct:
+        body = chat_body(max_tokens=3000, stream=True)
+        with httpx.stream(
+            "POST", f"{direct.base_url}/chat/completions", json=body, headers=auth(BACKGROUND_KEY), timeout=TIMEOUT
+        ) as response:
+            assert response.status_code == 200
+            next(response.iter_lines())  # one chunk in: the request holds the only slot
+            assert direct.call_soon(direct.gateway.scheduler.state).in_flight == 1
+        wait_queue(direct, lambda s: s.in_flight == 0)  # closed mid-stream: slot released
+        assert post_chat(direct, BACKGROUND_KEY, chat_body(max_tokens=2)).status_code == 200
+
+
+def test_vllm_unreachable_or_breaking_mid_stream(pool: ThreadPoolExecutor) -> None:
+    """A dead upstream gives an OpenAI-shaped 502; a stream cut by vLLM reaches the caller cut, not completed."""
+    with socket.socket() as upstream:
+        upstream.bind(("127.0.0.1", 0))
+        upstream.listen(8)
+        base = f"http://127.0.0.1:{upstream.getsockname()[1]}/v1"
+
+        def one_chunk_then_hang_up() -> None:
+            connection, _ = upstream.accept()
+            with connection:
+                connection.recv(65536)
+                event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+                head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                connection.sendall(head + b"%x\r\n%s\r\n" % (len(event), event))
+
+        with GatewayThread(config_for(base, upstream={"metrics_poll_s": 0})) as gw:
+            served = pool.submit(one_chunk_then_hang_up)
+            with (
+                pytest.raises(httpx.RemoteProtocolError),
+                httpx.stream(
+                    "POST",
+                    f"{gw.base_url}/chat/completions",
+                    json=chat_body(stream=True),
+                    headers=auth(INTERACTIVE_KEY),
+                    timeout=TIMEOUT,
+                ) as response,
+            ):
+                assert response.status_code == 200
+                list(response.iter_lines())
+            served.result(TIMEOUT)
+            text = httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text
+            assert metric(text, "visioncap_gateway_upstream_errors_total", traffic_class="interactive") == 1
+            assert gw.call_soon(lambda: gw.gateway.controller.interactive_in_flight) == 0
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with GatewayThread(config_for(dead, upstream={"metrics_poll_s": 0})) as gw:
+        answer = post_chat(gw, BACKGROUND_KEY, chat_body())
+        assert answer.status_code == 502
+        assert answer.json()["error"]["type"] == "upstream_unavailable"
+        text = httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text
+        assert metric(text, "visioncap_gateway_requests_total", traffic_class="background", status="502") == 1
+        assert metric(text, "visioncap_gateway_upstream_errors_total", traffic_class="background") == 1
+        assert gw.call_soon(gw.gateway.scheduler.state).in_flight == 0  # the slot came back
+
+
+# -- media -------------------------------------------------------------------------------------------------------
+
+
+def test_remote_image_url_is_refused_and_a_data_uri_passes(gateway: GatewayThread) -> None:
+    for url in ("http://example.com/frame.jpg", "https://169.254.169.254/latest", "file:///etc/passwd"):
+        refused = post_chat(gateway, INTERACTIVE_KEY, image_chat_body(url))
+        assert refused.status_code == 400, url
+        assert refused.json()["error"]["type"] == "media_url_not_allowed"
+    before = metric(
+        httpx.get(f"{gateway.root_url}/metrics").text,
+        "visioncap_gateway_image_tokens_total",
+        traffic_class="background",
+    )
+    with_image = post_chat(gateway, BACKGROUND_KEY, image_chat_body(jpeg_data_uri(640, 480)))
+    assert with_image.status_code == 200
+    after = metric(
+        httpx.get(f"{gateway.root_url}/metrics").text,
+        "visioncap_gateway_image_tokens_total",
+        traffic_class="background",
+    )
+    # The gateway's estimate is exactly what vLLM's processor made of it (plus the vision start/end tokens).
+    text_only = post_chat(
+        gateway,
+        BACKGROUND_KEY,
+        {
+            **chat_body(max_tokens=4),
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "who is there"}]}],
+        },
+    )
+    vllm_image_tokens = with_image.json()["usage"]["prompt_tokens"] - text_only.json()["usage"]["prompt_tokens"] - 2
+    assert after - before == vllm_image_tokens == 391
+
+
+def test_allow_listed_host_passes(tapped_gateway: Callable[..., GatewayThread], tap: Tap) -> None:
+    gw = tapped_gateway(images={"allowed_hosts": ["127.0.0.1"]})
+    url = f"{tap.root_url}/frame.jpg"
+    answer = post_chat(gw, INTERACTIVE_KEY, image_chat_body(url, user="fetch"))
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["prompt_tokens"] > 391  # vLLM fetched the 640x480 frame from the allowed host
+    assert post_chat(gw, INTERACTIVE_KEY, image_chat_body("http://localhost:1/x.jpg")).status_code == 400
+
+
+# -- safety -------------------------------------------------------------------------------------------------------
+
+
+def test_unknown_and_missing_keys_are_refused(gateway: GatewayThread) -> None:
+    for headers in ({}, auth("wrong"), {"Authorization": "Basic abc"}):
+        for method, path in (("POST", "/chat/completions"), ("POST", "/completions"), ("GET", "/models")):
+            kwargs: dict[str, Any] = {"json": chat_body()} if method == "POST" else {}
+            response = httpx.request(method, gateway.base_url + path, headers=headers, timeout=TIMEOUT, **kwargs)
+            assert response.status_code == 401, (headers, path)
+            assert response.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{gateway.base_url}/models", headers={"X-Api-Key": INTERACTIVE_KEY}).status_code == 200
+
+
+def test_bad_bodies_get_openai_shaped_errors(gateway: GatewayThread) -> None:
+    url = f"{gateway.base_url}/chat/completions"
+    headers = {**auth(INTERACTIVE_KEY), "content-type": "application/json"}
+    not_json = httpx.post(url, content=b"{not json", headers=headers, timeout=TIMEOUT)
+    assert not_json.status_code == 400
+    assert set(not_json.json()["error"]) == {"message", "type", "param", "code"}
+    for body in (
+        [1, 2],
+        {"model": TINY_MODEL},
+        {"messages": [], "model": TINY_MODEL},
+        {**chat_body(), "stream": "yes"},
+    ):
+        wrong = httpx.post(url, json=body, headers=headers, timeout=TIMEOUT)
+        assert wrong.status_code == 422, body
+        assert wrong.json()["error"]["code"] == 422
+    assert httpx.post(f"{gateway.base_url}/nothing", headers=headers).json()["error"]["code"] == 404
+
+
+def test_body_size_limit(vllm_server: VllmServer) -> None:
+    with GatewayThread(config_for(vllm_server.base_url, limits={"max_body_bytes": 4096})) as gw:
+        big = post_chat(gw, INTERACTIVE_KEY, chat_body(text="x" * 5000))
+        assert big.status_code == 413
+        assert big.json()["error"]["type"] == "request_too_large"
+        assert post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2)).status_code == 200
+
+
+def test_per_key_rate_limit(vllm_server: VllmServer) -> None:
+    limit = {"rate_limit": {"requests_per_s": 0.001, "burst": 2}}  # two at once, then one per 1000 s
+    with GatewayThread(config_for(vllm_server.base_url, interactive_key=limit)) as gw:
+        answers = [post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=1)) for _ in range(3)]
+        assert [a.status_code for a in answers] == [200, 200, 429]
+        assert answers[2].json()["error"]["type"] == "rate_limit_exceeded"
+        assert int(answers[2].headers["retry-after"]) >= 1
+        assert post_chat(gw, BACKGROUND_KEY, chat_body(max_tokens=1)).status_code == 200  # other keys unaffected
+
+
+# -- metrics ----------------------------------------------------------------------------------------------------------
+
+
+def test_gateway_metrics(gateway: GatewayThread) -> None:
+    def scrape() -> str:
+        return httpx.get(f"{gateway.root_url}/metrics", timeout=TIMEOUT).text
+
+    before = scrape()
+    with httpx.stream(
+        "POST",
+        f"{gateway.base_url}/chat/completions",
+        json=chat_body(max_tokens=16, stream=True),
+        headers=auth(INTERACTIVE_KEY),
+        timeout=TIMEOUT,
+    ) as response:
+        chunks = [e for e in sse_events(response) if isinstance(e, dict) and e["choices"][0]["delta"].get("content")]
+    post_chat(gateway, "wrong", chat_body())
+    after = scrape()
+
+    def grew(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert grew("visioncap_gateway_ttft_seconds_count", traffic_class="interactive") == 1
+    # One gap per output chunk after the first (vLLM may merge tokens into a chunk on a busy machine).
+    assert grew("visioncap_gateway_inter_token_seconds_count", traffic_class="interactive") == len(chunks) - 1
+    assert grew("visioncap_gateway_requests_total", traffic_class="interactive", status="200") == 1
+    assert grew("visioncap_gateway_rejections_total", traffic_class="unknown", reason="unauthorized") == 1
+    for gauge in (
+        "visioncap_gateway_background_concurrency_cap",
+        "visioncap_gateway_background_image_tokens_cap",
+        "visioncap_gateway_image_tokens_in_flight",
+        "visioncap_gateway_queue_depth",
+    ):
+        assert f"\n{gauge} " in after, gauge
+    assert metric(after, "visioncap_gateway_background_concurrency_cap") >= 1
+
+
+def test_pipeline_captions_go_through_the_gateway_by_configuration_alone(
+    gateway: GatewayThread, demo_video: tuple[Path, object], tmp_path: Path
+) -> None:
+    from helpers import pipeline_dict, run_cli, write_pipeline
+
+    from visioncap.store import CaptionStore, create_db_engine
+
+    def background_ok() -> float:
+        text = httpx.get(f"{gateway.root_url}/metrics").text
+        return metric(
+            text, "visioncap_gateway_requests_total", traffic_class="background", endpoint="chat", status="200"
+        )
+
+    before = background_ok()
+    database = f"sqlite:///{tmp_path / 'c.db'}"
+    result = run_cli(
+        "run",
+        str(write_pipeline(tmp_path, pipeline_dict(demo_video[0]))),
+        "--progress",
+        "none",
+        env={
+            "VISIONCAP_DATABASE_URL": database,
+            "VISIONCAP_DATA_DIR": str(tmp_path / "data"),
+            "VISIONCAP_VLM_BASE_URL": gateway.base_url,
+            "VISIONCAP_VLM_API_KEY": BACKGROUND_KEY,
+        },
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    captioned = CaptionStore(create_db_engine(database)).count(status="captioned")
+    assert captioned >= 2
+    assert background_ok() - before == captioned

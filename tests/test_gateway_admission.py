@@ -1,0 +1,348 @@
+"""The gateway's admission controller and background scheduler, driven by recorded sequences (no clock, no I/O).
+
+Times are plain numbers handed to the controller; the scheduler runs on an event loop, but every step waits
+on its state, never on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import pytest
+
+from visioncap.config.gateway import BackgroundConfig, ControllerConfig, ObjectivesConfig
+from visioncap.gateway.admission import AdmissionController, Caps, Decision
+from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
+
+OBJECTIVES = ObjectivesConfig(ttft_p99_ms=100, itl_p99_ms=20, window_s=10)
+BACKGROUND = BackgroundConfig(max_concurrency=8, min_concurrency=1, max_image_tokens_in_flight=4000)
+CONTROLLER = ControllerConfig(additive_increase=1, decrease_factor=0.5, idle_after_s=1.0, upstream_waiting_limit=0)
+
+
+def controller(**background: int) -> AdmissionController:
+    return AdmissionController(OBJECTIVES, BACKGROUND.model_copy(update=background), CONTROLLER)
+
+
+FULL = -1  # a tick's in-flight count: background uses everything the limit allows
+
+
+def replay(ctl: AdmissionController, events: Iterable[tuple[float, str, float]]) -> list[Decision]:
+    """Feed (time, kind, value) events; `tick` events decide with `value` background requests in flight."""
+    decisions = []
+    for t, kind, value in events:
+        if kind == "start":
+            ctl.interactive_started(t)
+        elif kind == "end":
+            ctl.interactive_finished(t)
+        elif kind == "ttft":
+            ctl.observe_ttft(t, value / 1000)
+        elif kind == "itl":
+            ctl.observe_itl(t, value / 1000)
+        elif kind == "waiting":
+            ctl.observe_upstream(t, waiting=value, running=1)
+        elif kind == "tick":
+            in_flight = int(ctl.limit) if value == FULL else int(value)
+            decisions.append(ctl.tick(t, in_flight, background_waiting=1 if value == FULL else 0))
+        else:
+            raise AssertionError(kind)
+    return decisions
+
+
+def itl_stream(start: float, end: float, gap_ms: float, step: float = 0.01) -> list[tuple[float, str, float]]:
+    count = round((end - start) / step)
+    return [(start + i * step, "itl", gap_ms) for i in range(count)]
+
+
+def ticks(start: float, end: float, in_flight: int, every: float = 0.25) -> list[tuple[float, str, float]]:
+    count = round((end - start) / every)
+    return [(start + i * every, "tick", in_flight) for i in range(count)]
+
+
+def merged(*parts: list[tuple[float, str, float]]) -> list[tuple[float, str, float]]:
+    # Stable on time: at equal times measurements come before the tick that reads them.
+    return sorted((event for part in parts for event in part), key=lambda e: (e[0], e[1] == "tick"))
+
+
+# -- work conservation and caps ---------------------------------------------------------------------------
+
+
+def test_no_interactive_traffic_means_full_configured_caps() -> None:
+    ctl = controller()
+    decisions = replay(ctl, ticks(0, 5, in_flight=8))
+    assert {d.action for d in decisions} == {"idle"}
+    assert ctl.caps(5.0) == Caps(concurrency=8, image_tokens=4000, interactive_active=False)
+
+
+def test_caps_return_to_full_after_interactive_goes_idle_and_limit_is_remembered() -> None:
+    ctl = controller()
+    events = [(0.0, "start", 0), *itl_stream(0.0, 1.0, gap_ms=80), (1.0, "tick", 8)]
+    [decision] = replay(ctl, events)
+    assert decision.action == "decrease" and ctl.limit == 4
+    assert ctl.caps(1.0) == Caps(4, 2000, True)
+    ctl.interactive_finished(2.0)
+    assert ctl.caps(2.5).interactive_active  # within idle_after_s of the last interactive request
+    assert ctl.caps(3.0) == Caps(8, 4000, False)  # work-conserving once idle
+    ctl.interactive_started(10.0)
+    assert ctl.caps(10.0) == Caps(4, 2000, True)  # back to the learned limit at once
+
+
+# -- multiplicative decrease -----------------------------------------------------------------------------
+
+
+def test_bad_inter_token_latency_halves_the_limit_once_per_effect() -> None:
+    ctl = controller()
+    events = merged(
+        [(0.0, "start", 0)],
+        itl_stream(0.0, 0.5, gap_ms=5),
+        itl_stream(0.5, 3.0, gap_ms=60),  # background floods the engine: every gap over the 20 ms target
+    )
+    # First decision with 8 in flight; they drain slowly (still 8, then 6, then 4 in flight).
+    replay(ctl, [e for e in events if e[0] < 1.0])
+    d1 = ctl.tick(1.0, 8)
+    assert (d1.action, d1.limit, d1.reasons) == ("decrease", 4, ("itl",))
+    replay(ctl, [e for e in events if 1.0 <= e[0] < 1.5])
+    d2 = ctl.tick(1.5, 6)
+    assert (d2.action, d2.limit) == ("hold", 4)  # the decrease has not taken effect: no second cut
+    d3 = ctl.tick(1.75, 4)
+    assert (d3.action, d3.limit) == ("hold", 4)  # took effect now; no violation newer than that yet
+    replay(ctl, [e for e in events if 1.75 <= e[0] < 2.0])
+    d4 = ctl.tick(2.0, 4)
+    assert (d4.action, d4.limit) == ("decrease", 2)  # still bad with 4: cut again
+    assert ctl.caps(2.0) == Caps(2, 1000, True)
+
+
+def test_bad_ttft_decreases_and_the_floor_holds() -> None:
+    ctl = controller(min_concurrency=2)
+    events = [(0.0, "start", 0)]
+    t = 0.0
+    for _ in range(10):  # every interactive request waits 400 ms for its first token
+        t += 0.5
+        events += [(t, "ttft", 400), (t + 0.01, "tick", FULL)]
+    decisions = replay(ctl, events)
+    limits = [d.limit for d in decisions if d.action == "decrease"]
+    assert limits[:2] == [4, 2]  # 8 -> 4 -> 2 = floor; then it stays there
+    assert ctl.limit == 2
+    assert all(d.reasons == ("ttft",) for d in decisions if d.action == "decrease")
+
+
+def test_decrease_starts_from_what_is_in_flight_not_from_an_unused_limit() -> None:
+    ctl = controller()
+    events = [(0.0, "start", 0), *itl_stream(0.0, 1.0, gap_ms=50)]
+    replay(ctl, events)
+    decision = ctl.tick(1.0, background_in_flight=2)
+    assert decision.limit == 1  # min(8, 2) * 0.5 = 1, not 8 * 0.5 = 4
+
+
+def test_an_old_outlier_is_answered_by_one_decrease_only() -> None:
+    ctl = controller()
+    events = merged(
+        [(0.0, "start", 0), (0.5, "ttft", 900)],  # one slow first token
+        [(0.6 + i * 0.5, "ttft", 30) for i in range(30)],  # then all fine
+        ticks(1.0, 16.0, in_flight=FULL),
+    )
+    decisions = replay(ctl, events)
+    assert [d.action for d in decisions].count("decrease") == 1
+    # While the outlier is inside the 10 s window, p99 misses the target: no increase either.
+    assert all(d.action == "hold" for d in decisions if 1.0 < d.at <= 10.5)
+    # Once it has aged out, healthy fresh samples grow the limit again.
+    assert any(d.action == "increase" for d in decisions if d.at > 10.5)
+
+
+def test_vllm_waiting_queue_counts_as_overload_only_when_fresh_and_interactive_active() -> None:
+    ctl = controller()
+    ctl.observe_upstream(0.0, waiting=5, running=8)
+    assert ctl.tick(0.1, 8).action == "idle"  # no interactive traffic: vLLM's queue is background's business
+    ctl.interactive_started(1.0)
+    ctl.observe_upstream(1.0, waiting=3, running=8)
+    decision = ctl.tick(1.1, 8)
+    assert (decision.action, decision.reasons, decision.limit) == ("decrease", ("upstream_waiting",), 4)
+    assert ctl.tick(1.3, 4).action == "hold"  # the same reading never counts twice
+    assert ctl.tick(20.0, 4).action == "hold"  # nor a stale one
+    ctl.observe_upstream(20.1, waiting=0, running=4)
+    assert ctl.tick(20.2, 4).reasons == ()
+
+
+# -- additive increase -----------------------------------------------------------------------------------
+
+
+def test_healthy_latency_grows_the_limit_additively_up_to_the_ceiling() -> None:
+    ctl = controller()
+    replay(ctl, [(0.0, "start", 0), *itl_stream(0.0, 1.0, gap_ms=60), (1.0, "tick", 4)])
+    assert ctl.limit == 2
+    # Background's pressure is gone (gaps 5 ms); the bad gaps must age out of the 10 s window first.
+    decisions = replay(ctl, merged(itl_stream(1.0, 30.0, gap_ms=5), ticks(1.25, 30.0, in_flight=FULL)))
+    grown = [d for d in decisions if d.action == "increase"]
+    assert [d.limit for d in grown] == [3, 4, 5, 6, 7, 8]  # +1 per healthy decision, never above the ceiling
+    assert all(d.at > 10.5 for d in grown)  # only once (nearly all) bad samples left the 10 s window
+    assert [d.at for d in grown] == [grown[0].at + 0.25 * i for i in range(6)]  # one step per decision
+
+
+def test_an_unused_limit_does_not_grow() -> None:
+    ctl = controller()
+    replay(ctl, [(0.0, "start", 0), *itl_stream(0.0, 1.0, gap_ms=60), (1.0, "tick", 8)])
+    assert ctl.limit == 4
+    events = merged(itl_stream(11.0, 14.0, gap_ms=5), ticks(11.25, 14.0, in_flight=1))
+    decisions = replay(ctl, events)
+    assert {d.action for d in decisions} == {"hold"}  # 1 in flight under a limit of 4: no demand
+    assert ctl.tick(14.0, 1, background_waiting=3).action == "increase"  # work waits: grow
+
+
+def test_no_fresh_samples_means_no_increase() -> None:
+    ctl = controller()
+    replay(ctl, [(0.0, "start", 0), *itl_stream(0.0, 1.0, gap_ms=60), (1.0, "tick", 8)])
+    # The interactive request is in a long prefill: no samples at all, healthy or not.
+    decisions = replay(ctl, ticks(12.0, 14.0, in_flight=4))
+    assert {d.action for d in decisions} == {"hold"}
+
+
+def test_recorded_burst_sequence_gives_the_same_trajectory_every_time() -> None:
+    # A chat session (gaps ~5 ms) hit by a caption burst from t=2 to t=4 (gaps 35-70 ms), then calm again.
+    def recording() -> list[tuple[float, str, float]]:
+        calm = [(t / 100, "itl", 4 + (t % 3)) for t in range(0, 200)]
+        burst = [(t / 100, "itl", 35 + (t * 7) % 36) for t in range(200, 400)]
+        after = [(t / 100, "itl", 4 + (t % 3)) for t in range(400, 2000)]
+        return merged([(0.0, "start", 0), (0.0, "ttft", 40)], calm, burst, after)
+
+    def run() -> list[tuple[str, float]]:
+        ctl = controller()
+        decisions = replay(ctl, merged(recording(), ticks(0.25, 20.0, in_flight=FULL)))
+        return [(d.action, d.limit) for d in decisions]
+
+    first, second = run(), run()
+    assert first == second
+    limits = [limit for _, limit in first]
+    assert min(limits) == 1 and limits[-1] == 8  # cut to the floor in the burst, back at the ceiling after
+    assert [action for action, _ in first].count("decrease") == 3  # 8 -> 4 -> 2 -> 1
+
+
+# -- scheduler ---------------------------------------------------------------------------------------------
+
+
+class FixedCaps:
+    def __init__(self, concurrency: int, image_tokens: int = 10_000) -> None:
+        self.caps = Caps(concurrency, image_tokens, True)
+
+    def __call__(self) -> Caps:
+        return self.caps
+
+
+async def _waiting(scheduler: BackgroundScheduler, count: int) -> None:
+    await scheduler.wait_until(lambda s: s.waiting == count, timeout=10)
+
+
+def test_round_robin_across_cameras_oldest_first_within_one() -> None:
+    async def scenario() -> list[str]:
+        scheduler = BackgroundScheduler(FixedCaps(1), queue_size=10)
+        holder = await scheduler.acquire("x", 0, deadline_s=10)
+        order: list[str] = []
+
+        async def request(camera: str, name: str) -> None:
+            grant = await scheduler.acquire(camera, 0, deadline_s=10)
+            order.append(name)
+            grant.release()
+
+        tasks = []
+        for camera, name in [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("c", "c1")]:
+            tasks.append(asyncio.create_task(request(camera, name)))
+            await _waiting(scheduler, len(tasks))
+        holder.release()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(scenario()) == ["a1", "b1", "c1", "a2", "a3"]
+
+
+def test_waits_while_the_cap_is_reached_and_proceeds_after() -> None:
+    async def scenario() -> None:
+        caps = FixedCaps(1)
+        scheduler = BackgroundScheduler(caps, queue_size=10)
+        first = await scheduler.acquire("a", 0, deadline_s=10)
+        second = asyncio.create_task(scheduler.acquire("b", 0, deadline_s=10))
+        await _waiting(scheduler, 1)
+        assert not second.done()
+        first.release()
+        grant = await asyncio.wait_for(second, 10)
+        assert scheduler.state().in_flight == 1
+        grant.release()
+        grant.release()  # idempotent
+        assert scheduler.state().in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_raised_cap_admits_waiting_requests_on_dispatch() -> None:
+    async def scenario() -> None:
+        caps = FixedCaps(1)
+        scheduler = BackgroundScheduler(caps, queue_size=10)
+        held = await scheduler.acquire("a", 0, deadline_s=10)
+        waiting = [asyncio.create_task(scheduler.acquire(c, 0, deadline_s=10)) for c in "bc"]
+        await _waiting(scheduler, 2)
+        caps.caps = Caps(3, 10_000, False)  # interactive went idle: full concurrency
+        scheduler.dispatch()
+        grants: list[Grant] = [await asyncio.wait_for(t, 10) for t in waiting]
+        assert scheduler.state().in_flight == 3
+        for grant in [held, *grants]:
+            grant.release()
+
+    asyncio.run(scenario())
+
+
+def test_image_token_cap_holds_back_a_request_that_does_not_fit() -> None:
+    async def scenario() -> None:
+        scheduler = BackgroundScheduler(FixedCaps(4, image_tokens=1000), queue_size=10)
+        first = await scheduler.acquire("a", 600, deadline_s=10)
+        blocked = asyncio.create_task(scheduler.acquire("b", 600, deadline_s=10))  # 1200 > 1000
+        await _waiting(scheduler, 1)
+        assert scheduler.state().image_tokens_in_flight == 600
+        first.release()
+        second = await asyncio.wait_for(blocked, 10)
+        assert scheduler.state().image_tokens_in_flight == 600
+        second.release()
+        alone = await scheduler.acquire("c", 5000, deadline_s=10)  # larger than the cap: runs, but alone
+        assert scheduler.state().in_flight == 1
+        alone.release()
+
+    asyncio.run(scenario())
+
+
+def test_full_queue_refuses_at_once_with_a_retry_hint() -> None:
+    async def scenario() -> None:
+        scheduler = BackgroundScheduler(FixedCaps(1), queue_size=1)
+        held = await scheduler.acquire("a", 0, deadline_s=10)
+        queued = asyncio.create_task(scheduler.acquire("a", 0, deadline_s=10))
+        await _waiting(scheduler, 1)
+        with pytest.raises(QueueFullError) as refused:
+            await scheduler.acquire("b", 0, deadline_s=10)
+        assert refused.value.retry_after_s >= 1
+        held.release()
+        (await asyncio.wait_for(queued, 10)).release()
+
+    asyncio.run(scenario())
+
+
+def test_deadline_passes_while_waiting_and_the_place_is_given_up() -> None:
+    async def scenario() -> None:
+        scheduler = BackgroundScheduler(FixedCaps(1), queue_size=5)
+        held = await scheduler.acquire("a", 0, deadline_s=10)
+        with pytest.raises(DeadlineExceededError):
+            await scheduler.acquire("b", 0, deadline_s=0.05)  # nothing releases `held` meanwhile
+        assert scheduler.state().waiting == 0
+        held.release()
+        assert scheduler.state().in_flight == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_leaves_the_queue() -> None:
+    async def scenario() -> None:
+        scheduler = BackgroundScheduler(FixedCaps(1), queue_size=5)
+        held = await scheduler.acquire("a", 0, deadline_s=10)
+        waiter = asyncio.create_task(scheduler.acquire("b", 0, deadline_s=10))
+        await _waiting(scheduler, 1)
+        waiter.cancel()
+        await _waiting(scheduler, 0)
+        held.release()
+        assert scheduler.state().in_flight == 0
+
+    asyncio.run(scenario())

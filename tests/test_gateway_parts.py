@@ -1,0 +1,288 @@
+"""The gateway's parts that need no server: its config file, image checks and estimates, stream timing, keys."""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+from PIL import Image
+
+from visioncap.config.gateway import GatewayConfig, ImagesConfig, RateLimitConfig, hash_key, load_gateway_config
+from visioncap.errors import ConfigError
+from visioncap.gateway.auth import KeyRing, TokenBucket, generate_key
+from visioncap.gateway.images import MediaRefusedError, data_uri_size, image_tokens, inspect_messages
+from visioncap.gateway.sse import StreamObserver
+from visioncap.gateway.upstream_metrics import parse_vllm_load
+
+# -- config file --------------------------------------------------------------------------------------------
+
+VALID = f"""
+upstream: {{base_url: "http://127.0.0.1:8000/v1"}}
+keys:
+  - {{name: chat, sha256: "{hash_key("k1")}", traffic_class: interactive}}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_example_gateway_file_is_valid() -> None:
+    config = load_gateway_config(REPO / "pipelines" / "gateway.example.yaml")
+    assert {name: c.role for name, c in config.classes.items()} == {
+        "interactive": "interactive",
+        "background": "background",
+    }
+    ring = KeyRing(config)
+    assert ring.identify({"authorization": "Bearer demo-chat-key"}).class_name == "interactive"  # type: ignore[union-attr]
+    assert ring.identify({"authorization": "Bearer demo-captions-key"}).class_name == "background"  # type: ignore[union-attr]
+
+
+def test_defaults_give_interactive_and_background_classes(tmp_path: Path) -> None:
+    config = load_gateway_config(write(tmp_path, VALID))
+    assert config.classes["interactive"].priority < config.classes["background"].priority
+    assert config.upstream.resolved_metrics_url() == "http://127.0.0.1:8000/metrics"
+    assert config.images.token_size == 28
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (VALID + "surprise: 1\n", "surprise: Extra inputs are not permitted"),
+        (VALID.replace("interactive}", "vip}"), "keys.0.traffic_class: 'vip' is not a class"),
+        (VALID.replace(hash_key("k1"), "abc"), "keys.0.sha256: String should match pattern"),
+        (VALID + "background: {min_concurrency: 5, max_concurrency: 2}\n", "background: min_concurrency (5) is above"),
+        (VALID + "classes: {x: {role: interactive, priority: 99999999999999999999}}\n", "classes.x.priority"),
+        (VALID.replace("http://", "ftp://"), "upstream.base_url: String should match pattern"),
+        ("keys: [\n", "invalid YAML at line"),
+        ("- 1\n", "must be a mapping of fields"),
+    ],
+)
+def test_invalid_files_give_one_line_naming_file_and_field(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as error:
+        load_gateway_config(path)
+    assert str(error.value).startswith(f"{path}: ")
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+    assert error.value.exit_code == 2
+
+
+def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
+    twice = VALID + f'  - {{name: other, sha256: "{hash_key("k1")}", traffic_class: background}}\n'
+    with pytest.raises(ConfigError, match="the same key is configured twice"):
+        load_gateway_config(write(tmp_path, twice))
+
+
+def test_every_config_field_is_described() -> None:
+    def walk(model: type) -> list[str]:
+        missing = []
+        for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+            if not field.description:
+                missing.append(f"{model.__name__}.{name}")
+            annotation = field.annotation
+            for candidate in (annotation, *getattr(annotation, "__args__", ())):
+                if isinstance(candidate, type) and hasattr(candidate, "model_fields"):
+                    missing += walk(candidate)
+        return missing
+
+    assert walk(GatewayConfig) == []
+
+
+# -- keys and rate limits -----------------------------------------------------------------------------------
+
+
+def test_keys_are_matched_by_hash_only() -> None:
+    key, digest = generate_key()
+    config = GatewayConfig.model_validate(
+        {
+            "upstream": {"base_url": "http://h/v1"},
+            "keys": [{"name": "a", "sha256": digest, "traffic_class": "background"}],
+        }
+    )
+    ring = KeyRing(config)
+    assert key not in config.model_dump_json()
+    assert ring.identify({"authorization": f"Bearer {key}"}) is not None
+    assert ring.identify({"x-api-key": key}) is not None
+    assert ring.identify({"authorization": f"Bearer {key}x"}) is None
+    assert ring.identify({"authorization": f"Basic {key}"}) is None
+    assert ring.identify({}) is None
+
+
+def test_token_bucket_allows_a_burst_then_the_rate() -> None:
+    bucket = TokenBucket(RateLimitConfig(requests_per_s=2, burst=3))
+    assert [bucket.take(0.0) for _ in range(3)] == [None, None, None]
+    assert bucket.take(0.0) == pytest.approx(0.5)  # next token in 1 / 2 s
+    assert bucket.take(0.5) is None
+    assert bucket.take(0.5) is not None
+    assert [bucket.take(10.0) for _ in range(4)][:3] == [None, None, None]  # refilled to the burst, not beyond
+
+
+# -- images ---------------------------------------------------------------------------------------------------
+
+
+def data_uri(width: int, height: int, fmt: str = "JPEG", exif_bytes: int = 0) -> str:
+    buffer = io.BytesIO()
+    image = Image.new("RGB", (width, height), (10, 200, 30))
+    if exif_bytes:
+        exif = Image.Exif()
+        exif[0x010E] = "x" * exif_bytes  # ImageDescription: pushes the size marker deep into the file
+        image.save(buffer, format=fmt, exif=exif)
+    else:
+        image.save(buffer, format=fmt)
+    mime = {"JPEG": "jpeg", "PNG": "png", "WEBP": "webp"}[fmt]
+    return f"data:image/{mime};base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.mark.parametrize(
+    ("size", "tokens"),
+    # Expected values: transformers' Qwen2-VL smart_resize (min 4, max 1280 tokens of 28x28 pixels).
+    [
+        ((640, 480), 391),
+        ((1280, 720), 1196),
+        ((28, 28), 4),
+        ((10, 10), 4),
+        ((4000, 3000), 1230),
+        ((1920, 1080), 1222),
+        ((333, 777), 336),
+    ],
+)
+def test_image_tokens_follow_qwen2vl_resizing(size: tuple[int, int], tokens: int) -> None:
+    config = ImagesConfig(max_tokens_per_image=1280)
+    assert image_tokens(*size, config) == tokens
+
+
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_size_is_read_from_the_header(fmt: str) -> None:
+    assert data_uri_size(data_uri(321, 123, fmt)) == (321, 123)
+
+
+def test_size_behind_a_large_exif_block_is_still_found() -> None:
+    assert data_uri_size(data_uri(200, 100, exif_bytes=60_000)) == (200, 100)
+
+
+def test_unreadable_data_uri_counts_as_the_largest_image() -> None:
+    config = ImagesConfig(max_tokens_per_image=1280)
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!"}}]}]
+    assert inspect_messages(messages, config) == 1280
+
+
+def test_messages_sum_image_tokens_and_ignore_text() -> None:
+    config = ImagesConfig(max_tokens_per_image=1280)
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "two frames: http://example.com is just text"},
+                {"type": "image_url", "image_url": {"url": data_uri(640, 480)}},
+                {"type": "image_url", "image_url": data_uri(28, 28)},
+            ],
+        },
+    ]
+    assert inspect_messages(messages, config) == 391 + 4
+
+
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_url", "image_url": {"url": "http://10.0.0.1/admin"}},
+        {"type": "image_url", "image_url": "https://example.com/a.jpg"},
+        {"type": "input_image", "image_url": "file:///etc/passwd"},
+        {"type": "video_url", "video_url": {"url": "http://example.com/v.mp4"}},
+        {"type": "audio_url", "audio_url": {"url": "ftp://example.com/a.wav"}},
+    ],
+)
+def test_media_urls_other_than_data_uris_are_refused(part: dict[str, object]) -> None:
+    with pytest.raises(MediaRefusedError):
+        inspect_messages([{"role": "user", "content": [part]}], ImagesConfig())
+
+
+def test_allow_listed_host_passes_with_a_worst_case_estimate() -> None:
+    config = ImagesConfig(allowed_hosts=["Frames.Example.com"], max_tokens_per_image=1280)
+    ok = [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://frames.example.com/1.jpg"}}]}
+    ]
+    assert inspect_messages(ok, config) == 1280
+    other = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/1.jpg"}}]}]
+    with pytest.raises(MediaRefusedError, match="not allowed"):
+        inspect_messages(other, config)
+
+
+# -- stream timing ----------------------------------------------------------------------------------------------
+
+
+def test_stream_observer_times_output_chunks_only() -> None:
+    clock = iter([1.0, 1.5, 1.6, 1.8, 2.0, 2.1])
+    firsts: list[float] = []
+    gaps: list[float] = []
+    observer = StreamObserver(0.9, lambda: next(clock), lambda _t, s: firsts.append(s), lambda _t, s: gaps.append(s))
+    role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
+    token = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n'
+    observer.feed(role)  # t=1.0: no output yet
+    observer.feed(token[:20])  # an event split across reads is only seen when complete
+    observer.feed(token[20:])  # t=1.5: first token
+    observer.feed(b": keep-alive\n\n")  # t=1.6: comment
+    observer.feed(token + token)  # t=1.8: two events in one read, one time stamp
+    observer.feed(b'data: {"choices":[],"usage":{"completion_tokens":3}}\n\ndata: [DONE]\n\n')  # t=2.0
+    assert firsts == [pytest.approx(0.6)]
+    assert gaps == [pytest.approx(0.3), pytest.approx(0.0)]
+    assert observer.chunks == 3
+    assert observer.error is None
+
+
+@pytest.mark.parametrize(
+    ("chunk", "output"),
+    [
+        (b'{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}', False),
+        (b'{"choices":[{"index":0,"delta":{"content":"\\"quoted\\""},"finish_reason":null}]}', True),
+        (b'{"choices":[{"index":0,"delta":{"content":null,"reasoning":"hmm"}}]}', True),
+        (b'{"choices":[{"index":0,"delta":{"reasoning_content":"","content":""}}]}', False),
+        (b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1"}]}}]}', True),
+        (b'{"choices":[{"index":0,"delta":{"tool_calls":[]}}]}', False),
+        (b'{"choices":[{"index":0,"text":" a","finish_reason":null}]}', True),
+        (b'{"choices":[{"index":0,"text":"","finish_reason":"length"}]}', False),
+        (b'{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2}}', False),
+        (b'{"choices": [{"delta": {"content": "spaced"}}]}', True),
+    ],
+)
+def test_output_chunks_are_recognised_without_parsing(chunk: bytes, output: bool) -> None:
+    seen: list[float] = []
+    observer = StreamObserver(0.0, lambda: 1.0, lambda _t, s: seen.append(s), lambda _t, s: seen.append(s))
+    observer.feed(b"data: " + chunk + b"\n\n")
+    assert (observer.chunks == 1) is output
+
+
+def test_stream_observer_reads_completions_and_errors() -> None:
+    times = iter([1.0, 2.0])
+    seen: list[float] = []
+    observer = StreamObserver(0.0, lambda: next(times), lambda _t, s: seen.append(s), lambda _t, s: seen.append(s))
+    observer.feed(b'data: {"choices":[{"text":"a"}]}\r\n\r\n')
+    observer.feed(b'data: {"error":{"message":"boom","type":"InternalServerError","code":500}}\n\n')
+    assert seen == [1.0]
+    assert observer.error == "boom"
+
+
+# -- vLLM metrics ----------------------------------------------------------------------------------------------
+
+
+def test_vllm_load_is_summed_over_label_sets() -> None:
+    text = "\n".join(
+        [
+            "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+            "# TYPE vllm:num_requests_waiting gauge",
+            'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0',
+            'vllm:num_requests_waiting{engine="1",model_name="m"} 1.0',
+            'vllm:num_requests_running{engine="0",model_name="m"} 5.0',
+            'vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 9.0',
+            "vllm:num_requests_running_total 100",
+        ]
+    )
+    load = parse_vllm_load(text)
+    assert load is not None and (load.waiting, load.running) == (4.0, 5.0)
+    assert parse_vllm_load("process_cpu_seconds_total 1.0") is None

@@ -1,0 +1,306 @@
+"""The priority gateway's file (`visioncap gateway --config FILE`): upstream, classes, keys, admission control."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
+
+from visioncap.config.base import StrictModel
+from visioncap.errors import ConfigError
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+
+
+class UpstreamConfig(StrictModel):
+    """The vLLM server the gateway forwards to."""
+
+    base_url: str = Field(
+        pattern=r"^https?://",
+        description="vLLM's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.",
+    )
+    api_key_env: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name of the environment variable holding the key vLLM was started with (--api-key); None "
+        "sends no key. Callers' own keys are never forwarded.",
+    )
+    metrics_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://",
+        description="vLLM's Prometheus endpoint; None derives it from base_url (its root + /metrics).",
+    )
+    metrics_poll_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds between reads of vLLM's /metrics (num_requests_waiting/running); 0 turns polling off.",
+    )
+    connect_timeout_s: float = Field(default=5.0, gt=0, description="Seconds to open a connection to vLLM.")
+    read_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Longest silence, in seconds, between two pieces of a vLLM answer before the request fails.",
+    )
+
+    def resolved_metrics_url(self) -> str:
+        if self.metrics_url:
+            return self.metrics_url
+        root = self.base_url.rstrip("/")
+        root = root.removesuffix("/v1")
+        return f"{root}/metrics"
+
+
+class TrafficClassConfig(StrictModel):
+    """A class of traffic: how the gateway admits it and which vLLM priority it runs at."""
+
+    role: Literal["interactive", "background"] = Field(
+        description="`interactive`: forwarded at once, its latency measured against the objectives; `background`: "
+        "waits in the gateway for the admission controller (concurrency and image-token caps, per-camera round "
+        "robin, deadline)."
+    )
+    priority: int = Field(
+        ge=INT64_MIN,
+        le=INT64_MAX,
+        description="vLLM `priority` set on every request of this class, replacing the caller's (lower = sooner; "
+        "needs vLLM's --scheduling-policy priority).",
+    )
+
+
+class RateLimitConfig(StrictModel):
+    """A token bucket: `requests_per_s` on average, up to `burst` at once."""
+
+    requests_per_s: float = Field(gt=0, description="Sustained requests per second allowed for the key.")
+    burst: int = Field(default=1, ge=1, description="Requests allowed at once after a quiet spell (bucket size).")
+
+
+class ApiKeyConfig(StrictModel):
+    """One caller key. Only its SHA-256 is stored (`visioncap.gateway.auth.hash_key`)."""
+
+    name: str = Field(min_length=1, description="Name of the caller, used in logs and metrics.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-fA-F]{64}$",
+        description="Hex SHA-256 of the key as the caller sends it (Authorization: Bearer KEY).",
+    )
+    traffic_class: str = Field(min_length=1, description="Name of the traffic class (under `classes`) of this key.")
+    rate_limit: RateLimitConfig | None = Field(default=None, description="Request rate limit; None: unlimited.")
+    camera: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Camera or tenant label: background requests of this key share one round-robin turn unless "
+        "a request names its camera (X-Visioncap-Camera header or the `user` field).",
+    )
+
+    @field_validator("sha256")
+    @classmethod
+    def _lower(cls, value: str) -> str:
+        return value.lower()
+
+
+class ObjectivesConfig(StrictModel):
+    """What interactive traffic is promised; the controller shrinks background work when it is not met."""
+
+    ttft_p99_ms: float = Field(
+        default=500.0, gt=0, description="Target p99 time to first token of interactive streams."
+    )
+    itl_p99_ms: float = Field(
+        default=100.0, gt=0, description="Target p99 gap between two streamed chunks of an interactive answer."
+    )
+    window_s: float = Field(
+        default=10.0, gt=0, description="Sliding window: percentiles cover the samples of the last this many seconds."
+    )
+    window_max_samples: int = Field(
+        default=4096, ge=1, description="Most samples kept per series in the window (the newest are kept)."
+    )
+
+
+class BackgroundConfig(StrictModel):
+    """Caps and queue of background traffic."""
+
+    max_concurrency: int = Field(
+        default=8, ge=1, description="Background requests in flight at vLLM when no interactive request is active."
+    )
+    min_concurrency: int = Field(
+        default=1, ge=0, description="Floor the controller never goes below, so background work keeps moving."
+    )
+    max_image_tokens_in_flight: int = Field(
+        default=8192,
+        ge=1,
+        description="Estimated image tokens of background requests in flight at full concurrency; the cap shrinks "
+        "with the concurrency cap. One request is always admitted when none is in flight.",
+    )
+    queue_size: int = Field(
+        default=256, ge=0, description="Most background requests waiting in the gateway; more are answered 429."
+    )
+    deadline_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="Longest wait in the gateway's queue; after it a request is answered 408 `deadline_exceeded` "
+        "(a caller may ask for less with the X-Visioncap-Deadline-Ms header).",
+    )
+
+    @model_validator(mode="after")
+    def _floor_below_ceiling(self) -> BackgroundConfig:
+        if self.min_concurrency > self.max_concurrency:
+            raise ValueError(
+                f"min_concurrency ({self.min_concurrency}) is above max_concurrency ({self.max_concurrency})"
+            )
+        return self
+
+
+class ControllerConfig(StrictModel):
+    """How the background caps adapt: additive increase, multiplicative decrease."""
+
+    interval_s: float = Field(default=0.25, gt=0, description="Seconds between two controller decisions.")
+    additive_increase: float = Field(
+        default=1.0, gt=0, description="Concurrency added per decision while the objectives are met."
+    )
+    decrease_factor: float = Field(
+        default=0.5, gt=0, lt=1, description="Concurrency is multiplied by this when an objective is missed."
+    )
+    idle_after_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds without any interactive request after which background runs at max_concurrency "
+        "(work-conserving); 0 switches at once.",
+    )
+    upstream_waiting_limit: int = Field(
+        default=0,
+        ge=0,
+        description="While interactive traffic is active, more than this many requests waiting inside vLLM "
+        "(vllm:num_requests_waiting) counts as a missed objective.",
+    )
+    upstream_running_limit: int | None = Field(
+        default=None,
+        ge=1,
+        description="While interactive traffic is active, more than this many requests running in vLLM "
+        "(vllm:num_requests_running) counts as a missed objective; None: no limit.",
+    )
+    upstream_stale_s: float = Field(
+        default=5.0, gt=0, description="vLLM metrics older than this are ignored (the poll failed or stalled)."
+    )
+
+
+class ImagesConfig(StrictModel):
+    """Image token estimates and which image URLs may pass."""
+
+    token_size: int = Field(
+        default=28,
+        ge=1,
+        description="Side in pixels of the square one image token covers: patch size x merge size (Qwen2/2.5-VL 28, "
+        "Qwen3-VL 32).",
+    )
+    min_tokens_per_image: int = Field(
+        default=4, ge=1, description="The model's smallest image, in tokens (processor min_pixels / token_size^2)."
+    )
+    max_tokens_per_image: int = Field(
+        default=16384,
+        ge=1,
+        description="The model's largest image, in tokens (processor max_pixels / token_size^2); also the estimate "
+        "for images whose size cannot be read (allow-listed URLs).",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts whose http(s) media URLs are forwarded (vLLM fetches them); empty: only data: URIs.",
+    )
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _lower_hosts(cls, hosts: list[str]) -> list[str]:
+        return [host.strip().lower() for host in hosts]
+
+    @model_validator(mode="after")
+    def _min_below_max(self) -> ImagesConfig:
+        if self.min_tokens_per_image > self.max_tokens_per_image:
+            raise ValueError("min_tokens_per_image is above max_tokens_per_image")
+        return self
+
+
+class LimitsConfig(StrictModel):
+    """Request limits applied before anything is forwarded."""
+
+    max_body_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+
+
+def _default_classes() -> dict[str, TrafficClassConfig]:
+    return {
+        "interactive": TrafficClassConfig(role="interactive", priority=0),
+        "background": TrafficClassConfig(role="background", priority=10),
+    }
+
+
+class GatewayConfig(StrictModel):
+    """Everything `visioncap gateway` needs."""
+
+    upstream: UpstreamConfig = Field(description="The vLLM server behind the gateway.")
+    classes: dict[str, TrafficClassConfig] = Field(
+        default_factory=_default_classes,
+        min_length=1,
+        description="Traffic classes by name; default `interactive` (priority 0) and `background` (priority 10).",
+    )
+    keys: list[ApiKeyConfig] = Field(min_length=1, description="Caller keys; requests with any other key get 401.")
+    objectives: ObjectivesConfig = Field(
+        default_factory=ObjectivesConfig, description="Latency objectives of interactive traffic."
+    )
+    background: BackgroundConfig = Field(default_factory=BackgroundConfig, description="Background caps and queue.")
+    controller: ControllerConfig = Field(
+        default_factory=ControllerConfig, description="How the background caps adapt to interactive latency."
+    )
+    images: ImagesConfig = Field(default_factory=ImagesConfig, description="Image token estimates and URL policy.")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Body size limit.")
+
+    @model_validator(mode="after")
+    def _keys_consistent(self) -> GatewayConfig:
+        names: set[str] = set()
+        hashes: set[str] = set()
+        for index, key in enumerate(self.keys):
+            if key.traffic_class not in self.classes:
+                raise ValueError(
+                    f"keys.{index}.traffic_class: {key.traffic_class!r} is not a class (classes: "
+                    f"{', '.join(sorted(self.classes))})"
+                )
+            if key.name in names:
+                raise ValueError(f"keys.{index}.name: {key.name!r} is used by more than one key")
+            if key.sha256 in hashes:
+                raise ValueError(f"keys.{index}.sha256: the same key is configured twice")
+            names.add(key.name)
+            hashes.add(key.sha256)
+        return self
+
+
+def hash_key(key: str) -> str:
+    """The hex SHA-256 stored in a gateway file for an API key."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def load_gateway_config(path: Path) -> GatewayConfig:
+    """Parse and validate a gateway file; every problem becomes one ConfigError line naming file and field."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read gateway file: {exc.strerror or exc}") from exc
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: a gateway file must be a mapping of fields, got {type(raw).__name__}")
+    try:
+        return GatewayConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {'; '.join(_problem(err) for err in exc.errors())}") from exc
+
+
+def _problem(err: ErrorDetails) -> str:
+    message = err["msg"].removeprefix("Value error, ")
+    location = ".".join(str(part) for part in err["loc"])
+    if not location:
+        return message  # whole-file checks name their own field
+    return f"{location}: {message}"

@@ -1,0 +1,74 @@
+"""The FastAPI app factory and `serve()`, which the `visioncap gateway` command calls."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+from visioncap.config.gateway import GatewayConfig
+from visioncap.gateway.errors import error_body
+from visioncap.gateway.router import router
+from visioncap.gateway.serving import Gateway
+
+log = logging.getLogger(__name__)
+
+
+def create_app(config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> FastAPI:
+    """A gateway app; its lifespan opens the upstream connection pool and starts the controller."""
+    gateway = Gateway(config, clock=clock)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = FastAPI(
+        title="visioncap gateway",
+        summary="OpenAI-compatible priority gateway in front of vLLM.",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.state.gateway = gateway
+    app.include_router(router)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        # Unknown paths and wrong methods, in the same error shape as everything else.
+        return JSONResponse(
+            error_body(exc.status_code, "invalid_request_error", str(exc.detail)),
+            status_code=exc.status_code,
+            headers=exc.headers,
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(error_body(422, "invalid_request_error", str(exc.errors()[:1])), status_code=422)
+
+    return app
+
+
+def serve(config: GatewayConfig, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
+    """Run the gateway in the foreground until Ctrl-C/SIGTERM (uvicorn handles both)."""
+    import uvicorn
+
+    log.info("gateway on http://%s:%d/v1 -> %s", host, port, config.upstream.base_url)
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=False,  # one line per request would drown the log under camera load
+        timeout_graceful_shutdown=10,
+    )

@@ -1,0 +1,129 @@
+"""Media in chat messages: refuse URLs vLLM should not fetch, estimate image tokens from data: URIs.
+
+vLLM fetches any http(s) media URL a message names (a server-side request forgery risk), so only data: URIs
+pass unless the URL's host is allow-listed. Image tokens are estimated the way Qwen2-VL's processor resizes:
+each side rounded to a multiple of the token size, the area kept between the model's min and max pixels,
+one token per `token_size` x `token_size` square. Only the image header is decoded (PIL reads the size
+without the pixels), from the first bytes of the base64 payload.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote_to_bytes, urlsplit
+
+from PIL import Image
+
+from visioncap.config.gateway import ImagesConfig
+
+# Base64 characters decoded to find the image size (54 KiB of image: JPEG headers with EXIF fit).
+HEADER_CHARS = 72 * 1024
+# Part types whose URL vLLM turns into an image.
+IMAGE_PART_TYPES = {"image_url", "input_image"}
+
+
+class MediaRefusedError(Exception):
+    """A media URL that the gateway will not forward."""
+
+
+def image_tokens(width: int, height: int, config: ImagesConfig) -> int:
+    """Image tokens for an image of this size (Qwen2-VL's smart_resize)."""
+    factor = config.token_size
+    min_pixels = config.min_tokens_per_image * factor * factor
+    max_pixels = config.max_tokens_per_image * factor * factor
+    h_bar = max(factor, round(height / factor) * factor)
+    w_bar = max(factor, round(width / factor) * factor)
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return (h_bar // factor) * (w_bar // factor)
+
+
+def data_uri_size(uri: str) -> tuple[int, int] | None:
+    """(width, height) of the image in a data: URI, decoding only its header; None when unreadable."""
+    header, sep, payload = uri.partition(",")
+    if not sep:
+        return None
+    if header.endswith(";base64"):
+        candidates = [payload[: HEADER_CHARS - HEADER_CHARS % 4], payload] if len(payload) > HEADER_CHARS else [payload]
+        for chunk in candidates:
+            try:
+                data = base64.b64decode(chunk)
+            except (binascii.Error, ValueError):
+                continue
+            size = _size(data)
+            if size is not None:
+                return size
+        return None
+    return _size(unquote_to_bytes(payload))
+
+
+def _size(data: bytes) -> tuple[int, int] | None:
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            return image.size
+    except Exception:  # truncated or not an image: PIL raises many kinds
+        return None
+
+
+def _urls(value: Any, key: str = "") -> Iterator[tuple[str, str]]:
+    """(key, url) for every string under a `url` or `*_url` key, at any depth of a content part."""
+    if isinstance(value, dict):
+        for child_key, child in value.items():
+            yield from _urls(child, str(child_key))
+    elif isinstance(value, list):
+        for child in value:
+            yield from _urls(child, key)
+    elif isinstance(value, str) and (key == "url" or key.endswith("_url")):
+        yield key, value
+
+
+def check_url(url: str, config: ImagesConfig) -> bool:
+    """True for a data: URI; for http(s) URLs, whether the host is allow-listed. Raises for the rest."""
+    if url[:5].lower() == "data:":
+        return True
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    if parts.scheme.lower() in ("http", "https") and host and host in config.allowed_hosts:
+        return False
+    shown = url if len(url) <= 80 else url[:77] + "..."
+    if parts.scheme.lower() in ("http", "https"):
+        raise MediaRefusedError(
+            f"media URL {shown!r} refused: host {host!r} is not allowed; send the image as a data: URI"
+        )
+    raise MediaRefusedError(f"media URL {shown!r} refused: only data: URIs (and allow-listed http(s) hosts) pass")
+
+
+def inspect_messages(messages: Any, config: ImagesConfig) -> int:
+    """Check every media URL in chat messages and return the estimated image tokens of the request."""
+    total = 0
+    if not isinstance(messages, list):
+        return 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not isinstance(part, dict):
+                continue
+            is_image = part.get("type") in IMAGE_PART_TYPES or (part.get("type") is None and "image_url" in part)
+            for _key, url in _urls(part):
+                inline = check_url(url, config)
+                if not is_image:
+                    continue
+                size = data_uri_size(url) if inline else None
+                if size is None:
+                    total += config.max_tokens_per_image  # unknown size: assume the largest the model takes
+                else:
+                    total += image_tokens(size[0], size[1], config)
+    return total

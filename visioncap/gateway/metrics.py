@@ -1,0 +1,135 @@
+"""Prometheus metrics of the gateway, in a registry of its own (served at the gateway's /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from visioncap.gateway.admission import Decision
+from visioncap.gateway.scheduler import SchedulerState
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30)
+GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1, 2.5)
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class GatewayMetrics:
+    """All gateway series; one instance per app, so several gateways can live in one process (tests)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "visioncap_gateway_requests_total",
+            "Requests answered, by class, endpoint and HTTP status (the gateway's own refusals included).",
+            ["traffic_class", "endpoint", "status"],
+            registry=r,
+        )
+        self.rejections = Counter(
+            "visioncap_gateway_rejections_total",
+            "Requests the gateway refused itself, by class and reason.",
+            ["traffic_class", "reason"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "visioncap_gateway_upstream_errors_total",
+            "Forwarded requests that failed on vLLM's side after being sent (unreachable, timeout, stream broken "
+            "or an error event inside a stream), by class.",
+            ["traffic_class"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "visioncap_gateway_ttft_seconds",
+            "Time from the request reaching the gateway to the first streamed output chunk.",
+            ["traffic_class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "visioncap_gateway_inter_token_seconds",
+            "Gap between two streamed output chunks.",
+            ["traffic_class"],
+            buckets=GAP_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "visioncap_gateway_queue_wait_seconds",
+            "Time a request waited in the gateway before being forwarded (0 for interactive).",
+            ["traffic_class"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "visioncap_gateway_request_seconds",
+            "Time from the request reaching the gateway to the end of its answer.",
+            ["traffic_class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "visioncap_gateway_in_flight",
+            "Requests forwarded and not yet finished, by class.",
+            ["traffic_class"],
+            registry=r,
+        )
+        self.queue_depth = Gauge("visioncap_gateway_queue_depth", "Background requests waiting.", registry=r)
+        self.image_tokens_in_flight = Gauge(
+            "visioncap_gateway_image_tokens_in_flight",
+            "Estimated image tokens of background requests in flight.",
+            registry=r,
+        )
+        self.image_tokens = Counter(
+            "visioncap_gateway_image_tokens_total",
+            "Estimated image tokens forwarded, by class.",
+            ["traffic_class"],
+            registry=r,
+        )
+        self.cap_concurrency = Gauge(
+            "visioncap_gateway_background_concurrency_cap", "Background requests allowed in flight now.", registry=r
+        )
+        self.cap_limit = Gauge(
+            "visioncap_gateway_background_concurrency_limit",
+            "The controller's adaptive concurrency limit (applies while interactive traffic is active).",
+            registry=r,
+        )
+        self.cap_image_tokens = Gauge(
+            "visioncap_gateway_background_image_tokens_cap",
+            "Background image tokens allowed in flight now.",
+            registry=r,
+        )
+        self.interactive_active = Gauge(
+            "visioncap_gateway_interactive_active", "1 while interactive traffic counts as active.", registry=r
+        )
+        self.window_p99 = Gauge(
+            "visioncap_gateway_interactive_p99_seconds",
+            "Interactive latency p99 over the controller's sliding window.",
+            ["series"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            "visioncap_gateway_controller_decisions_total", "Controller steps by action.", ["action"], registry=r
+        )
+        self.upstream_waiting = Gauge(
+            "visioncap_gateway_upstream_requests_waiting", "vllm:num_requests_waiting at the last poll.", registry=r
+        )
+        self.upstream_running = Gauge(
+            "visioncap_gateway_upstream_requests_running", "vllm:num_requests_running at the last poll.", registry=r
+        )
+        self.upstream_up = Gauge(
+            "visioncap_gateway_upstream_up", "1 when the last poll of vLLM's /metrics succeeded.", registry=r
+        )
+
+    def scheduler_changed(self, state: SchedulerState) -> None:
+        self.queue_depth.set(state.waiting)
+        self.image_tokens_in_flight.set(state.image_tokens_in_flight)
+
+    def decision(self, decision: Decision) -> None:
+        self.decisions.labels(decision.action).inc()
+        self.cap_limit.set(decision.limit)
+        self.cap_concurrency.set(decision.caps.concurrency)
+        self.cap_image_tokens.set(decision.caps.image_tokens)
+        self.interactive_active.set(1 if decision.caps.interactive_active else 0)
+        self.window_p99.labels("ttft").set(decision.ttft_p99_s if decision.ttft_p99_s is not None else float("nan"))
+        self.window_p99.labels("itl").set(decision.itl_p99_s if decision.itl_p99_s is not None else float("nan"))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

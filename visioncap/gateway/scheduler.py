@@ -1,0 +1,211 @@
+"""Background requests wait here, not inside vLLM: per-camera round robin, a deadline, a bounded queue.
+
+Runs on the gateway's event loop (no locks: every method is called from that loop). A request is admitted
+when the controller's caps allow one more in flight: concurrency below the cap, and its estimated image
+tokens fit under the image-token cap (a request always fits when nothing is in flight, so an image larger
+than the cap still runs, alone). Waiting requests are served one camera at a time in turn, oldest first
+within a camera; a camera whose turn comes waits for room rather than being overtaken (no starvation of
+large images).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from visioncap.gateway.admission import Caps
+
+
+class QueueFullError(Exception):
+    """The queue holds `queue_size` requests already."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"the background queue is full; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceededError(Exception):
+    """The request waited its whole deadline without being admitted."""
+
+    def __init__(self, waited_s: float) -> None:
+        super().__init__(f"waited {waited_s:.1f} s in the gateway's background queue without being admitted")
+        self.waited_s = waited_s
+
+
+@dataclass(frozen=True)
+class SchedulerState:
+    waiting: int
+    in_flight: int
+    image_tokens_in_flight: int
+    waiting_by_camera: dict[str, int]
+
+
+@dataclass(eq=False)
+class Grant:
+    """An admitted request; `release()` it exactly once (later calls do nothing)."""
+
+    scheduler: BackgroundScheduler
+    camera: str
+    tokens: int
+    enqueued_at: float
+    admitted_at: float = 0.0
+    _released: bool = False
+
+    @property
+    def waited_s(self) -> float:
+        return self.admitted_at - self.enqueued_at
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.scheduler._release(self)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    grant: Grant
+    future: asyncio.Future[None] = field(repr=False)
+
+
+class BackgroundScheduler:
+    """Admission of background requests under caps that the controller may change at any moment."""
+
+    def __init__(
+        self,
+        caps: Callable[[], Caps],
+        queue_size: int,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[SchedulerState], None] | None = None,
+    ) -> None:
+        self._caps = caps
+        self.queue_size = queue_size
+        self._clock = clock
+        self._on_change = on_change
+        self._queues: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        self._waiting = 0
+        self._in_flight = 0
+        self._tokens = 0
+        self._service_s = 1.0  # moving average of admitted requests' time in flight, for Retry-After
+        self._watchers: list[tuple[Callable[[SchedulerState], bool], asyncio.Future[None]]] = []
+
+    # -- public ---------------------------------------------------------------------------------------
+
+    def state(self) -> SchedulerState:
+        return SchedulerState(
+            waiting=self._waiting,
+            in_flight=self._in_flight,
+            image_tokens_in_flight=self._tokens,
+            waiting_by_camera={camera: len(queue) for camera, queue in self._queues.items()},
+        )
+
+    async def acquire(self, camera: str, tokens: int, deadline_s: float) -> Grant:
+        """Wait for admission; raises QueueFullError at once or DeadlineExceededError after `deadline_s`."""
+        now = self._clock()
+        grant = Grant(self, camera, tokens, enqueued_at=now)
+        if self._waiting == 0 and self._fits(tokens, self._caps()):
+            self._admit(grant)
+            self._changed()
+            return grant
+        if self._waiting >= self.queue_size:
+            raise QueueFullError(self._retry_after_s())
+        waiter = _Waiter(grant, asyncio.get_running_loop().create_future())
+        self._queues.setdefault(camera, deque()).append(waiter)
+        self._waiting += 1
+        self._changed()
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(0.0, deadline_s))
+        except TimeoutError:
+            if waiter.future.done():  # admitted in the same loop turn as the timeout fired
+                return grant
+            self._remove(waiter)
+            raise DeadlineExceededError(self._clock() - grant.enqueued_at) from None
+        except asyncio.CancelledError:
+            if waiter.future.done():
+                grant.release()  # admitted, but the caller went away before using it
+            else:
+                self._remove(waiter)
+            raise
+        return grant
+
+    def dispatch(self) -> None:
+        """Admit waiting requests while the caps allow, camera by camera in turn."""
+        admitted = False
+        caps = self._caps()
+        while self._queues:
+            camera, queue = next(iter(self._queues.items()))
+            waiter = queue[0]
+            if not self._fits(waiter.grant.tokens, caps):
+                break
+            queue.popleft()
+            self._waiting -= 1
+            if queue:
+                self._queues.move_to_end(camera)
+            else:
+                del self._queues[camera]
+            self._admit(waiter.grant)
+            waiter.future.set_result(None)
+            admitted = True
+        if admitted:
+            self._changed()
+
+    async def wait_until(self, predicate: Callable[[SchedulerState], bool], timeout: float) -> SchedulerState:
+        """Wait until the state satisfies `predicate` (checked now and after every change); for tests, tools."""
+        state = self.state()
+        if predicate(state):
+            return state
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (predicate, future)
+        self._watchers.append(entry)
+        try:
+            await asyncio.wait_for(future, timeout)
+        finally:
+            if entry in self._watchers:
+                self._watchers.remove(entry)
+        return self.state()
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    def _fits(self, tokens: int, caps: Caps) -> bool:
+        if self._in_flight >= caps.concurrency:
+            return False
+        return self._in_flight == 0 or self._tokens + tokens <= caps.image_tokens
+
+    def _admit(self, grant: Grant) -> None:
+        grant.admitted_at = self._clock()
+        self._in_flight += 1
+        self._tokens += grant.tokens
+
+    def _release(self, grant: Grant) -> None:
+        self._in_flight -= 1
+        self._tokens -= grant.tokens
+        took = max(0.0, self._clock() - grant.admitted_at)
+        self._service_s = 0.8 * self._service_s + 0.2 * took
+        self._changed()
+        self.dispatch()
+
+    def _remove(self, waiter: _Waiter) -> None:
+        queue = self._queues.get(waiter.grant.camera)
+        if queue is not None and waiter in queue:
+            queue.remove(waiter)
+            self._waiting -= 1
+            if not queue:
+                del self._queues[waiter.grant.camera]
+            self._changed()
+            # The head of the line may have changed to a request that fits.
+            self.dispatch()
+
+    def _retry_after_s(self) -> int:
+        per_slot = max(1, self._caps().concurrency)
+        return max(1, min(3600, math.ceil(self._service_s * (self._waiting + 1) / per_slot)))
+
+    def _changed(self) -> None:
+        state = self.state()
+        if self._on_change is not None:
+            self._on_change(state)
+        for predicate, future in list(self._watchers):
+            if not future.done() and predicate(state):
+                future.set_result(None)

@@ -1,0 +1,394 @@
+"""The gateway's request handling: caller -> limits -> body -> media -> priority -> admission -> proxy.
+
+One `Gateway` per app owns the controller, the background scheduler, the metrics and the upstream pool,
+and runs two loops beside the requests: the controller's ticks and the poll of vLLM's /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from visioncap.config.gateway import GatewayConfig
+from visioncap.gateway.admission import AdmissionController, Decision
+from visioncap.gateway.auth import Caller, KeyRing
+from visioncap.gateway.errors import GatewayError, unauthorized
+from visioncap.gateway.images import MediaRefusedError, inspect_messages
+from visioncap.gateway.metrics import GatewayMetrics
+from visioncap.gateway.protocol import ChatCompletionView, CompletionView, parse_body
+from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream
+from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
+from visioncap.gateway.sse import StreamObserver
+from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad
+
+log = logging.getLogger(__name__)
+
+Endpoint = Literal["chat", "completions"]
+CAMERA_HEADER = "x-visioncap-camera"
+DEADLINE_HEADER = "x-visioncap-deadline-ms"
+UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
+VIEWS = {"chat": ChatCompletionView, "completions": CompletionView}
+
+
+class Gateway:
+    """State and behaviour of one gateway; `start()`/`stop()` on the serving event loop."""
+
+    def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.metrics = GatewayMetrics()
+        self.keys = KeyRing(config)
+        self.controller = AdmissionController(config.objectives, config.background, config.controller)
+        self.scheduler = BackgroundScheduler(
+            caps=lambda: self.controller.caps(self.clock()),
+            queue_size=config.background.queue_size,
+            clock=clock,
+            on_change=self.metrics.scheduler_changed,
+        )
+        self.upstream: Upstream | None = None
+        self.poller: UpstreamPoller | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.ready = threading.Event()  # set once serving: lets a thread that started the server wait for it
+        self._tasks: list[asyncio.Task[None]] = []
+        self._record(self.controller.tick(clock(), 0))
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        env = self.config.upstream.api_key_env
+        self.upstream = Upstream(self.config.upstream, os.environ.get(env) if env else None)
+        self._tasks.append(asyncio.create_task(self._control_loop(), name="gateway-controller"))
+        if self.config.upstream.metrics_poll_s > 0:
+            self.poller = UpstreamPoller(
+                self.upstream.client,
+                self.upstream.metrics_url,
+                self.config.upstream.metrics_poll_s,
+                self._upstream_load,
+                clock=self.clock,
+            )
+            self._tasks.append(asyncio.create_task(self.poller.run(), name="gateway-upstream-metrics"))
+        self.ready.set()
+
+    async def stop(self) -> None:
+        self.ready.clear()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.upstream is not None:
+            await self.upstream.aclose()
+
+    async def _control_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.controller.interval_s)
+            self.control_step()
+
+    def control_step(self) -> Decision:
+        """One controller decision with the scheduler's counts, then admit what the new caps allow."""
+        state = self.scheduler.state()
+        decision = self.controller.tick(self.clock(), state.in_flight, state.waiting)
+        self._record(decision)
+        self.scheduler.dispatch()
+        return decision
+
+    def _record(self, decision: Decision) -> None:
+        self.metrics.decision(decision)
+        if decision.action == "decrease":
+            log.debug(
+                "background limit -> %.2f (%s; ttft p99 %s, itl p99 %s)",
+                decision.limit,
+                ",".join(decision.reasons),
+                _ms(decision.ttft_p99_s),
+                _ms(decision.itl_p99_s),
+            )
+
+    def _upstream_load(self, now: float, load: VllmLoad | None) -> None:
+        self.metrics.upstream_up.set(1 if load is not None else 0)
+        if load is not None:
+            self.metrics.upstream_waiting.set(load.waiting)
+            self.metrics.upstream_running.set(load.running)
+            self.controller.observe_upstream(now, load.waiting, load.running)
+
+    # -- requests -------------------------------------------------------------------------------------
+
+    async def generate(self, request: Request, endpoint: Endpoint) -> Response:
+        """POST /v1/chat/completions and /v1/completions."""
+        started = self.clock()
+        caller: Caller | None = None
+        try:
+            caller = self._authenticate(request)
+            self._rate_limit(caller)
+            raw = await _read_body(request, self.config.limits.max_body_bytes)
+            body, view = parse_body(raw, VIEWS[endpoint])
+            image_tokens = 0
+            if endpoint == "chat":
+                try:
+                    image_tokens = inspect_messages(body.get("messages"), self.config.images)
+                except MediaRefusedError as exc:
+                    raise GatewayError(
+                        400, "media_url_not_allowed", str(exc), reason="media_url_refused", param="messages"
+                    ) from exc
+            body["priority"] = caller.traffic_class.priority  # the key decides, never the caller's body
+            payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            stream = bool(getattr(view, "stream", False))
+            if caller.interactive:
+                return await self._forward_interactive(request, endpoint, caller, payload, stream, started)
+            camera = request.headers.get(CAMERA_HEADER) or getattr(view, "user", None) or caller.camera or caller.name
+            deadline_s = self._deadline_s(request)
+            return await self._forward_background(
+                request, endpoint, caller, payload, stream, started, camera, image_tokens, deadline_s
+            )
+        except GatewayError as exc:
+            return self._refuse(exc, caller, endpoint)
+
+    async def models(self, request: Request) -> Response:
+        """GET /v1/models, passed through for any valid key."""
+        caller: Caller | None = None
+        try:
+            caller = self._authenticate(request)
+            assert self.upstream is not None
+            upstream = await self.upstream.open("GET", "/models", incoming=dict(request.headers))
+        except GatewayError as exc:
+            return self._refuse(exc, caller, "models")
+
+        def finish(outcome: Outcome) -> None:
+            self.metrics.requests.labels(caller.class_name, "models", str(outcome.status)).inc()
+
+        return ProxyResponse(upstream, finish)
+
+    def health(self) -> Response:
+        state = self.scheduler.state()
+        now = self.clock()
+        caps = self.controller.caps(now)
+        poller = self.poller
+        return JSONResponse(
+            {
+                "status": "ok",
+                "upstream": {
+                    "base_url": self.config.upstream.base_url,
+                    "metrics": None
+                    if poller is None
+                    else {
+                        "ok": poller.last is not None,
+                        "error": poller.last_error,
+                        "waiting": poller.last.waiting if poller.last else None,
+                        "running": poller.last.running if poller.last else None,
+                    },
+                },
+                "background": {
+                    "waiting": state.waiting,
+                    "in_flight": state.in_flight,
+                    "image_tokens_in_flight": state.image_tokens_in_flight,
+                    "concurrency_cap": caps.concurrency,
+                    "image_tokens_cap": caps.image_tokens,
+                    "limit": round(self.controller.limit, 3),
+                },
+                "interactive": {
+                    "in_flight": self.controller.interactive_in_flight,
+                    "active": caps.interactive_active,
+                },
+            }
+        )
+
+    # -- steps ----------------------------------------------------------------------------------------
+
+    def _authenticate(self, request: Request) -> Caller:
+        caller = self.keys.identify(request.headers)
+        if caller is None:
+            raise unauthorized()
+        return caller
+
+    def _rate_limit(self, caller: Caller) -> None:
+        if caller.limiter is None:
+            return
+        wait_s = caller.limiter.take(self.clock())
+        if wait_s is not None:
+            raise GatewayError(
+                429,
+                "rate_limit_exceeded",
+                f"key {caller.name!r} is over its request rate limit; retry in {wait_s:.2f} s",
+                reason="rate_limited",
+                headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+            )
+
+    def _deadline_s(self, request: Request) -> float:
+        deadline_s = self.config.background.deadline_s
+        asked = request.headers.get(DEADLINE_HEADER)
+        if asked is None:
+            return deadline_s
+        try:
+            value = float(asked) / 1000
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise GatewayError(
+                400,
+                "invalid_request_error",
+                f"{DEADLINE_HEADER} must be milliseconds >= 0, not {asked!r}",
+                reason="bad_request",
+            )
+        return min(deadline_s, value)
+
+    async def _forward_interactive(
+        self, request: Request, endpoint: Endpoint, caller: Caller, payload: bytes, stream: bool, started: float
+    ) -> Response:
+        class_name = caller.class_name
+        self.controller.interactive_started(started)
+        self.metrics.in_flight.labels(class_name).inc()
+        self.metrics.queue_wait.labels(class_name).observe(0.0)
+
+        def done(outcome: Outcome) -> None:
+            self.controller.interactive_finished(self.clock())
+            self.scheduler.dispatch()  # with idle_after_s = 0 the caps may grow at once
+
+        return await self._proxy(request, endpoint, class_name, payload, stream, started, done, measure=True)
+
+    async def _forward_background(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        caller: Caller,
+        payload: bytes,
+        stream: bool,
+        started: float,
+        camera: str,
+        image_tokens: int,
+        deadline_s: float,
+    ) -> Response:
+        class_name = caller.class_name
+        try:
+            grant = await _unless_disconnected(request, self.scheduler.acquire(camera, image_tokens, deadline_s))
+        except QueueFullError as exc:
+            raise GatewayError(
+                429, "queue_full", str(exc), reason="queue_full", headers={"Retry-After": str(exc.retry_after_s)}
+            ) from exc
+        except DeadlineExceededError as exc:
+            self.metrics.queue_wait.labels(class_name).observe(exc.waited_s)
+            raise GatewayError(408, "deadline_exceeded", str(exc), reason="deadline") from exc
+        if grant is None:  # the caller left while waiting; nobody reads an answer
+            self.metrics.rejections.labels(class_name, "client_gone").inc()
+            return Response(status_code=499)
+        self.metrics.queue_wait.labels(class_name).observe(grant.waited_s)
+        self.metrics.in_flight.labels(class_name).inc()
+        self.metrics.image_tokens.labels(class_name).inc(image_tokens)
+
+        def done(outcome: Outcome, grant: Grant = grant) -> None:
+            grant.release()
+
+        return await self._proxy(request, endpoint, class_name, payload, stream, started, done, measure=False)
+
+    async def _proxy(
+        self,
+        request: Request,
+        endpoint: Endpoint,
+        class_name: str,
+        payload: bytes,
+        stream: bool,
+        started: float,
+        done: Callable[[Outcome], None],
+        measure: bool,
+    ) -> Response:
+        """Open the upstream request; `done` runs exactly once when the exchange is over, however it ends."""
+
+        def finish(outcome: Outcome, answered: bool = True) -> None:
+            now = self.clock()
+            self.metrics.in_flight.labels(class_name).dec()
+            if answered:  # refusals raised from here are counted where they become responses
+                self.metrics.requests.labels(class_name, endpoint, str(outcome.status)).inc()
+                self.metrics.duration.labels(class_name).observe(now - started)
+            if outcome.error:
+                self.metrics.upstream_errors.labels(class_name).inc()
+                log.warning("%s request (%s) ended with an error: %s", class_name, endpoint, outcome.error)
+            done(outcome)
+
+        assert self.upstream is not None
+        try:
+            upstream = await self.upstream.open(
+                "POST", UPSTREAM_PATHS[endpoint], payload, incoming=dict(request.headers)
+            )
+        except GatewayError as exc:
+            finish(Outcome(exc.status, completed=False, error=exc.message), answered=False)
+            raise
+        except BaseException as exc:  # cancelled: the caller or the server went away
+            finish(Outcome(499, completed=False, error=type(exc).__name__))
+            raise
+        observer = None
+        if stream and upstream.status_code == 200:
+            ttft = self.metrics.ttft.labels(class_name)
+            itl = self.metrics.itl.labels(class_name)
+
+            def on_first(now: float, seconds: float) -> None:
+                ttft.observe(seconds)
+                if measure:
+                    self.controller.observe_ttft(now, seconds)
+
+            def on_gap(now: float, seconds: float) -> None:
+                itl.observe(seconds)
+                if measure:
+                    self.controller.observe_itl(now, seconds)
+
+            observer = StreamObserver(started, self.clock, on_first, on_gap)
+        return ProxyResponse(upstream, finish, observer)
+
+    def _refuse(self, exc: GatewayError, caller: Caller | None, endpoint: str) -> Response:
+        class_name = caller.class_name if caller is not None else "unknown"
+        self.metrics.rejections.labels(class_name, exc.reason).inc()
+        self.metrics.requests.labels(class_name, endpoint, str(exc.status)).inc()
+        return exc.response()
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    too_large = GatewayError(
+        413, "request_too_large", f"request body is larger than {limit} bytes", reason="body_too_large"
+    )
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _unless_disconnected(request: Request, waiting: Any) -> Grant | None:
+    """Await admission, or give up the place in the queue (None) when the caller disconnects meanwhile."""
+    admission = asyncio.ensure_future(waiting)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({admission, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not admission.done():
+            admission.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await admission
+    if admission.cancelled():
+        return None
+    return admission.result()
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
