@@ -6,12 +6,10 @@ import hashlib
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_core import ErrorDetails
+from pydantic import Field, field_validator, model_validator
 
 from visioncap.config.base import StrictModel
-from visioncap.errors import ConfigError
+from visioncap.config.loading import load_yaml_model
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -279,28 +277,4 @@ def hash_key(key: str) -> str:
 
 def load_gateway_config(path: Path) -> GatewayConfig:
     """Parse and validate a gateway file; every problem becomes one ConfigError line naming file and field."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read gateway file: {exc.strerror or exc}") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a gateway file must be a mapping of fields, got {type(raw).__name__}")
-    try:
-        return GatewayConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{path}: {'; '.join(_problem(err) for err in exc.errors())}") from exc
-
-
-def _problem(err: ErrorDetails) -> str:
-    message = err["msg"].removeprefix("Value error, ")
-    location = ".".join(str(part) for part in err["loc"])
-    if not location:
-        return message  # whole-file checks name their own field
-    return f"{location}: {message}"
+    return load_yaml_model(path, GatewayConfig, "gateway file")

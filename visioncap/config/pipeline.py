@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from visioncap.config.base import StrictModel
 from visioncap.config.caption import CaptionConfig
 from visioncap.config.detector import DetectorConfig
+from visioncap.config.loading import load_yaml_model
 from visioncap.config.outbox import OutboxConfig
 from visioncap.config.selection import SelectionConfig
 from visioncap.config.sources import FileSourceConfig, FolderSourceConfig, SourceConfig
@@ -44,31 +45,14 @@ class PipelineConfig(StrictModel):
 _UNION_TAGS = {"file", "stream", "folder"}
 
 
-def _location(loc: tuple[int | str, ...]) -> str:
+def _location(loc: Sequence[int | str]) -> str:
     parts = [str(part) for i, part in enumerate(loc) if not (i == 2 and loc[0] == "sources" and part in _UNION_TAGS)]
     return ".".join(parts) or "(top level)"
 
 
 def load_pipeline(path: Path) -> PipelineConfig:
     """Parse and validate a pipeline file; every problem becomes one ConfigError line naming file and field."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read pipeline file: {exc.strerror or exc}") from exc
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a pipeline file must be a mapping of fields, got {type(raw).__name__}")
-    try:
-        config = PipelineConfig.model_validate(raw)
-    except ValidationError as exc:
-        problems = "; ".join(f"{_location(err['loc'])}: {err['msg']}" for err in exc.errors())
-        raise ConfigError(f"{path}: {problems}") from exc
+    config = load_yaml_model(path, PipelineConfig, "pipeline file", location=_location)
     return _resolve_paths(config, path)
 
 

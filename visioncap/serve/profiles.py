@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from visioncap.config.base import StrictModel
+from visioncap.config.loading import load_yaml_model
 from visioncap.errors import ConfigError
 
 
@@ -59,10 +59,5 @@ def find_profile(name_or_path: str, models_dir: Path) -> Path:
 
 def load_profile(name_or_path: str, models_dir: Path) -> ModelProfile:
     path = find_profile(name_or_path, models_dir)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        return ModelProfile.model_validate({**raw, "path": path.resolve()})
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {exc}") from exc
-    except (TypeError, ValidationError) as exc:
-        raise ConfigError(f"{path}: invalid profile: {exc}") from exc
+    profile = load_yaml_model(path, ModelProfile, "model profile")
+    return profile.model_copy(update={"path": path.resolve()})
