@@ -1,0 +1,1 @@
+"""Benchmarks of the visioncap pipeline; see benchmarks/README.md."""

@@ -1,0 +1,265 @@
+"""What the benchmarks share: offline Ultralytics settings, the detector config, detect+track over a video,
+detection quality against the scene's ground truth, statistics and machine facts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+# Before anything imports ultralytics: no downloads, no run-time pip installs, settings inside the repo's data/.
+os.environ.setdefault("YOLO_OFFLINE", "1")
+os.environ.setdefault("YOLO_AUTOINSTALL", "False")
+os.environ.setdefault("YOLO_CONFIG_DIR", str(ROOT / "data" / "ultralytics"))
+
+import json  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from datetime import UTC, datetime  # noqa: E402
+from importlib import metadata  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+from visioncap.config.detector import DetectorConfig  # noqa: E402
+from visioncap.config.selection import SelectionConfig  # noqa: E402
+from visioncap.config.sources import FileSourceConfig  # noqa: E402
+from visioncap.frames import Detection, Frame, PersonBox  # noqa: E402
+
+if TYPE_CHECKING:
+    from benchmarks.scenes import Scene
+
+WEIGHTS = "pkg:fall_detection/models/best.pt"
+PERSON_CLASSES = [0, 1]  # the fall detector's Normal and Fall: both are people
+
+
+def detector_config(image_size: int = 320, weights: str = WEIGHTS, confidence: float = 0.35) -> DetectorConfig:
+    return DetectorConfig(weights=weights, person_classes=PERSON_CLASSES, confidence=confidence, image_size=image_size)
+
+
+@dataclass(frozen=True, slots=True)
+class TrackedFrame:
+    """One analysed frame without its pixels: what the detector found and what the tracker kept."""
+
+    index: int
+    offset_s: float
+    raw: tuple[PersonBox, ...]
+    tracked: tuple[PersonBox, ...]
+
+
+def file_source(path: Path, camera: str = "bench", analyze_fps: float | None = None) -> FileSourceConfig:
+    return FileSourceConfig(camera=camera, path=path, analyze_fps=analyze_fps)
+
+
+def detect_and_track(
+    video: Path, config: DetectorConfig, analyze_fps: float | None = None, event_end_s: float | None = None
+) -> tuple[list[TrackedFrame], dict[str, float]]:
+    """The real source, detector and tracker over a whole video, one frame at a time (as one camera runs).
+
+    Returns the frames and timings (seconds): decode+detect+track wall time and the detector's share."""
+    import time
+
+    from visioncap.detect.tracking import PersonTracker
+    from visioncap.detect.yolo import PersonDetector
+    from visioncap.sources.factory import analyse_rate, open_source
+
+    source_config = file_source(video, analyze_fps=analyze_fps)
+    detector = PersonDetector(config)
+    tracker = PersonTracker(
+        config.tracker,
+        analyse_rate(source_config),
+        keep_lost_s=event_end_s if event_end_s is not None else SelectionConfig().event_end_s,
+    )
+    out: list[TrackedFrame] = []
+    detect_s = 0.0
+    started = time.perf_counter()
+    for frame in open_source(source_config).frames():
+        t0 = time.perf_counter()
+        detection = detector.detect([frame])[0]
+        detect_s += time.perf_counter() - t0
+        tracked = tracker.update(detection)
+        out.append(TrackedFrame(frame.index, frame.offset_s, detection.people, tracked.people))
+    return out, {"wall_s": time.perf_counter() - started, "detect_s": detect_s}
+
+
+def replay(video: Path, frames: Sequence[TrackedFrame], camera: str = "bench") -> Iterator[Detection]:
+    """The tracked detections again, with their pixels decoded afresh (cheaper than holding a video in memory)."""
+    from visioncap.sources.video_file import VideoFileSource
+
+    by_index = {f.index: f for f in frames}
+    for frame in VideoFileSource(file_source(video, camera)).frames():
+        record = by_index.get(frame.index)
+        if record is not None:
+            yield Detection(frame=Frame(camera, frame.index, record.offset_s, frame.image), people=record.tracked)
+
+
+# -- detection quality against the ground truth -----------------------------------------------------------------
+
+
+def _expected_people(scene: Scene) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for event in scene.ground_truth():
+        for first, last in event.person_spans:
+            for index in range(first, last + 1):
+                counts[index] = counts.get(index, 0) + 1
+    return counts
+
+
+def track_spans(frames: Sequence[TrackedFrame]) -> dict[int, tuple[int, int, int]]:
+    """Track id -> (first frame, last frame, frames seen)."""
+    spans: dict[int, tuple[int, int, int]] = {}
+    for frame in frames:
+        for person in frame.tracked:
+            if person.track_id is None:
+                continue
+            first, _, seen = spans.get(person.track_id, (frame.index, frame.index, 0))
+            spans[person.track_id] = (first, frame.index, seen + 1)
+    return spans
+
+
+def assign_tracks(scene: Scene, frames: Sequence[TrackedFrame]) -> dict[int, int | None]:
+    """Track id -> ground-truth event number it overlaps most (None: a track outside every event)."""
+    events = scene.ground_truth()
+    out: dict[int, int | None] = {}
+    for track_id, (first, last, _) in track_spans(frames).items():
+        best, best_overlap = None, 0
+        for event in events:
+            overlap = min(last, event.end_frame) - max(first, event.start_frame) + 1
+            if overlap > best_overlap:
+                best, best_overlap = event.index, overlap
+        out[track_id] = best
+    return out
+
+
+def detection_quality(scene: Scene, frames: Sequence[TrackedFrame], stable_frames: int = 3) -> dict[str, Any]:
+    """Frame recall/false alarms, people-count accuracy, and per event: found, first detection, track ids."""
+    expected = _expected_people(scene)
+    analysed = {f.index: f for f in frames}
+    person_frames = [i for i in analysed if expected.get(i, 0) > 0]
+    empty_frames = [i for i in analysed if expected.get(i, 0) == 0]
+    hit = [i for i in person_frames if analysed[i].raw]
+    false_alarm = [i for i in empty_frames if analysed[i].raw]
+    count_ok = [i for i in person_frames if len(analysed[i].raw) == expected[i]]
+    tracked_hit = [i for i in person_frames if analysed[i].tracked]
+    spans = track_spans(frames)
+    owner = assign_tracks(scene, frames)
+    events = []
+    for event in scene.ground_truth():
+        in_event = [analysed[i] for i in range(event.start_frame, event.end_frame + 1) if i in analysed]
+        first_hit = next((f for f in in_event if f.raw), None)
+        ids = sorted(t for t, e in owner.items() if e == event.index and spans[t][2] >= stable_frames)
+        events.append(
+            {
+                "event": event.index,
+                "label": event.label,
+                "people": event.people,
+                "start_s": round(event.start_s, 1),
+                "duration_s": round(event.duration_s, 1),
+                "frames_with_detection": round(sum(1 for f in in_event if f.raw) / max(1, len(in_event)), 3),
+                "frames_count_exact": round(
+                    sum(1 for f in in_event if len(f.raw) == expected.get(f.index, 0)) / max(1, len(in_event)), 3
+                ),
+                "first_detection_after_s": None
+                if first_hit is None
+                else round(first_hit.offset_s - event.start_frame / scene.fps, 2),
+                "stable_tracks": len(ids),
+            }
+        )
+    stray = sorted(t for t, e in owner.items() if e is None and spans[t][2] >= stable_frames)
+    return {
+        "analysed_frames": len(analysed),
+        "person_frame_recall": round(len(hit) / max(1, len(person_frames)), 3),
+        "person_frame_recall_after_tracking": round(len(tracked_hit) / max(1, len(person_frames)), 3),
+        "people_count_exact": round(len(count_ok) / max(1, len(person_frames)), 3),
+        "empty_frames_with_detection": round(len(false_alarm) / max(1, len(empty_frames)), 3),
+        "events_found": sum(1 for e in events if e["frames_with_detection"] > 0),
+        "events": len(events),
+        "stable_tracks": sum(1 for s in spans.values() if s[2] >= stable_frames),
+        "stable_tracks_outside_events": len(stray),
+        "people_in_events": sum(e.people for e in scene.ground_truth()),
+        "per_event": events,
+    }
+
+
+# -- statistics and reporting -----------------------------------------------------------------------------------
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], share: float) -> float | None:
+    """Nearest-rank percentile (no interpolation: with a handful of events, report a value that happened)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(share * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def _version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def machine_facts() -> dict[str, Any]:
+    import torch
+
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(ROOT), "status", "--porcelain", "visioncap"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+        )
+    except OSError:
+        commit, dirty = "", False
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        # Ultralytics sets torch to cpu_count - 1 threads on CPU (1 thread on a 2-core machine).
+        "torch_threads": torch.get_num_threads(),
+        "ultralytics": _version("ultralytics"),
+        "onnxruntime": _version("onnxruntime"),
+        "opencv": _version("opencv-python") or _version("opencv-python-headless"),
+        "git_commit": commit,
+        "visioncap_uncommitted_changes": dirty,
+    }
+
+
+def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    json_path = RESULTS_DIR / f"{name}.json"
+    md_path = RESULTS_DIR / f"{name}.md"
+    json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    md_path.write_text(markdown, encoding="utf-8")
+    return json_path, md_path
+
+
+def command_line(module: str, argv: Sequence[str]) -> str:
+    env = "YOLO_OFFLINE=1 YOLO_AUTOINSTALL=False YOLO_CONFIG_DIR=data/ultralytics"
+    return " ".join([env, ".venv/bin/python", "-m", module, *argv])
