@@ -20,9 +20,10 @@ export YOLO_AUTOINSTALL ?= False
 export YOLO_CONFIG_DIR ?= $(CURDIR)/data/ultralytics
 export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
 
-# GStreamer's RTSP server, which the stream tests run as a real camera (Debian's python3 has its bindings).
+# GStreamer's RTSP server, which the stream tests run as a real camera (Debian's python3 has its bindings),
+# and PostgreSQL, whose throwaway clusters the API tests start.
 SYSTEM_PACKAGES := gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
-	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools
+	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql
 
 .PHONY: help setup app-env server-env system-deps demo test lint clean
 

@@ -175,6 +175,40 @@ def gateway_key_command() -> None:
     typer.echo(f"key:    {key}\nsha256: {digest}")
 
 
+@app.command("api")
+def api_command(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8090,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Serve the REST API and web page over the caption database until Ctrl-C/SIGTERM."""
+    _setup_logging(log_level)
+    from visioncap.api import serve
+    from visioncap.api.settings import ApiSettings
+
+    try:
+        settings = ApiSettings()
+    except Exception as exc:  # pydantic's ValidationError, already naming the variable
+        raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc
+    serve(settings, host=host, port=port, log_level=log_level)
+
+
+@app.command("api-key")
+def api_key_command(
+    name: Annotated[str, typer.Option(help="Who holds the key.")] = "ui",
+    write: Annotated[bool, typer.Option(help="Also allow POST routes (regenerate).")] = False,
+) -> None:
+    """Print a new API key and the VISIONCAP_API_KEYS entry (its sha256) to configure."""
+    import json
+
+    from visioncap.api.settings import generate_key
+
+    key, digest = generate_key()
+    scopes = ["read", "write"] if write else ["read"]
+    entry = json.dumps({"name": name, "sha256": digest, "scopes": scopes})
+    typer.echo(f"key:    {key}\nsha256: {digest}\nentry:  {entry}")
+
+
 @app.command()
 def captions(
     camera: Annotated[str | None, typer.Option(help="Only this camera.")] = None,

@@ -61,8 +61,10 @@ class Outbox:
         data_dir: Path,
         config: OutboxConfig,
         clock: Callable[[], float] = time.monotonic,
+        pipeline: str | None = None,
     ) -> None:
         self._store = store
+        self._pipeline = pipeline
         self._data_dir = data_dir
         self._config = config
         self._clock = clock
@@ -78,9 +80,11 @@ class Outbox:
     # -- producer side ---------------------------------------------------------------------------
 
     def recover(self) -> int:
-        """Queue the rows a previous process left pending, ahead of anything new."""
-        rows = self._store.pending()
+        """Queue pending rows this process does not hold yet: those a previous run left (ahead of anything new)
+        and those put back later, e.g. by the API's regenerate. Returns how many were added."""
+        rows = self._store.pending(self._pipeline)
         with self._lock:
+            rows = [r for r in rows if r.id not in self._queued and r.id not in self._in_flight]
             for row in rows:
                 item = OutboxItem(
                     due=self._clock(),
@@ -94,8 +98,6 @@ class Outbox:
                 )
                 self._enqueue(item)
             self._lock.notify_all()
-        if rows:
-            log.info("outbox: %d pending frames from an earlier run are captioned first", len(rows))
         return len(rows)
 
     @property
@@ -145,7 +147,9 @@ class Outbox:
             self._enqueue(item)
             self._lock.notify()
         if replaced is not None:
-            self._store.mark_skipped(replaced.id, f"coalesced: replaced by a better frame of this event (#{row_id})")
+            self._store.mark_skipped(
+                replaced.id, f"coalesced: replaced by a better frame of this event (#{row_id})", image_removed=True
+            )
             self._count("skipped")
             metrics.FRAMES_SKIPPED.labels(replaced.camera, "coalesced").inc()
             if replaced.image_path is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from visioncap import metrics
 from visioncap.caption.client import VlmCaptioner
-from visioncap.caption.encode import compose, encode_jpeg
+from visioncap.caption.encode import compose, encode_jpeg, people_region
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.sources import FileSourceConfig, FolderSourceConfig, SourceConfig
 from visioncap.detect.tracking import PersonTracker
@@ -28,6 +28,7 @@ from visioncap.store.captions import CaptionStore, NewCaption
 
 log = logging.getLogger(__name__)
 RATE_WINDOW_S = 5.0
+REQUEUE_POLL_S = 5.0
 
 
 @dataclass
@@ -121,7 +122,7 @@ class PipelineRunner:
         self._store = store
         self._data_dir = data_dir
         self._stop = threading.Event()
-        self.outbox = Outbox(store, data_dir, config.outbox)
+        self.outbox = Outbox(store, data_dir, config.outbox, pipeline=config.name)
         self._cameras: dict[str, _Camera] = {}
         for source in config.sources:
             self._cameras[source.camera] = _Camera(
@@ -144,6 +145,9 @@ class PipelineRunner:
         summary = self.summary
         started = time.perf_counter()
         summary.recovered = self.outbox.recover()
+        if summary.recovered:
+            log.info("outbox: %d pending frames from an earlier run are captioned first", summary.recovered)
+        next_requeue_check = time.monotonic() + REQUEUE_POLL_S
         workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency)
         workers.start()
         sources = []
@@ -154,6 +158,11 @@ class PipelineRunner:
         hub.start()
         try:
             while not self._stop.is_set():
+                if time.monotonic() >= next_requeue_check:
+                    # Rows put back to pending from outside (the API's regenerate) join the queue while we run.
+                    if added := self.outbox.recover():
+                        log.info("outbox: %d frames re-queued for a new caption", added)
+                    next_requeue_check = time.monotonic() + REQUEUE_POLL_S
                 batch = hub.next_batch(timeout=0.5)
                 if not batch:
                     if hub.finished:
@@ -238,6 +247,16 @@ class PipelineRunner:
             image_height=image.height,
             image_tokens=image.image_tokens,
             model=self._config.vlm.model,
+            # Boxes are in frame pixels; the API needs these to draw them on the (scaled, maybe cropped) image.
+            frame_width=frame.image.shape[1],
+            frame_height=frame.image.shape[0],
+            image_region=list(
+                people_region(
+                    selected.detection.people, frame.image.shape[1], frame.image.shape[0], caption.crop_padding
+                )
+            )
+            if caption.image_mode == "crop" and selected.detection.people
+            else None,
         )
         result, row_id = self.outbox.put(new, image.jpeg)
         camera.stats.selected += 1

@@ -7,12 +7,11 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, func, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
-from visioncap.errors import VisioncapError
 from visioncap.frames import Caption
-from visioncap.store.records import Base, CaptionRecord, CaptionStatus
+from visioncap.store.records import CaptionRecord, CaptionStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +34,10 @@ class NewCaption:
     score: float = 0.0
     image_path: str | None = None
     image_tokens: int = 0
+    # Optional geometry, so that readers can draw `people` (frame pixels) on the stored image.
+    frame_width: int | None = None
+    frame_height: int | None = None
+    image_region: list[int] | None = None  # [x1, y1, x2, y2] of the frame the image shows; None: the whole frame
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +64,10 @@ class CaptionStore:
         return self._engine
 
     def create_schema(self) -> None:
-        try:
-            Base.metadata.create_all(self._engine)
-        except SQLAlchemyError as exc:
-            raise VisioncapError(f"cannot prepare the database at {self._engine.url!r}: {exc}") from exc
+        """Create or migrate the tables, indexes and full-text search, whoever starts first (pipeline or API)."""
+        from visioncap.store.schema import ensure_schema
+
+        ensure_schema(self._engine)
 
     def add(
         self, new: NewCaption, status: CaptionStatus = CaptionStatus.PENDING, error: str | None = None
@@ -103,11 +106,14 @@ class CaptionStore:
     def mark_failed(self, caption_id: int, error: str, attempts: int) -> None:
         self._update(caption_id, status=CaptionStatus.FAILED, error=error, attempts=attempts)
 
-    def mark_skipped(self, caption_id: int, reason: str) -> None:
-        self._update(caption_id, status=CaptionStatus.SKIPPED, error=reason)
+    def mark_skipped(self, caption_id: int, reason: str, image_removed: bool = False) -> None:
+        values: dict[str, Any] = {"status": CaptionStatus.SKIPPED, "error": reason}
+        if image_removed:
+            values["image_path"] = None
+        self._update(caption_id, **values)
 
-    def pending(self) -> list[PendingRow]:
-        """Pending rows, oldest first: a restarted pipeline captions them before anything new."""
+    def pending(self, pipeline: str | None = None) -> list[PendingRow]:
+        """Pending rows (of one pipeline), oldest first: a restarted pipeline captions them before anything new."""
         query = (
             select(
                 CaptionRecord.id,
@@ -120,6 +126,8 @@ class CaptionStore:
             .where(CaptionRecord.status == CaptionStatus.PENDING)
             .order_by(CaptionRecord.id)
         )
+        if pipeline is not None:
+            query = query.where(CaptionRecord.pipeline == pipeline)
         with self._sessions() as session:
             return [PendingRow(*row) for row in session.execute(query)]
 
@@ -136,6 +144,34 @@ class CaptionStore:
             query = query.where(CaptionRecord.status == status)
         with self._sessions() as session:
             return list(session.scalars(query.limit(limit)))
+
+    def requeue(self, caption_id: int) -> bool:
+        """Put a finished row (captioned, failed, skipped) with a stored image back to pending, as new.
+
+        The old caption, error and usage are cleared; the row's pipeline captions it again within seconds while
+        it runs (its outbox polls for pending rows), or first thing in its next run. False when the row does not
+        exist, is already pending, or has no image.
+        """
+        query = (
+            update(CaptionRecord)
+            .where(
+                CaptionRecord.id == caption_id,
+                CaptionRecord.status != CaptionStatus.PENDING,
+                CaptionRecord.image_path.is_not(None),
+            )
+            .values(
+                status=CaptionStatus.PENDING,
+                attempts=0,
+                caption=None,
+                structured=None,
+                error=None,
+                prompt_tokens=None,
+                completion_tokens=None,
+                latency_ms=None,
+            )
+        )
+        with self._sessions.begin() as session:
+            return session.execute(query).rowcount == 1
 
     def count(self, status: str | None = None) -> int:
         query = select(func.count()).select_from(CaptionRecord)

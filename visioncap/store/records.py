@@ -79,9 +79,17 @@ class CaptionRecord(Base):
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
+    # Geometry for drawing `people` (frame pixels) on the stored image; null when the writer did not record it.
+    frame_width: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
+    frame_height: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
+    image_region: Mapped[list[int] | None] = mapped_column(JSON, nullable=True, default=None)  # [x1, y1, x2, y2]
 
     __table_args__ = (
         # A camera sees one frame at a time: re-running a file finds its frames already stored.
         UniqueConstraint("camera", "captured_at", name="uq_captions_camera_captured"),
         Index("ix_captions_status", "status"),
+        # The API's newest-first pages (all cameras, one camera) and its live stream (rows changed since).
+        Index("ix_captions_captured_id", "captured_at", "id"),
+        Index("ix_captions_camera_captured_id", "camera", "captured_at", "id"),
+        Index("ix_captions_updated_id", "updated_at", "id"),
     )

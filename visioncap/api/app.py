@@ -1,0 +1,85 @@
+"""The FastAPI app factory and `serve()`, which the `visioncap api` command calls."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from starlette.staticfiles import StaticFiles
+
+from visioncap.api.auth import AuthMiddleware, KeyRing
+from visioncap.api.errors import install_handlers
+from visioncap.api.metrics import ApiMetrics, MetricsMiddleware
+from visioncap.api.routers import cameras, captions, health, page, stream
+from visioncap.api.serving import ApiService, static_dir
+from visioncap.api.settings import ApiSettings
+from visioncap.store import create_db_engine
+from visioncap.store.schema import ensure_schema
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """Captions of the visioncap camera pipeline: search, images, cameras, live updates.
+
+Every route but `/healthz` needs an API key (`Authorization: Bearer KEY` or `X-Api-Key: KEY`): GET routes the
+`read` scope, others `write`. Errors share one shape, `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+
+def create_app(settings: ApiSettings | None = None) -> FastAPI:
+    """An API app over the database of `settings`; the schema is brought up to date here."""
+    settings = settings or ApiSettings()
+    engine = create_db_engine(settings.resolved_database_url())
+    ensure_schema(engine)
+    metrics = ApiMetrics()
+    api = ApiService(settings, engine, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(3.0)) as client:
+            api.http = client
+            try:
+                yield
+            finally:
+                api.http = None
+                engine.dispose()
+
+    app = FastAPI(
+        title="visioncap API",
+        summary="Search and follow the captions of the camera pipeline.",
+        description=DESCRIPTION,
+        version="1",
+        lifespan=lifespan,
+        redoc_url=None,
+    )
+    app.state.api = api
+    for module in (captions, cameras, stream, health, page):
+        app.include_router(module.router)
+    app.mount("/static", StaticFiles(directory=static_dir()), name="static")
+    install_handlers(app)
+    # Added innermost first: CORS answers preflights and labels even the 401s; metrics count everything.
+    app.add_middleware(AuthMiddleware, keys=KeyRing(settings.api_keys), public_ui=settings.api_public_ui)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    if settings.api_cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.api_cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "X-Api-Key", "If-None-Match"],
+            expose_headers=["ETag"],
+        )
+    if not settings.api_keys:
+        log.warning("no VISIONCAP_API_KEYS configured: every route but /healthz answers 401")
+    return app
+
+
+def serve(settings: ApiSettings, host: str = "127.0.0.1", port: int = 8090, log_level: str = "info") -> None:
+    """Run the API in the foreground until Ctrl-C/SIGTERM (uvicorn handles both)."""
+    import uvicorn
+
+    app = create_app(settings)
+    log.info("API on http://%s:%d (database %s)", host, port, app.state.api.engine.url.render_as_string())
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)

@@ -1,0 +1,73 @@
+"""Errors the API answers: one JSON shape (`ErrorResponse`) for all of them."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
+
+log = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found",
+    405: "invalid_request_error",
+    409: "conflict",
+    422: "invalid_request_error",
+    503: "unavailable",
+}
+
+
+def error_body(status: int, message: str, param: str | None = None, error_type: str | None = None) -> dict[str, Any]:
+    return {
+        "error": {"message": message, "type": error_type or _TYPES.get(status, "error"), "param": param, "code": status}
+    }
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+
+
+class ApiError(Exception):
+    """A request the API refuses."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def bad_param(param: str, message: str) -> ApiError:
+    return ApiError(422, f"{param}: {message}", param=param)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        loc = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "header", "body")]
+        param = loc[0] if loc else None
+        message = str(first.get("msg", "invalid value"))
+        return error_response(422, f"{param}: {message}" if param else message, param)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal error; the server log has the details")

@@ -1,0 +1,185 @@
+"""Response models of the API; every model and field is described (they make the OpenAPI document)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from visioncap.store.records import CaptionRecord, CaptionStatus
+from visioncap.store.search import CameraSummary
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Box(_Model):
+    """One detected person, in pixels of the camera frame (not of the stored image)."""
+
+    x1: float = Field(description="Left edge.")
+    y1: float = Field(description="Top edge.")
+    x2: float = Field(description="Right edge.")
+    y2: float = Field(description="Bottom edge.")
+    confidence: float = Field(description="Detector confidence, 0..1.")
+    class_id: int | None = Field(default=None, description="Detector class of the person.")
+    track_id: int | None = Field(default=None, description="Tracker id of the person within its camera.")
+
+
+class Caption(_Model):
+    """One selected frame and what became of it (a row of the outbox)."""
+
+    id: int = Field(description="Caption id; stable, used by every /v1/captions/{id} route.")
+    camera: str = Field(description="Camera id from the pipeline file.")
+    pipeline: str = Field(description="Name of the pipeline that selected the frame.")
+    source: str = Field(description="The camera's file path or URL (passwords masked).")
+    captured_at: datetime = Field(description="When the frame was captured (UTC, ISO 8601).")
+    frame_index: int = Field(description="Index of the frame in its source.")
+    offset_s: float = Field(description="Seconds from the start of the source.")
+    reason: str = Field(description="Why the frame was selected (e.g. new-event, recaption, movement).")
+    event_key: str = Field(description="The person event the frame describes.")
+    event_ids: list[int] = Field(description="Track ids of the people the frame describes.")
+    score: float = Field(description="Frame quality score used to choose it.")
+    people_count: int = Field(description="People detected in the frame.")
+    boxes: list[Box] = Field(description="The detected people.")
+    status: CaptionStatus = Field(description="pending, captioned, failed (refused for good) or skipped.")
+    caption: str | None = Field(description="The caption text; null until captioned.")
+    structured: dict[str, Any] | None = Field(description="Structured caption (JSON mode), when the pipeline asks.")
+    error: str | None = Field(description="Why the row failed or was skipped, or the last transient error.")
+    model: str = Field(description="The VLM that captioned (or will caption) the frame.")
+    prompt_tokens: int | None = Field(description="Prompt tokens the VLM counted, image tokens included.")
+    completion_tokens: int | None = Field(description="Tokens of the caption.")
+    image_tokens: int = Field(description="Image tokens sent, as estimated before the call.")
+    latency_ms: float | None = Field(description="VLM request time of the successful attempt.")
+    attempts: int = Field(description="Caption attempts so far.")
+    image_width: int = Field(description="Width of the stored JPEG in pixels.")
+    image_height: int = Field(description="Height of the stored JPEG in pixels.")
+    image_url: str | None = Field(description="Path of the image route; null when no image was stored.")
+    created_at: datetime = Field(description="When the row was written (UTC).")
+    updated_at: datetime = Field(description="When the row last changed (UTC).")
+
+    @classmethod
+    def of(cls, row: CaptionRecord) -> Caption:
+        boxes = [
+            Box.model_validate({k: v for k, v in person.items() if k in Box.model_fields}) for person in row.people
+        ]
+        return cls(
+            id=row.id,
+            camera=row.camera,
+            pipeline=row.pipeline,
+            source=row.source,
+            captured_at=row.captured_at,
+            frame_index=row.frame_index,
+            offset_s=row.offset_s,
+            reason=row.reason,
+            event_key=row.event_key,
+            event_ids=list(row.event_ids or []),
+            score=row.score,
+            people_count=row.people_count,
+            boxes=boxes,
+            status=CaptionStatus(row.status),
+            caption=row.caption,
+            structured=row.structured,
+            error=row.error,
+            model=row.model,
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.completion_tokens,
+            image_tokens=row.image_tokens,
+            latency_ms=row.latency_ms,
+            attempts=row.attempts,
+            image_width=row.image_width,
+            image_height=row.image_height,
+            image_url=f"/v1/captions/{row.id}/image" if row.image_path else None,
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+class CaptionPage(_Model):
+    """One page of captions, newest first."""
+
+    items: list[Caption] = Field(description="The captions of this page.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+    limit: int = Field(description="The page size used.")
+
+
+class StatusCounts(_Model):
+    """Rows of one camera by status."""
+
+    pending: int = Field(description="Waiting for a caption.")
+    captioned: int = Field(description="Captioned.")
+    failed: int = Field(description="Refused by the VLM for good.")
+    skipped: int = Field(description="Never sent (coalesced, queue full, too old).")
+
+
+class Camera(_Model):
+    """What the database knows of one camera."""
+
+    camera: str = Field(description="Camera id.")
+    last_frame_at: datetime | None = Field(description="Capture time of its newest stored frame (UTC).")
+    last_caption_at: datetime | None = Field(description="Capture time of its newest captioned frame (UTC).")
+    events: int = Field(description="Distinct person events with a stored frame.")
+    captions: int = Field(description="Stored rows, all statuses.")
+    by_status: StatusCounts = Field(description="Stored rows by status.")
+
+    @classmethod
+    def of(cls, summary: CameraSummary) -> Camera:
+        counts = StatusCounts(**{status.value: summary.by_status.get(status.value, 0) for status in CaptionStatus})
+        return cls(
+            camera=summary.camera,
+            last_frame_at=summary.last_frame_at,
+            last_caption_at=summary.last_caption_at,
+            events=summary.events,
+            captions=sum(summary.by_status.values()),
+            by_status=counts,
+        )
+
+
+class CameraList(_Model):
+    """Every camera with at least one stored row, by name."""
+
+    items: list[Camera] = Field(description="The cameras.")
+
+
+class Regenerated(_Model):
+    """A caption put back in the outbox."""
+
+    id: int = Field(description="The caption id.")
+    status: Literal["pending"] = Field(description="Always pending: waiting for the pipeline.")
+    detail: str = Field(description="When the new caption will come.")
+
+
+class Check(_Model):
+    """One readiness check."""
+
+    ok: bool = Field(description="Whether the dependency answered.")
+    detail: str = Field(description="What was checked, or why it failed.")
+
+
+class Health(_Model):
+    """Liveness: the process answers."""
+
+    status: Literal["ok"] = Field(description="Always ok.")
+
+
+class Readiness(_Model):
+    """Readiness: the dependencies answer."""
+
+    status: Literal["ready", "unavailable"] = Field(description="ready when every check is ok.")
+    checks: dict[str, Check] = Field(description="By dependency: database, vlm.")
+
+
+class ErrorDetail(_Model):
+    """What went wrong."""
+
+    message: str = Field(description="Human-readable message; names the parameter for bad input.")
+    type: str = Field(description="authentication_error, permission_error, invalid_request_error, not_found, ...")
+    param: str | None = Field(description="The request parameter at fault, if any.")
+    code: int = Field(description="The HTTP status.")
+
+
+class ErrorResponse(_Model):
+    """Every error answer has this shape."""
+
+    error: ErrorDetail = Field(description="The error.")

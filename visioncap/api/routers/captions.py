@@ -1,0 +1,90 @@
+"""/v1/captions: search, one caption, its image, regeneration."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.responses import Response
+
+from visioncap.api import images
+from visioncap.api.protocol import Caption, CaptionPage, ErrorResponse, Regenerated
+from visioncap.api.routers.common import ERRORS, NOT_FOUND, SECURED, service
+from visioncap.api.serving import MAX_ID, ApiService
+from visioncap.store.records import CaptionStatus
+
+router = APIRouter(prefix="/v1/captions", tags=["captions"], dependencies=SECURED, responses=ERRORS)
+
+CaptionId = Annotated[int, Path(ge=1, le=MAX_ID, description="Caption id.")]
+
+
+@router.get("", response_model=CaptionPage, summary="Search captions, newest first")
+def list_captions(
+    api: Annotated[ApiService, Depends(service)],
+    camera: Annotated[list[str], Query(description="Camera id; repeat (or separate with commas) for several.")] = [],  # noqa: B006 (FastAPI copies defaults)
+    since: Annotated[
+        datetime | None, Query(description="Captured at or after (ISO 8601; no offset means UTC).")
+    ] = None,
+    until: Annotated[datetime | None, Query(description="Captured before (ISO 8601; no offset means UTC).")] = None,
+    q: Annotated[
+        str | None,
+        Query(description="Free text over caption text: every word must match, the last also as a prefix."),
+    ] = None,
+    min_people: Annotated[int | None, Query(ge=0, le=10_000, description="At least this many people.")] = None,
+    status: Annotated[list[CaptionStatus], Query(description="Only these statuses; repeat for several.")] = [],  # noqa: B006
+    limit: Annotated[int, Query(ge=1, description="Page size (at most VISIONCAP_API_MAX_PAGE_SIZE).")] = 50,
+    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
+) -> CaptionPage:
+    return api.list_captions(camera, since, until, q, min_people, [s.value for s in status], limit, cursor)
+
+
+@router.get("/{id}", response_model=Caption, summary="One caption", responses=NOT_FOUND)
+def get_caption(api: Annotated[ApiService, Depends(service)], id: CaptionId) -> Caption:
+    return Caption.of(api.row(id))
+
+
+@router.get(
+    "/{id}/image",
+    summary="The stored JPEG of a caption",
+    response_class=Response,
+    responses={
+        200: {"content": {"image/jpeg": {}}, "description": "The JPEG the VLM saw."},
+        304: {"description": "Not modified (If-None-Match)."},
+        404: {"model": ErrorResponse, "description": "No such caption, or its image is no longer stored."},
+        409: {"model": ErrorResponse, "description": "boxes=true but the row lacks the frame geometry."},
+    },
+)
+async def get_image(
+    request: Request,
+    api: Annotated[ApiService, Depends(service)],
+    id: CaptionId,
+    boxes: Annotated[bool, Query(description="Draw the detected people on the image.")] = False,
+) -> Response:
+    row = await anyio.to_thread.run_sync(api.row, id)
+    stored = images.locate(api.data_dir, row, boxes)
+    headers = {
+        "ETag": stored.etag,
+        "Cache-Control": f"private, max-age={api.settings.api_image_max_age_s}",
+    }
+    if stored.etag in [tag.strip() for tag in request.headers.get("if-none-match", "").split(",")]:
+        return Response(status_code=304, headers=headers)
+    jpeg = await anyio.Path(stored.path).read_bytes()
+    if boxes:
+        jpeg = await anyio.to_thread.run_sync(images.with_boxes, row, jpeg)
+    return Response(jpeg, media_type="image/jpeg", headers=headers)
+
+
+@router.post(
+    "/{id}/regenerate",
+    response_model=Regenerated,
+    status_code=202,
+    summary="Caption this frame again",
+    description="Puts the row back in the outbox as `pending` (caption, error and usage cleared). The pipeline "
+    "captions it when it next loads pending rows: at the start of `visioncap run`, before new frames. "
+    "Needs the `write` scope. 409 when the row is already pending or has no stored image.",
+    responses={**NOT_FOUND, 409: {"model": ErrorResponse, "description": "Already pending, or no stored image."}},
+)
+def regenerate(api: Annotated[ApiService, Depends(service)], id: CaptionId) -> Regenerated:
+    return api.regenerate(id)

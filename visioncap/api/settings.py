@@ -1,0 +1,64 @@
+"""Settings of `visioncap api`: the shared process settings plus keys, limits and CORS (prefix VISIONCAP_)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from visioncap.settings import Settings
+
+Scope = Literal["read", "write"]
+
+
+def hash_key(key: str) -> str:
+    """The hex SHA-256 stored for an API key (the key itself is never stored)."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def generate_key() -> tuple[str, str]:
+    """A new random API key and its SHA-256, for `VISIONCAP_API_KEYS`."""
+    key = "vca-" + secrets.token_urlsafe(24)
+    return key, hash_key(key)
+
+
+class ApiKey(BaseModel):
+    """One caller of the API. Only the key's SHA-256 is configured."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, description="Who holds the key; used in logs.")
+    sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$", description="Hex SHA-256 of the key as the caller sends it.")
+    scopes: set[Scope] = Field(
+        default={"read"},
+        description="`read`: every GET route; `write`: routes that change data (POST .../regenerate).",
+    )
+
+
+class ApiSettings(Settings):
+    """Process settings plus the API's own; all from VISIONCAP_* variables or .env."""
+
+    api_keys: list[ApiKey] = Field(
+        default_factory=list,
+        description='JSON list, e.g. [{"name": "ui", "sha256": "...", "scopes": ["read"]}]; '
+        "`visioncap api-key` makes a key and its hash. With no keys every protected route answers 401.",
+    )
+    api_public_ui: bool = Field(
+        default=True,
+        description="Serve the web page (/, /static), /docs and /openapi.json without a key; they hold no data "
+        "(the page asks for a key). False: they need a read key too, and only /healthz is public.",
+    )
+    api_cors_origins: list[str] = Field(
+        default_factory=list,
+        description='Origins allowed to call the API from a browser (JSON list, e.g. ["https://ops.example"]); '
+        "empty (the default): no cross-origin access.",
+    )
+    api_max_page_size: int = Field(default=200, ge=1, le=1000, description="Largest `limit` of GET /v1/captions.")
+    api_max_query_length: int = Field(default=200, ge=1, le=2000, description="Longest `q` (characters).")
+    api_stream_poll_s: float = Field(default=0.5, gt=0, le=10, description="How often /v1/stream polls the DB.")
+    api_stream_heartbeat_s: float = Field(default=15, gt=0, le=300, description="SSE comment line interval.")
+    api_max_streams: int = Field(default=100, ge=1, description="Concurrent /v1/stream connections; more get 503.")
+    api_ready_check_vlm: bool = Field(default=True, description="Whether /readyz also requires the VLM's /models.")
+    api_image_max_age_s: int = Field(default=86400, ge=0, description="Cache-Control max-age of caption images.")

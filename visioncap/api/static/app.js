@@ -1,0 +1,190 @@
+// The captions browser: plain JS, no dependencies. The API key stays in this browser (localStorage) and is
+// sent as a header; images and the live stream are fetched with it too (an <img src> or EventSource
+// could not send one).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const state = { key: localStorage.getItem("visioncap.key") || "", cursor: null, stream: null, shown: new Set() };
+const imageUrls = new Map();
+
+function headers() {
+  return { Authorization: `Bearer ${state.key}` };
+}
+
+function setStatus(text, error = false) {
+  $("status").textContent = text;
+  $("status").className = error ? "error" : "";
+}
+
+async function api(path, params) {
+  const url = new URL(path, location.origin);
+  for (const [name, value] of params || []) url.searchParams.append(name, value);
+  const response = await fetch(url, { headers: headers() });
+  if (!response.ok) {
+    let message = `HTTP ${response.status}`;
+    try { message = (await response.json()).error.message; } catch (_) { /* not JSON */ }
+    throw new Error(message);
+  }
+  return response;
+}
+
+function toUtc(localValue) {
+  return localValue ? new Date(localValue).toISOString() : null;
+}
+
+function filterParams() {
+  const params = [];
+  const q = $("q").value.trim();
+  if (q) params.push(["q", q]);
+  for (const option of $("camera").selectedOptions) params.push(["camera", option.value]);
+  const since = toUtc($("since").value);
+  const until = toUtc($("until").value);
+  if (since) params.push(["since", since]);
+  if (until) params.push(["until", until]);
+  const people = Number($("min_people").value || 0);
+  if (people > 0) params.push(["min_people", String(people)]);
+  return params;
+}
+
+async function loadImage(img, caption) {
+  if (!caption.image_url) return;
+  try {
+    const blob = await (await api(caption.image_url)).blob();
+    const url = URL.createObjectURL(blob);
+    imageUrls.set(caption.id, url);
+    img.src = url;
+  } catch (_) {
+    img.alt = "image not available";
+  }
+}
+
+function card(caption, fresh) {
+  const node = $("card").content.firstElementChild.cloneNode(true);
+  node.dataset.id = caption.id;
+  if (fresh) node.classList.add("new");
+  node.querySelector(".camera").textContent = caption.camera;
+  const time = node.querySelector("time");
+  time.dateTime = caption.captured_at;
+  time.textContent = new Date(caption.captured_at).toLocaleString();
+  node.querySelector(".people").textContent = `${caption.people_count} people`;
+  const status = node.querySelector(".state");
+  status.textContent = caption.status === "captioned" ? "" : caption.status;
+  status.classList.add(caption.status);
+  node.querySelector(".text").textContent = caption.caption ?? caption.error ?? "";
+  const img = node.querySelector("img");
+  img.alt = caption.caption || `frame of ${caption.camera}`;
+  loadImage(img, caption);
+  return node;
+}
+
+function clearCards() {
+  for (const url of imageUrls.values()) URL.revokeObjectURL(url);
+  imageUrls.clear();
+  state.shown.clear();
+  $("captions").replaceChildren();
+}
+
+async function loadPage(reset) {
+  if (reset) { clearCards(); state.cursor = null; }
+  const params = filterParams();
+  params.push(["limit", "48"]);
+  if (state.cursor) params.push(["cursor", state.cursor]);
+  setStatus("Loading...");
+  try {
+    const page = await (await api("/v1/captions", params)).json();
+    for (const caption of page.items) {
+      if (state.shown.has(caption.id)) continue;
+      state.shown.add(caption.id);
+      $("captions").append(card(caption, false));
+    }
+    state.cursor = page.next_cursor;
+    $("more").hidden = !state.cursor;
+    setStatus(`${state.shown.size} captions shown`);
+  } catch (error) {
+    setStatus(error.message, true);
+  }
+}
+
+async function loadCameras() {
+  try {
+    const cameras = (await (await api("/v1/cameras")).json()).items;
+    const select = $("camera");
+    const chosen = new Set([...select.selectedOptions].map((option) => option.value));
+    select.replaceChildren(...cameras.map((camera) => {
+      const option = new Option(`${camera.camera} (${camera.captions})`, camera.camera);
+      option.selected = chosen.has(camera.camera);
+      return option;
+    }));
+    select.size = Math.min(4, Math.max(1, cameras.length));
+  } catch (_) { /* shown by loadPage */ }
+}
+
+function matchesFilters(caption) {
+  // The stream filters cameras and people on the server; time and text are checked here.
+  const q = $("q").value.trim().toLowerCase();
+  if (q && !q.split(/\W+/).filter(Boolean).every((word) => (caption.caption || "").toLowerCase().includes(word))) return false;
+  const until = toUtc($("until").value);
+  return !(until && caption.captured_at >= until);
+}
+
+async function follow() {
+  if (state.stream) state.stream.abort();
+  if (!$("live").checked || !state.key) return;
+  const controller = new AbortController();
+  state.stream = controller;
+  const params = filterParams().filter(([name]) => name === "camera" || name === "min_people");
+  const url = new URL("/v1/stream", location.origin);
+  for (const [name, value] of params) url.searchParams.append(name, value);
+  try {
+    const response = await fetch(url, { headers: headers(), signal: controller.signal });
+    if (!response.ok) throw new Error(`stream: HTTP ${response.status}`);
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const data = block.split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
+        if (!block.includes("event: caption") || !data) continue;
+        const caption = JSON.parse(data);
+        if (state.shown.has(caption.id) || !matchesFilters(caption)) continue;
+        state.shown.add(caption.id);
+        $("captions").prepend(card(caption, true));
+        setStatus(`${state.shown.size} captions shown (live)`);
+      }
+    }
+  } catch (error) {
+    if (error.name === "AbortError") return;
+    setStatus(`live updates paused: ${error.message}`, true);
+  }
+  if (state.stream === controller) setTimeout(follow, 3000); // reconnect
+}
+
+function refresh() {
+  loadCameras();
+  loadPage(true);
+  follow();
+}
+
+$("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
+$("live").addEventListener("change", follow);
+$("more").addEventListener("click", () => loadPage(false));
+$("keyform").addEventListener("submit", (event) => {
+  event.preventDefault();
+  state.key = $("key").value.trim();
+  localStorage.setItem("visioncap.key", state.key);
+  $("key").value = "";
+  refresh();
+});
+// A key can also come in the address fragment (#key=...), which browsers never send to the server.
+const fragmentKey = new URLSearchParams(location.hash.slice(1)).get("key");
+if (fragmentKey) {
+  state.key = fragmentKey;
+  localStorage.setItem("visioncap.key", fragmentKey);
+  history.replaceState(null, "", location.pathname);
+}
+if (state.key) refresh(); else setStatus("Enter an API key (visioncap api-key makes one).");

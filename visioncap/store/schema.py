@@ -1,0 +1,104 @@
+"""Schema creation and migration: numbered, idempotent steps recorded in `visioncap_schema`.
+
+`ensure_schema(engine)` brings any database (new, or made by an older visioncap) to the current version in
+one transaction per step: tables from the models, then the columns and indexes added since, then full-text
+search (SQLite: an FTS5 table kept in sync by triggers; PostgreSQL: a GIN index over `to_tsvector`). Each
+step checks what exists before changing it, so a step interrupted by a crash is simply run again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import Column, Connection, Engine, Integer, MetaData, Table, inspect, select, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from visioncap.errors import VisioncapError
+from visioncap.store.records import Base, CaptionRecord
+
+# The text-search configuration of PostgreSQL; search.py builds the same expression so the index is used.
+PG_TS_CONFIG = "english"
+PG_TSVECTOR = f"to_tsvector('{PG_TS_CONFIG}'::regconfig, coalesce(caption, ''::text))"
+
+_version_table = Table("visioncap_schema", MetaData(), Column("version", Integer, nullable=False))
+
+
+def _create_tables(conn: Connection) -> None:
+    Base.metadata.create_all(conn)
+
+
+def _add_geometry_columns(conn: Connection) -> None:
+    present = {column["name"] for column in inspect(conn).get_columns("captions")}
+    json_type = "JSON" if conn.dialect.name == "postgresql" else "TEXT"
+    for name, sql_type in (("frame_width", "INTEGER"), ("frame_height", "INTEGER"), ("image_region", json_type)):
+        if name not in present:
+            conn.execute(text(f"ALTER TABLE captions ADD COLUMN {name} {sql_type}"))
+
+
+def _add_query_indexes(conn: Connection) -> None:
+    for index in CaptionRecord.__table__.indexes:
+        index.create(conn, checkfirst=True)
+
+
+_SQLITE_FTS = (
+    "CREATE VIRTUAL TABLE IF NOT EXISTS captions_fts USING fts5("
+    "caption, content='captions', content_rowid='id', tokenize='porter unicode61')",
+    "CREATE TRIGGER IF NOT EXISTS captions_fts_insert AFTER INSERT ON captions BEGIN "
+    "INSERT INTO captions_fts(rowid, caption) VALUES (new.id, coalesce(new.caption, '')); END",
+    "CREATE TRIGGER IF NOT EXISTS captions_fts_delete AFTER DELETE ON captions BEGIN "
+    "INSERT INTO captions_fts(captions_fts, rowid, caption) VALUES ('delete', old.id, coalesce(old.caption, '')); "
+    "END",
+    "CREATE TRIGGER IF NOT EXISTS captions_fts_update AFTER UPDATE OF caption ON captions BEGIN "
+    "INSERT INTO captions_fts(captions_fts, rowid, caption) VALUES ('delete', old.id, coalesce(old.caption, '')); "
+    "INSERT INTO captions_fts(rowid, caption) VALUES (new.id, coalesce(new.caption, '')); END",
+    # Rows written before the triggers existed.
+    "INSERT INTO captions_fts(captions_fts) VALUES ('rebuild')",
+)
+
+
+def _full_text_search(conn: Connection) -> None:
+    if conn.dialect.name == "sqlite":
+        for statement in _SQLITE_FTS:
+            conn.execute(text(statement))
+    elif conn.dialect.name == "postgresql":
+        conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_captions_caption_fts ON captions USING gin ({PG_TSVECTOR})"))
+    # Other backends: the API falls back to a LIKE search (see search.py).
+
+
+MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
+    _create_tables,  # 1
+    _add_geometry_columns,  # 2
+    _add_query_indexes,  # 3
+    _full_text_search,  # 4
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def schema_version(engine: Engine) -> int:
+    """The version recorded in the database; 0 for a database visioncap never migrated."""
+    with engine.connect() as conn:
+        if not inspect(conn).has_table(_version_table.name):
+            return 0
+        return int(conn.scalar(select(_version_table.c.version)) or 0)
+
+
+def ensure_schema(engine: Engine) -> int:
+    """Run the steps this database has not had yet; returns the version it is at afterwards."""
+    try:
+        with engine.begin() as conn:
+            _version_table.create(conn, checkfirst=True)
+            if conn.scalar(select(_version_table.c.version)) is None:
+                conn.execute(_version_table.insert().values(version=0))
+        current = schema_version(engine)
+        if current > SCHEMA_VERSION:
+            raise VisioncapError(
+                f"the database at {engine.url!r} has schema version {current}, newer than this visioncap "
+                f"({SCHEMA_VERSION}): upgrade visioncap"
+            )
+        for number in range(current + 1, SCHEMA_VERSION + 1):
+            with engine.begin() as conn:
+                MIGRATIONS[number - 1](conn)
+                conn.execute(_version_table.update().values(version=number))
+        return SCHEMA_VERSION
+    except SQLAlchemyError as exc:
+        raise VisioncapError(f"cannot prepare the database at {engine.url!r}: {exc}") from exc
