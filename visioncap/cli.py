@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from visioncap.bench.cli import bench_app
 from visioncap.errors import ConfigError, VisioncapError
 from visioncap.settings import Settings
 
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from visioncap.serve import VllmServer
 
 app = typer.Typer(help="Turns camera streams into searchable captions.", no_args_is_help=True, add_completion=False)
+app.add_typer(bench_app, name="bench")
 err = Console(stderr=True)
 log = logging.getLogger("visioncap")
 

@@ -1,0 +1,157 @@
+"""`visioncap bench mixed`'s workload and statistics code (no servers, no timing)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from visioncap.bench.load import CaptionResult, ChatResult, PhaseResult
+from visioncap.bench.mixed import GOALS, compute_ratios, evaluate_goals, with_policy
+from visioncap.bench.stats import ecdf, percentile, poisson_arrivals, ratio, summarize
+from visioncap.bench.workload import FramePool, caption_bodies, chat_body, chat_schedule
+from visioncap.config.gateway import ImagesConfig
+from visioncap.gateway.images import data_uri_size, image_tokens
+from visioncap.serve import load_profile
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 50) == 3.0
+    assert percentile(values, 100) == 5.0
+    assert percentile(values, 25) == 2.0
+    assert percentile(values, 90) == pytest.approx(4.6)
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None
+    with pytest.raises(ValueError):
+        percentile(values, 101)
+
+
+def test_summarize_scales_and_counts() -> None:
+    summary = summarize([0.010, 0.020, 0.030], scale=1000)
+    assert summary["n"] == 3
+    assert summary["p50"] == pytest.approx(20.0)
+    assert summary["mean"] == pytest.approx(20.0)
+    assert summary["max"] == pytest.approx(30.0)
+    assert summarize([])["p99"] is None
+    assert ratio(3.0, 2.0) == 1.5
+    assert ratio(None, 2.0) is None
+    assert ratio(1.0, 0.0) is None
+    assert ecdf([3.0, 1.0]) == ([1.0, 3.0], [0.5, 1.0])
+
+
+def test_poisson_schedule_is_deterministic_for_a_seed() -> None:
+    first = poisson_arrivals(2.0, 100.0, random.Random(7))
+    again = poisson_arrivals(2.0, 100.0, random.Random(7))
+    other = poisson_arrivals(2.0, 100.0, random.Random(8))
+    assert first == again
+    assert first != other
+    assert all(0 < a < b < 100.0 for a, b in itertools.pairwise(first))
+    assert 140 < len(first) < 260  # 200 expected; a seed that far off would mean a broken generator
+    assert poisson_arrivals(0.0, 10.0, random.Random(1)) == []
+
+
+def test_chat_schedule_lengths_and_bodies() -> None:
+    turns = chat_schedule(1.0, 60.0, (64, 256), (16, 64), tokens_per_word=1.0, seed=3)
+    assert turns == chat_schedule(1.0, 60.0, (64, 256), (16, 64), tokens_per_word=1.0, seed=3)
+    assert all(64 <= t.prompt_words <= 256 and 16 <= t.max_tokens <= 64 for t in turns)
+    body = chat_body("m", turns[0], seed=1)
+    assert body["stream"] is True and body["ignore_eos"] is True and body["max_tokens"] == turns[0].max_tokens
+    assert body["return_token_ids"] is True
+    assert len(body["messages"][0]["content"].split()) == turns[0].prompt_words
+    assert "priority" not in body
+    assert chat_body("m", turns[0], seed=1) == body
+    assert chat_body("m", turns[0], seed=2)["messages"] != body["messages"]  # new texts per phase
+    assert chat_body("m", turns[0], seed=1, priority=10)["priority"] == 10
+
+
+def test_frames_are_unique_camera_sized_and_never_sent_twice() -> None:
+    pool = FramePool(640, 480, seed=0)
+    uris = pool.take(3)
+    assert len(set(uris)) == 3
+    jpeg = base64.b64decode(uris[0].split(",", 1)[1])
+    assert Image.open(io.BytesIO(jpeg)).size == (640, 480)
+    assert data_uri_size(uris[0]) == (640, 480)
+    assert image_tokens(640, 480, ImagesConfig()) == 391
+    pool.give_back(uris[1:])
+    again = pool.take(3)
+    assert again[:2] == uris[1:] and again[2] not in uris
+    bodies, cameras = caption_bodies(again, "m", 24, cameras=2, priority=10)
+    decoded = json.loads(bodies[0])
+    assert decoded["priority"] == 10 and decoded["max_tokens"] == 24 and decoded["ignore_eos"] is True
+    assert cameras == ["cam-1", "cam-2", "cam-1"]
+
+
+def test_phase_summary_counts_only_the_measured_window() -> None:
+    chats = [ChatResult(0, 1.0, 200, 0.1, [0.01, 0.02], 3, 50, 3), ChatResult(1, 2.0, 500, error="boom")]
+    captions = [
+        CaptionResult(0, "cam-1", 0.0, 200, done_at=1.0),  # before the window
+        CaptionResult(1, "cam-2", 1.0, 200, done_at=5.0),
+        CaptionResult(2, "cam-1", 2.0, 200, done_at=7.0),
+        CaptionResult(3, "cam-2", 3.0, 200, done_at=12.0),  # after it
+        CaptionResult(4, "cam-1", 4.0, 0, error="cancelled at phase end"),
+    ]
+    chats.append(ChatResult(2, 3.0, 200, None, [], 0, 50, 3))  # answered, but no chunk carried text
+    summary = PhaseResult("S", 10.0, 2.0, chats, captions, 5, 11.0, {}).summary()
+    assert summary["chat"]["ok"] == 1 and summary["chat"]["failed"] == 1 and summary["chat"]["no_text"] == 1
+    assert summary["chat"]["ttft_ms"]["p50"] == pytest.approx(100.0)
+    assert summary["chat"]["itl_ms"]["n"] == 2
+    assert summary["captions"]["completed_in_window"] == 2
+    assert summary["captions"]["throughput_per_s"] == pytest.approx(2 / 8)
+    assert summary["captions"]["latency_ms"]["p50"] == pytest.approx(4500.0)
+    assert summary["captions"]["outcomes"] == {"200": 4, "cancelled at phase end": 1}
+    assert summary["captions"]["dropped_at_client"] == 5
+
+
+def _setup(ttft_p99: float, itl_p99: float, throughput: float | None = None) -> dict:
+    chat = {"ttft_ms": {"p50": ttft_p99 / 2, "p99": ttft_p99}, "itl_ms": {"p50": itl_p99 / 2, "p99": itl_p99}}
+    captions = None if throughput is None else {"throughput_per_s": throughput}
+    return {"chat": chat, "captions": captions}
+
+
+def test_ratios_and_goals() -> None:
+    summaries = {
+        "S0": _setup(100, 20),
+        "S1": _setup(1000, 200, 2.0),
+        "S2": _setup(500, 200, 1.8),
+        "S3": _setup(140, 24, 1.0),
+        "S0-gateway": _setup(102, 20.5),
+        "S1-idle": {"chat": None, "captions": {"throughput_per_s": 2.0}},
+        "S3-idle": {"chat": None, "captions": {"throughput_per_s": 1.9}},
+    }
+    pairs = [
+        {"direct_ttft_s": 0.100, "gateway_ttft_s": 0.102, "direct_itl_s": 0.010, "gateway_itl_s": 0.010},
+        {"direct_ttft_s": 0.100, "gateway_ttft_s": 0.104, "direct_itl_s": 0.010, "gateway_itl_s": 0.0101},
+    ]
+    ratios = compute_ratios(summaries, pairs)
+    assert ratios["s3_ttft_p99_over_s0"] == pytest.approx(1.4)
+    assert ratios["s3_itl_p99_over_s0"] == pytest.approx(1.2)
+    assert ratios["s3_idle_throughput_over_s1_idle"] == pytest.approx(0.95)
+    assert ratios["s3_throughput_over_s1"] == pytest.approx(0.5)
+    assert ratios["paired_gateway_ttft_over_direct_median"] == pytest.approx(1.03)
+    goals = evaluate_goals(ratios)
+    assert all(goals[name]["met"] for name in ("s3_itl_p99_over_s0", "s3_ttft_p99_over_s0"))
+    assert goals["s1_s2_show_interference"]["met"] is True
+    assert goals["s3_idle_throughput_over_s1_idle"]["met"] is True
+    assert goals["gateway_overhead_ttft_paired"]["met"] is True
+    summaries["S3"] = _setup(100 * GOALS["s3_ttft_p99_over_s0"] + 1, 20)
+    assert evaluate_goals(compute_ratios(summaries, pairs))["s3_ttft_p99_over_s0"]["met"] is False
+
+
+def test_profile_policy_switch_keeps_everything_else() -> None:
+    profile = load_profile("tiny-bench", REPO / "models")
+    fcfs = with_policy(profile, "fcfs")
+    args = fcfs.vllm_args
+    assert args[args.index("--scheduling-policy") + 1] == "fcfs"
+    assert len(args) == len(profile.vllm_args)
+    assert fcfs.model_location() == profile.model_location()
+    assert "--max-num-batched-tokens" in args

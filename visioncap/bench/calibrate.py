@@ -1,0 +1,99 @@
+"""How the served model's costs compare on this machine: a decode step, a text prefill, an image prefill.
+
+Measured alone (nothing else sent to the server), a few times each, medians reported. The benchmark model is
+sized so that an image prompt costs clearly more than a decode step; this records by how much.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from typing import Any
+
+import httpx
+
+from visioncap.bench.stats import percentile
+from visioncap.bench.workload import camera_frame, caption_body, chat_text, data_uri
+
+
+def tokens_per_word(client: httpx.Client, root_url: str, model: str, seed: int = 0) -> float:
+    """Tokens per word of the benchmark's chat text, from vLLM's /tokenize."""
+    text = chat_text(400, random.Random(seed))
+    answer = client.post(f"{root_url}/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})
+    answer.raise_for_status()
+    return max(0.1, answer.json()["count"] / 400)
+
+
+def _stream(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, list[float], int]:
+    """(TTFT s, chunk gaps s, prompt tokens) of one streamed request."""
+    started = time.perf_counter()
+    first: float | None = None
+    last = started
+    gaps: list[float] = []
+    prompt_tokens = 0
+    with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        r.raise_for_status()
+        for line in r.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                prompt_tokens = event["usage"]["prompt_tokens"]
+            choices = event.get("choices") or []
+            if not any(_carries_output(c) for c in choices):
+                continue
+            now = time.perf_counter()
+            if first is None:
+                first = now
+            else:
+                gaps.append(now - last)
+            last = now
+    return (first or last) - started, gaps, prompt_tokens
+
+
+def _carries_output(choice: dict[str, Any]) -> bool:
+    return bool((choice.get("delta") or {}).get("content") or choice.get("token_ids"))
+
+
+def calibrate(base_url: str, model: str, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
+    """Median costs in ms of a decode step, a ~256-token text prefill and a 640x480 image prefill, alone."""
+    rng = random.Random(f"{seed}:calibrate")
+    url = f"{base_url}/chat/completions"
+    root = base_url.removesuffix("/v1")
+    with httpx.Client(timeout=120) as client:
+        per_word = tokens_per_word(client, root, model, seed)
+        short: dict[str, Any] = {
+            "model": model,
+            "max_tokens": 64,
+            "temperature": 0,
+            "ignore_eos": True,
+            "return_token_ids": True,  # a chunk per token, also for tokens without text
+        }
+        # Warm-up: the first requests of a fresh server pay one-off costs.
+        _stream(client, url, {**short, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
+        _stream(client, url, caption_body(model, data_uri(camera_frame(640, 480, rng)), 1, "cal"))
+        decode, text_ttft, image_ttft = [], [], []
+        text_tokens = image_tokens = 0
+        for _ in range(repeats):
+            _, gaps, _ = _stream(client, url, {**short, "messages": [{"role": "user", "content": chat_text(8, rng)}]})
+            decode.append(percentile(gaps, 50) or 0.0)
+            long_prompt = [{"role": "user", "content": chat_text(round(256 / per_word), rng)}]
+            ttft, _, text_tokens = _stream(client, url, {**short, "max_tokens": 1, "messages": long_prompt})
+            text_ttft.append(ttft)
+            ttft, _, image_tokens = _stream(
+                client, url, caption_body(model, data_uri(camera_frame(640, 480, rng)), 1, "cal")
+            )
+            image_ttft.append(ttft)
+    decode_ms = (percentile(decode, 50) or 0.0) * 1000
+    image_ms = (percentile(image_ttft, 50) or 0.0) * 1000
+    return {
+        "tokens_per_word": per_word,
+        "repeats": repeats,
+        "decode_step_ms": decode_ms,
+        "text_prefill_ms": (percentile(text_ttft, 50) or 0.0) * 1000,
+        "text_prefill_prompt_tokens": text_tokens,
+        "image_prefill_ms": image_ms,
+        "image_prefill_prompt_tokens": image_tokens,
+        "image_prefill_over_decode_step": image_ms / decode_ms if decode_ms > 0 else None,
+    }

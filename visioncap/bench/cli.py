@@ -1,0 +1,76 @@
+"""`visioncap bench ...`: benchmarks against real servers (not tests: they measure, they do not assert)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+bench_app = typer.Typer(help="Benchmarks against a real vLLM server.", no_args_is_help=True, add_completion=False)
+
+
+@bench_app.callback()
+def bench() -> None:
+    """Benchmarks against a real vLLM server; results go under benchmarks/."""
+
+
+@bench_app.command("mixed")
+def mixed_command(
+    quick: Annotated[bool, typer.Option("--quick", help="Short phases and one vLLM start (~3 min).")] = False,
+    profile: Annotated[str, typer.Option(help="Model profile (models/NAME.yaml).")] = "tiny-bench",
+    out_dir: Annotated[Path, typer.Option(help="Where the results files go.")] = Path("benchmarks/mixed"),
+    duration: Annotated[float | None, typer.Option(help="Seconds per set-up with chat (default 40; quick 15).")] = None,
+    chat_rate: Annotated[float, typer.Option(help="Chat requests per second (Poisson arrivals).")] = 1.0,
+    flood_rate: Annotated[float, typer.Option(help="Camera frames offered per second.")] = 4.0,
+    flood_max_outstanding: Annotated[
+        int, typer.Option(help="Caption requests in flight at most (frames beyond are skipped at the camera).")
+    ] = 8,
+    fcfs_restart: Annotated[
+        bool | None,
+        typer.Option(
+            "--fcfs-restart/--no-fcfs-restart",
+            help="S1 on its own FCFS vLLM (default) or on the priority server with equal priorities (--quick).",
+        ),
+    ] = None,
+    gw_max_concurrency: Annotated[int, typer.Option(help="Gateway: background.max_concurrency.")] = 8,
+    gw_min_concurrency: Annotated[int, typer.Option(help="Gateway: background.min_concurrency.")] = 0,
+    gw_idle_after: Annotated[float, typer.Option(help="Gateway: controller.idle_after_s.")] = 1.0,
+    ttft_objective_ms: Annotated[
+        float | None, typer.Option(help="Gateway TTFT p99 objective; default: S0's p99 x 1.5.")
+    ] = None,
+    itl_objective_ms: Annotated[
+        float | None, typer.Option(help="Gateway inter-token p99 objective; default: S0's p99 x 1.25.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+) -> None:
+    """Interactive chat beside a camera caption flood: S0-S3 in one run, written as JSON, Markdown and a PNG."""
+    from visioncap.bench.mixed import MixedOptions, run_mixed
+    from visioncap.bench.report import goals_table, table
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("visioncap.bench").setLevel(logging.INFO)
+    overrides: dict[str, Any] = {
+        "profile": profile,
+        "out_dir": out_dir,
+        "chat_rate_per_s": chat_rate,
+        "flood_rate_per_s": flood_rate,
+        "flood_max_outstanding": flood_max_outstanding,
+        "gw_max_concurrency": gw_max_concurrency,
+        "gw_min_concurrency": gw_min_concurrency,
+        "gw_idle_after_s": gw_idle_after,
+        "ttft_objective_ms": ttft_objective_ms,
+        "itl_objective_ms": itl_objective_ms,
+        "seed": seed,
+    }
+    if duration is not None:
+        overrides["duration_s"] = duration
+    if fcfs_restart is not None:
+        overrides["fcfs_restart"] = fcfs_restart
+    options = MixedOptions.quick(**overrides) if quick else MixedOptions(**overrides)
+    results = run_mixed(options)
+    typer.echo(table(results))
+    typer.echo("")
+    typer.echo(goals_table(results))
+    typer.echo(f"\nwrote {', '.join(results.get('files', {}).values())} in {results['wall_s']:.0f} s")

@@ -1,0 +1,625 @@
+"""`visioncap bench mixed`: interactive chat beside a camera caption flood, four set-ups in one run.
+
+- S0: chat alone, straight to vLLM (the reference every latency ratio is taken against).
+- S1: chat + flood, vLLM first-come-first-served (no priorities).
+- S2: chat + flood, vLLM `--scheduling-policy priority`, the flood sent with a worse priority.
+- S3: chat + flood through the visioncap gateway (its own process): chat on an interactive key, the flood on a
+  background key.
+- S1-idle / S3-idle: the flood alone (chat idle), direct and through the gateway: caption throughput.
+- Gateway overhead: chat alone through the gateway against direct, in alternating blocks (S0 is the direct
+  blocks pooled), and single requests one at a time in ABBA pairs.
+
+The machine is shared and noisy, so only ratios between set-ups measured in the same run are claims; the
+absolute numbers are context. vLLM is started twice (FCFS, then priority), or once with `fcfs_restart=False`
+(S1 then runs on the priority server with every request at the same priority, which vLLM orders by arrival).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import platform
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from visioncap.bench.calibrate import calibrate, tokens_per_word
+from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
+from visioncap.bench.load import PhaseResult, PhaseSpec, Target, paired_streams, run_phase_sync
+from visioncap.bench.stats import percentile, ratio
+from visioncap.bench.workload import (
+    ChatTurn,
+    FramePool,
+    caption_bodies,
+    chat_body,
+    chat_schedule,
+)
+from visioncap.serve import VllmServer, free_port, load_profile
+from visioncap.serve.profiles import ModelProfile
+
+log = logging.getLogger(__name__)
+
+# The issue's goals, as ratios measured in one run.
+GOALS = {
+    "s3_itl_p99_over_s0": 1.25,
+    "s3_ttft_p99_over_s0": 1.5,
+    "s3_idle_throughput_over_s1_idle": 0.9,
+    "gateway_overhead": 0.05,
+}
+
+
+@dataclass
+class MixedOptions:
+    """Everything `run_mixed` needs; the defaults are the committed run (`quick()` for a short one)."""
+
+    profile: str = "tiny-bench"
+    models_dir: Path = Path("models")
+    server_python: Path = Path(".venv-vllm/bin/python")
+    out_dir: Path = Path("benchmarks/mixed")
+    work_dir: Path = Path("data/bench-mixed")
+    name: str = "mixed"
+    seed: int = 0
+    duration_s: float = 40.0
+    idle_duration_s: float = 35.0
+    warmup_s: float = 6.0
+    chat_rate_per_s: float = 1.0
+    chat_prompt_tokens: tuple[int, int] = (64, 256)
+    chat_output_tokens: tuple[int, int] = (16, 64)
+    flood_rate_per_s: float = 4.0
+    flood_max_outstanding: int = 8  # 4 cameras x the caption pipeline's default concurrency (2)
+    caption_max_tokens: int = 24
+    image_width: int = 640
+    image_height: int = 480
+    cameras: int = 4
+    background_priority: int = 10
+    fcfs_restart: bool = True
+    overhead_blocks: int = 4
+    overhead_block_s: float = 15.0
+    overhead_pairs: int = 16
+    calibration_repeats: int = 5
+    gw_max_concurrency: int = 8
+    gw_min_concurrency: int = 0
+    gw_max_image_tokens: int = 4096
+    gw_idle_after_s: float = 1.0
+    gw_deadline_s: float = 30.0
+    gw_interval_s: float = 0.25
+    ttft_objective_ms: float | None = None  # None: S0's TTFT p99 x the goal (1.5)
+    itl_objective_ms: float | None = None  # None: S0's inter-token p99 x the goal (1.25)
+    objective_window_s: float = 10.0
+    keep_raw: bool = True
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> MixedOptions:
+        """About 2-3 minutes: short phases, one vLLM start."""
+        values: dict[str, Any] = {
+            "name": "mixed-quick",
+            "duration_s": 15.0,
+            "idle_duration_s": 10.0,
+            "warmup_s": 3.0,
+            "fcfs_restart": False,
+            "overhead_blocks": 2,
+            "overhead_block_s": 8.0,
+            "overhead_pairs": 6,
+            "calibration_repeats": 3,
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+
+
+def with_policy(profile: ModelProfile, policy: str) -> ModelProfile:
+    """The profile with vLLM's --scheduling-policy set to `policy`."""
+    args = list(profile.vllm_args)
+    if "--scheduling-policy" in args:
+        args[args.index("--scheduling-policy") + 1] = policy
+    else:
+        args += ["--scheduling-policy", policy]
+    return profile.model_copy(update={"vllm_args": args})
+
+
+def max_model_pixels_tokens(profile: ModelProfile) -> int:
+    """The profile's largest image in tokens (the builder's --max-pixels / 28^2), for the gateway's estimate."""
+    args = profile.build.args if profile.build else []
+    if "--max-pixels" in args:
+        return max(1, int(args[args.index("--max-pixels") + 1]) // (28 * 28))
+    return 1280
+
+
+def drain(root_url: str, gateway_root: str | None = None, timeout_s: float = 90.0) -> float:
+    """Wait until vLLM (and the gateway) hold no request; returns the seconds waited."""
+    started = time.monotonic()
+    with httpx.Client(timeout=5) as client:
+        while time.monotonic() - started < timeout_s:
+            busy = 0.0
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                for line in client.get(f"{root_url}/metrics").text.splitlines():
+                    if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+                        busy += float(line.rsplit(" ", 1)[1])
+                if gateway_root is not None:
+                    background = client.get(f"{gateway_root}/healthz").json()["background"]
+                    busy += background["in_flight"] + background["waiting"]
+            if busy == 0:
+                return time.monotonic() - started
+            time.sleep(0.25)
+    log.warning("server still busy after %.0f s of draining", timeout_s)
+    return time.monotonic() - started
+
+
+@contextlib.contextmanager
+def vllm(profile: ModelProfile, options: MixedOptions, label: str) -> Iterator[VllmServer]:
+    log_file = options.work_dir / "logs" / f"vllm-{label}.log"
+    server = VllmServer(profile, python=options.server_python, port=free_port(), log_file=log_file)
+    started = time.monotonic()
+    with server:
+        log.info("vLLM (%s) ready in %.1f s at %s", label, time.monotonic() - started, server.base_url)
+        yield server
+
+
+class Run:
+    """The state of one benchmark run: options, workload makers, results so far."""
+
+    def __init__(self, options: MixedOptions, profile: ModelProfile) -> None:
+        self.options = options
+        self.profile = profile
+        self.model = profile.served_model_name
+        self.frames = FramePool(options.image_width, options.image_height, options.seed)
+        self.tokens_per_word = 1.0
+        self.phases: dict[str, PhaseResult] = {}
+        self.summaries: dict[str, dict[str, Any]] = {}
+        self.extra: dict[str, Any] = {}
+        self.timeline: list[tuple[str, float]] = []
+        self._t0 = time.monotonic()
+        self._text_seed = 0
+
+    def mark(self, what: str) -> None:
+        self.timeline.append((what, round(time.monotonic() - self._t0, 1)))
+        log.info("[%6.1f s] %s", time.monotonic() - self._t0, what)
+
+    def chat(
+        self, target: Target, duration_s: float, warmup_s: float, schedule_seed: int
+    ) -> tuple[list[ChatTurn], list[bytes]]:
+        o = self.options
+        turns = chat_schedule(
+            o.chat_rate_per_s,
+            duration_s - warmup_s,
+            o.chat_prompt_tokens,
+            o.chat_output_tokens,
+            self.tokens_per_word,
+            seed=schedule_seed,
+        )
+        self._text_seed += 1  # new prompt texts for every phase: nothing is found in the prefix cache
+        text_seed = o.seed * 1000 + self._text_seed
+        bodies = [json.dumps(chat_body(self.model, t, text_seed)).encode() for t in turns]
+        return turns, bodies
+
+    def flood(self, duration_s: float, priority: int | None) -> tuple[list[str], list[bytes], list[str]]:
+        o = self.options
+        uris = self.frames.take(int(duration_s * o.flood_rate_per_s) + 1)
+        bodies, cameras = caption_bodies(uris, self.model, o.caption_max_tokens, o.cameras, priority)
+        return uris, bodies, cameras
+
+    def phase(
+        self,
+        name: str,
+        root_url: str,
+        chat: Target | None,
+        flood: Target | None,
+        flood_priority: int | None = None,
+        duration_s: float | None = None,
+        warmup_s: float | None = None,
+        schedule_seed: int | None = None,
+        gateway: GatewayProcess | None = None,
+    ) -> dict[str, Any]:
+        o = self.options
+        duration = duration_s if duration_s is not None else o.duration_s
+        warmup = warmup_s if warmup_s is not None else o.warmup_s
+        spec = PhaseSpec(name, duration, warmup, flood_max_outstanding=o.flood_max_outstanding)
+        if chat is not None:
+            spec.chat = chat
+            seed = schedule_seed if schedule_seed is not None else o.seed
+            spec.chat_turns, spec.chat_bodies = self.chat(chat, duration, warmup, seed)
+        uris: list[str] = []
+        if flood is not None:
+            spec.flood = flood
+            spec.flood_rate_per_s = o.flood_rate_per_s
+            uris, spec.flood_bodies, spec.flood_cameras = self.flood(duration + 30, flood_priority)
+        spec.probe_urls = {"vllm": f"{root_url}/metrics"}
+        if gateway is not None:
+            spec.probe_urls["gateway"] = f"{gateway.root_url}/healthz"
+            spec.probe_interval_s = 0.5
+        self.mark(f"{name}: start ({duration:.0f} s)")
+        load_before = os.getloadavg()[0]
+        result = run_phase_sync(spec)
+        self.frames.give_back([uris[i] for i in result.unsent_flood])
+        load_after = os.getloadavg()[0]
+        drained = drain(root_url, gateway.root_url if gateway is not None else None)
+        summary = result.summary()
+        summary["loadavg_1m"] = [round(load_before, 2), round(load_after, 2)]
+        summary["drain_s"] = round(drained, 1)
+        self.phases[name] = result
+        self.summaries[name] = summary
+        self.mark(f"{name}: done ({_line(summary)})")
+        return summary
+
+
+def _line(summary: dict[str, Any]) -> str:
+    parts = []
+    chat = summary.get("chat")
+    if chat:
+        parts.append(
+            f"chat n={chat['ok']} ttft p50/p99 {_f(chat['ttft_ms']['p50'])}/{_f(chat['ttft_ms']['p99'])} ms, "
+            f"itl p50/p99 {_f(chat['itl_ms']['p50'])}/{_f(chat['itl_ms']['p99'])} ms"
+        )
+    captions = summary.get("captions")
+    if captions:
+        parts.append(
+            f"captions {_f(captions['throughput_per_s'], 2)}/s, latency p50/p99 "
+            f"{_f(captions['latency_ms']['p50'])}/{_f(captions['latency_ms']['p99'])} ms"
+        )
+    return "; ".join(parts)
+
+
+def _f(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+# -- the run ----------------------------------------------------------------------------------------------
+
+
+def run_mixed(options: MixedOptions) -> dict[str, Any]:
+    """Run every set-up, write `<out_dir>/<name>.json`, `.md`, `.png` (and `-raw.json`); return the results."""
+    from visioncap.bench.report import write_outputs
+
+    started = time.monotonic()
+    started_at = datetime.now(UTC)
+    profile = load_profile(options.profile, options.models_dir)
+    options.work_dir.mkdir(parents=True, exist_ok=True)
+    run = Run(options, profile)
+    _run_setups(run)
+    results = assemble(run, started_at, time.monotonic() - started)
+    write_outputs(results, run, options)
+    return results
+
+
+def _run_setups(run: Run) -> None:
+    o = run.options
+    direct_idle_name = "S1-idle"
+    if o.fcfs_restart:
+        run.mark("starting vLLM, FCFS policy")
+        with vllm(with_policy(run.profile, "fcfs"), o, "fcfs") as server:
+            _warm(run, server)
+            direct = Target(server.base_url)
+            run.phase("S1", server.root_url, chat=direct, flood=direct)
+            run.phase(direct_idle_name, server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+    run.mark("starting vLLM, priority policy")
+    with vllm(with_policy(run.profile, "priority"), o, "priority") as server:
+        direct = Target(server.base_url)
+        _warm(run, server)
+        run.mark("calibration: decode step, text prefill, image prefill, each alone")
+        run.extra["calibration"] = calibrate(server.base_url, run.model, o.calibration_repeats, o.seed)
+        run.mark(f"calibration: {json.dumps(run.extra['calibration'])}")
+        if not o.fcfs_restart:  # equal priorities on a priority server: vLLM orders them by arrival
+            run.phase("S1", server.root_url, chat=direct, flood=direct)
+            run.phase(direct_idle_name, server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+        chat_key, caption_key = new_key(), new_key()
+        _overhead(run, server, chat_key, caption_key)
+        run.phase("S2", server.root_url, chat=direct, flood=direct, flood_priority=o.background_priority)
+        objectives = _objectives(run)
+        run.extra["gateway_objectives"] = objectives
+        config = _gateway_config(run, server.base_url, chat_key, caption_key, objectives)
+        with GatewayProcess(config, o.work_dir, name="gateway-s3") as gateway:
+            run.extra["gateway_config"] = config.model_dump(mode="json", exclude={"keys"})
+            chat = Target(gateway.base_url, {"authorization": f"Bearer {chat_key}"})
+            captions = Target(gateway.base_url, {"authorization": f"Bearer {caption_key}"})
+            run.phase("S3", server.root_url, chat=chat, flood=captions, gateway=gateway)
+            run.extra["gateway_metrics_after_s3"] = _gateway_metrics(gateway.metrics_text())
+            run.phase(
+                "S3-idle", server.root_url, chat=None, flood=captions, duration_s=o.idle_duration_s, gateway=gateway
+            )
+        if o.fcfs_restart:  # the flood alone direct on this server too: S3-idle's same-server reference
+            run.phase("direct-idle-priority", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+
+
+def _warm(run: Run, server: VllmServer) -> None:
+    """One-off costs of a fresh server (first image, first prompt) out of the measurements."""
+    with httpx.Client(timeout=120) as client:
+        run.tokens_per_word = tokens_per_word(client, server.root_url, run.model, run.options.seed)
+        bodies, _ = caption_bodies(run.frames.take(2), run.model, 4, 1, None)
+        headers = {"content-type": "application/json"}
+        for body in bodies:
+            client.post(f"{server.base_url}/chat/completions", content=body, headers=headers)
+        client.post(
+            f"{server.base_url}/chat/completions",
+            json={"model": run.model, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 8},
+        )
+
+
+def _overhead(run: Run, server: VllmServer, chat_key: str, caption_key: str) -> None:
+    """S0 and the gateway's overhead: chat alone, direct and through a gateway, in ABBA blocks."""
+    o = run.options
+    config = _gateway_config(run, server.base_url, chat_key, caption_key, {"ttft_p99_ms": 1000, "itl_p99_ms": 1000})
+    direct = Target(server.base_url)
+    with GatewayProcess(config, o.work_dir, name="gateway-overhead") as gateway:
+        through = Target(gateway.base_url, {"authorization": f"Bearer {chat_key}"})
+        names: dict[str, list[str]] = {"direct": [], "gateway": []}
+        for block in range(o.overhead_blocks):
+            pair = block // 2
+            order = ("direct", "gateway") if pair % 2 == 0 else ("gateway", "direct")
+            arm = order[block % 2]
+            name = f"S0-{arm}-{block + 1}"
+            target = direct if arm == "direct" else through
+            # Both blocks of a pair replay the same arrivals and lengths (different texts).
+            run.phase(
+                name,
+                server.root_url,
+                chat=target,
+                flood=None,
+                duration_s=o.overhead_block_s,
+                warmup_s=0.5,
+                schedule_seed=o.seed * 100 + 50 + pair,
+                gateway=gateway if arm == "gateway" else None,
+            )
+            names[arm].append(name)
+        run.extra["overhead_blocks"] = names
+        pool_phases(run, "S0", names["direct"])
+        pool_phases(run, "S0-gateway", names["gateway"])
+        run.mark(f"overhead: {o.overhead_pairs} single requests each way, ABBA")
+        rng = random.Random(f"{o.seed}:pairs")
+        pairs: list[tuple[bytes, bytes]] = []
+        for index in range(o.overhead_pairs):
+            turn = ChatTurn(index, 0.0, max(1, round(128 / run.tokens_per_word)), 32)
+            seeds = (rng.randrange(1 << 30), rng.randrange(1 << 30))
+            bodies = [json.dumps(chat_body(run.model, turn, s)).encode() for s in seeds]
+            pairs.append((bodies[0], bodies[1]))
+        measured = asyncio.run(paired_streams(direct, through, pairs))
+        drain(server.root_url, gateway.root_url)
+        run.extra["overhead_pairs"] = measured
+        run.mark("overhead: done")
+
+
+def pool_phases(run: Run, name: str, parts: list[str]) -> None:
+    """A set-up made of several blocks: their samples pooled into one phase result."""
+    results = [run.phases[part] for part in parts]
+    chats, offset = [], 0
+    for result in results:
+        for chat in result.chats:
+            chats.append(replace(chat, index=chat.index + offset))
+        offset += len(result.chats)
+    pooled = PhaseResult(
+        name,
+        sum(r.duration_s - r.warmup_s for r in results),
+        0.0,
+        chats,
+        [],
+        0,
+        sum(r.wall_s for r in results),
+        {},
+    )
+    summary = pooled.summary()
+    summary["blocks"] = parts
+    summary["loadavg_1m"] = [run.summaries[p]["loadavg_1m"] for p in parts]
+    run.phases[name] = pooled
+    run.summaries[name] = summary
+    run.mark(f"{name}: pooled from {', '.join(parts)} ({_line(summary)})")
+
+
+def _objectives(run: Run) -> dict[str, Any]:
+    o = run.options
+    s0 = run.summaries["S0"]["chat"]
+    ttft = o.ttft_objective_ms or s0["ttft_ms"]["p99"] * GOALS["s3_ttft_p99_over_s0"]
+    itl = o.itl_objective_ms or s0["itl_ms"]["p99"] * GOALS["s3_itl_p99_over_s0"]
+    return {"ttft_p99_ms": round(ttft, 1), "itl_p99_ms": round(itl, 1), "window_s": o.objective_window_s}
+
+
+def _gateway_config(run: Run, base_url: str, chat_key: str, caption_key: str, objectives: dict[str, Any]) -> Any:
+    o = run.options
+    return gateway_config(
+        base_url,
+        chat_key,
+        caption_key,
+        o.background_priority,
+        objectives=objectives,
+        background={
+            "max_concurrency": o.gw_max_concurrency,
+            "min_concurrency": o.gw_min_concurrency,
+            "max_image_tokens_in_flight": o.gw_max_image_tokens,
+            "queue_size": 256,
+            "deadline_s": o.gw_deadline_s,
+        },
+        controller={"interval_s": o.gw_interval_s, "idle_after_s": o.gw_idle_after_s},
+        max_tokens_per_image=max_model_pixels_tokens(run.profile),
+    )
+
+
+def _gateway_metrics(text: str) -> dict[str, float]:
+    """The gateway's controller and rejection counters (sums per series and label set)."""
+    keep = (
+        "visioncap_gateway_controller_decisions_total",
+        "visioncap_gateway_rejections_total",
+        "visioncap_gateway_requests_total",
+        "visioncap_gateway_background_concurrency_limit",
+        "visioncap_gateway_upstream_errors_total",
+    )
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(keep):
+            head, _, value = line.rpartition(" ")
+            with contextlib.suppress(ValueError):
+                values[head] = float(value)
+    return values
+
+
+# -- results ----------------------------------------------------------------------------------------------
+
+
+def _p(summary: dict[str, Any] | None, section: str, metric: str, stat: str) -> float | None:
+    if not summary or not summary.get(section):
+        return None
+    value = summary[section][metric]
+    return value.get(stat) if isinstance(value, dict) else value
+
+
+def compute_ratios(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, float]]) -> dict[str, Any]:
+    s = summaries
+    ratios: dict[str, Any] = {}
+    for setup in ("S1", "S2", "S3", "S0-gateway"):
+        for metric in ("ttft_ms", "itl_ms"):
+            for stat in ("p50", "p99"):
+                key = f"{setup.lower().replace('-', '_')}_{metric.removesuffix('_ms')}_{stat}_over_s0"
+                ratios[key] = ratio(_p(s.get(setup), "chat", metric, stat), _p(s.get("S0"), "chat", metric, stat))
+    tput = "throughput_per_s"
+    ratios["s3_idle_throughput_over_s1_idle"] = ratio(
+        _p(s.get("S3-idle"), "captions", tput, ""), _p(s.get("S1-idle"), "captions", tput, "")
+    )
+    ratios["s3_idle_throughput_over_direct_idle_priority"] = ratio(
+        _p(s.get("S3-idle"), "captions", tput, ""), _p(s.get("direct-idle-priority"), "captions", tput, "")
+    )
+    for setup in ("S2", "S3"):
+        ratios[f"{setup.lower()}_throughput_over_s1"] = ratio(
+            _p(s.get(setup), "captions", tput, ""), _p(s.get("S1"), "captions", tput, "")
+        )
+    if pairs:
+        ttft_ratios = [p["gateway_ttft_s"] / p["direct_ttft_s"] for p in pairs if p["direct_ttft_s"] > 0]
+        itl_ratios = [p["gateway_itl_s"] / p["direct_itl_s"] for p in pairs if p["direct_itl_s"] > 0]
+        ratios["paired_gateway_ttft_over_direct_median"] = percentile(ttft_ratios, 50)
+        ratios["paired_gateway_itl_over_direct_median"] = percentile(itl_ratios, 50)
+        ratios["paired_gateway_ttft_added_ms_median"] = percentile(
+            [(p["gateway_ttft_s"] - p["direct_ttft_s"]) * 1000 for p in pairs], 50
+        )
+        ratios["paired_gateway_itl_added_ms_median"] = percentile(
+            [(p["gateway_itl_s"] - p["direct_itl_s"]) * 1000 for p in pairs], 50
+        )
+    return ratios
+
+
+def evaluate_goals(ratios: dict[str, Any]) -> dict[str, Any]:
+    def check(value: float | None, limit: float, at_most: bool = True) -> dict[str, Any]:
+        met = None if value is None else (value <= limit if at_most else value >= limit)
+        return {"value": value, "goal": f"{'<=' if at_most else '>='} {limit}", "met": met}
+
+    overhead = 1 + GOALS["gateway_overhead"]
+    interference = {
+        "s1_itl_p99_over_s0": ratios.get("s1_itl_p99_over_s0"),
+        "s1_ttft_p99_over_s0": ratios.get("s1_ttft_p99_over_s0"),
+        "s2_itl_p99_over_s0": ratios.get("s2_itl_p99_over_s0"),
+        "s2_ttft_p99_over_s0": ratios.get("s2_ttft_p99_over_s0"),
+    }
+    return {
+        "s3_itl_p99_over_s0": check(ratios.get("s3_itl_p99_over_s0"), GOALS["s3_itl_p99_over_s0"]),
+        "s3_ttft_p99_over_s0": check(ratios.get("s3_ttft_p99_over_s0"), GOALS["s3_ttft_p99_over_s0"]),
+        "s1_s2_show_interference": {
+            "value": interference,
+            "goal": "S1 and S2 p99 clearly above S0 (> the S3 limits)",
+            "met": all(
+                v is not None and v > GOALS["s3_ttft_p99_over_s0" if "ttft" in k else "s3_itl_p99_over_s0"]
+                for k, v in interference.items()
+            ),
+        },
+        "s3_idle_throughput_over_s1_idle": check(
+            ratios.get("s3_idle_throughput_over_s1_idle"), GOALS["s3_idle_throughput_over_s1_idle"], at_most=False
+        ),
+        "s3_idle_throughput_over_direct_idle_same_server": check(
+            ratios.get("s3_idle_throughput_over_direct_idle_priority"),
+            GOALS["s3_idle_throughput_over_s1_idle"],
+            at_most=False,
+        ),
+        "gateway_overhead_ttft_paired": check(ratios.get("paired_gateway_ttft_over_direct_median"), overhead),
+        "gateway_overhead_itl_paired": check(ratios.get("paired_gateway_itl_over_direct_median"), overhead),
+        "gateway_overhead_ttft_p50_blocks": check(ratios.get("s0_gateway_ttft_p50_over_s0"), overhead),
+        "gateway_overhead_itl_p50_blocks": check(ratios.get("s0_gateway_itl_p50_over_s0"), overhead),
+    }
+
+
+def block_pair_ratios(
+    summaries: dict[str, dict[str, Any]], blocks: dict[str, list[str]] | None
+) -> list[dict[str, Any]]:
+    """Gateway / direct p50 per ABBA pair of S0 blocks (same arrivals and lengths): the spread shows the noise."""
+    if not blocks:
+        return []
+    pairs = []
+    for direct, through in zip(blocks["direct"], blocks["gateway"], strict=False):
+        entry: dict[str, Any] = {"direct": direct, "gateway": through}
+        for metric in ("ttft_ms", "itl_ms"):
+            entry[f"{metric.removesuffix('_ms')}_p50_ratio"] = ratio(
+                _p(summaries.get(through), "chat", metric, "p50"), _p(summaries.get(direct), "chat", metric, "p50")
+            )
+        pairs.append(entry)
+    return pairs
+
+
+def gateway_timeline(phase: PhaseResult | None, max_concurrency: int) -> dict[str, Any] | None:
+    """From S3's gateway probes (every 0.5 s): how often chat streamed while background ran, and how often the
+    cap jumped to max_concurrency (no chat for idle_after_s: work-conserving)."""
+    if phase is None or not phase.probes.get("gateway"):
+        return None
+    samples = [(t, v) for t, v in phase.probes["gateway"] if isinstance(v, dict) and v.get("cap") is not None]
+    streams = [(c.sent_at, c.finished_at) for c in phase.chats if c.finished_at is not None]
+    chat_samples = [v for t, v in samples if any(start <= t <= end for start, end in streams)]
+    jumps = sum(1 for (_, a), (_, b) in itertools.pairwise(samples) if a["cap"] < max_concurrency <= b["cap"])
+    return {
+        "probe_samples": len(samples),
+        "samples_with_chat_streaming": len(chat_samples),
+        "of_which_background_in_flight": sum(1 for v in chat_samples if (v.get("in_flight") or 0) > 0),
+        "background_in_flight_mean_while_chat": (
+            sum(v.get("in_flight") or 0 for v in chat_samples) / len(chat_samples) if chat_samples else None
+        ),
+        "cap_jumps_to_max_concurrency": jumps,
+    }
+
+
+def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
+    o = run.options
+    ratios = compute_ratios(run.summaries, run.extra.get("overhead_pairs", []))
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(o).items()}
+    return {
+        "benchmark": "visioncap bench mixed",
+        "command": command_line(o),
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "wall_s": round(wall_s, 1),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": [round(v, 2) for v in os.getloadavg()],
+        },
+        "model": {
+            "profile": run.profile.name,
+            "served_model_name": run.model,
+            "build_args": run.profile.build.args if run.profile.build else None,
+            "vllm_args": run.profile.vllm_args,
+        },
+        "options": options,
+        "workload": {
+            "tokens_per_word": run.tokens_per_word,
+            "jpeg_bytes_mean": sum(run.frames.jpeg_bytes) / max(1, len(run.frames.jpeg_bytes)),
+        },
+        "calibration": run.extra.get("calibration"),
+        "gateway_objectives": run.extra.get("gateway_objectives"),
+        "gateway_config": run.extra.get("gateway_config"),
+        "gateway_metrics_after_s3": run.extra.get("gateway_metrics_after_s3"),
+        "setups": run.summaries,
+        "overhead_pairs": run.extra.get("overhead_pairs"),
+        "overhead_block_pairs": block_pair_ratios(run.summaries, run.extra.get("overhead_blocks")),
+        "s3_gateway_timeline": gateway_timeline(run.phases.get("S3"), o.gw_max_concurrency),
+        "ratios": ratios,
+        "goals": evaluate_goals(ratios),
+        "timeline": run.timeline,
+    }
+
+
+def command_line(o: MixedOptions) -> str:
+    if o.name == "mixed-quick":
+        return "visioncap bench mixed --quick"
+    return "visioncap bench mixed"

@@ -1,0 +1,226 @@
+"""The results files of `visioncap bench mixed`: JSON (summary and raw samples), a Markdown table, a PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from visioncap.bench.stats import ecdf
+
+if TYPE_CHECKING:
+    from visioncap.bench.mixed import MixedOptions, Run
+
+ROWS = (
+    ("S0", "chat alone, direct"),
+    ("S1", "chat + flood, vLLM FCFS"),
+    ("S2", "chat + flood, vLLM priority"),
+    ("S3", "chat + flood, gateway"),
+    ("S0-gateway", "chat alone, gateway"),
+    ("S1-idle", "flood alone, direct"),
+    ("direct-idle-priority", "flood alone, direct (priority server)"),
+    ("S3-idle", "flood alone, gateway"),
+)
+COLORS = {"S0": "#333333", "S1": "#d62728", "S2": "#ff7f0e", "S3": "#2ca02c", "S0-gateway": "#1f77b4"}
+
+
+def _round(value: Any, digits: int = 5) -> Any:
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: _round(v, digits) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_round(v, digits) for v in value]
+    return value
+
+
+def write_outputs(results: dict[str, Any], run: Run, options: MixedOptions) -> dict[str, Path]:
+    out = options.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": out / f"{options.name}.json",
+        "markdown": out / f"{options.name}.md",
+        "png": out / f"{options.name}.png",
+    }
+    paths["json"].write_text(json.dumps(_round(results, 3), indent=1) + "\n", encoding="utf-8")
+    if options.keep_raw:
+        paths["raw"] = out / f"{options.name}-raw.json"
+        raw = {name: phase.raw() for name, phase in run.phases.items()}
+        paths["raw"].write_text(json.dumps(_round(raw, 4), separators=(",", ":")) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(markdown(results), encoding="utf-8")
+    plot(results, run, paths["png"])
+    results["files"] = {key: str(path) for key, path in paths.items()}
+    return paths
+
+
+def _f(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(results: dict[str, Any]) -> str:
+    setups = results["setups"]
+    lines = [
+        "| set-up | what | chats | TTFT p50 / p99 (ms) | inter-token p50 / p99 (ms) | captions/s | "
+        "caption latency p50 / p99 (ms) | load (1 min) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, what in ROWS:
+        summary = setups.get(name)
+        if summary is None:
+            continue
+        chat = summary.get("chat") or {}
+        captions = summary.get("captions") or {}
+        ttft = chat.get("ttft_ms") or {}
+        itl = chat.get("itl_ms") or {}
+        latency = captions.get("latency_ms") or {}
+        load = summary.get("loadavg_1m")
+        load_text = (
+            "-"
+            if not load
+            else "/".join(_f(v, 1) for v in load)
+            if not isinstance(load[0], list)
+            else ", ".join("/".join(_f(v, 1) for v in part) for part in load)
+        )
+        lines.append(
+            f"| {name} | {what} | {chat.get('ok', '-') if chat else '-'} | "
+            f"{_f(ttft.get('p50'))} / {_f(ttft.get('p99'))} | {_f(itl.get('p50'), 1)} / {_f(itl.get('p99'), 1)} | "
+            f"{_f(captions.get('throughput_per_s'), 2) if captions else '-'} | "
+            f"{_f(latency.get('p50'))} / {_f(latency.get('p99'))} | {load_text} |"
+        )
+    return "\n".join(lines)
+
+
+def goals_table(results: dict[str, Any]) -> str:
+    lines = ["| goal | measured | target | met |", "|---|---:|---:|:---:|"]
+    for name, goal in results["goals"].items():
+        value = goal["value"]
+        if isinstance(value, dict):
+            shown = ", ".join(f"{k.replace('_over_s0', '')} {_f(v, 2)}x" for k, v in value.items())
+        else:
+            shown = _f(value, 3)
+        met = {True: "yes", False: "**no**", None: "-"}[goal["met"]]
+        lines.append(f"| {name} | {shown} | {goal['goal']} | {met} |")
+    return "\n".join(lines)
+
+
+def markdown(results: dict[str, Any]) -> str:
+    calibration = results.get("calibration") or {}
+    model = results["model"]
+    pairs = "; ".join(
+        f"{p['gateway']}/{p['direct']}: TTFT {_f(p['ttft_p50_ratio'], 2)}, ITL {_f(p['itl_p50_ratio'], 2)}"
+        for p in results.get("overhead_block_pairs") or []
+    )
+    return (
+        f"# visioncap bench mixed: {results['started_at']}\n\n"
+        f"Command: `{results['command']}` (wall {results['wall_s']:.0f} s; machine: {results['machine']['cpus']} "
+        f"CPUs, {results['machine']['platform']}).\n\n"
+        f"Model: profile `{model['profile']}`, built with `{' '.join(model['build_args'] or [])}`. Alone on the "
+        f"server: decode step {_f(calibration.get('decode_step_ms'), 1)} ms, text prefill "
+        f"({calibration.get('text_prefill_prompt_tokens')} tokens) {_f(calibration.get('text_prefill_ms'))} ms, "
+        f"640x480 image prompt ({calibration.get('image_prefill_prompt_tokens')} tokens) "
+        f"{_f(calibration.get('image_prefill_ms'))} ms = "
+        f"{_f(calibration.get('image_prefill_over_decode_step'), 1)} decode steps.\n\n"
+        f"Gateway objectives in S3: {json.dumps(results.get('gateway_objectives'))}.\n\n"
+        f"{table(results)}\n\n{goals_table(results)}\n\n"
+        f"S0 blocks, gateway / direct p50 per ABBA pair: {pairs}.\n\n"
+        f"S3 gateway probes (every 0.5 s): {json.dumps(results.get('s3_gateway_timeline'))}.\n"
+    )
+
+
+def plot(results: dict[str, Any], run: Run, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases = run.phases
+    fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
+    ax_ttft, ax_itl, ax_cap = axes[0]
+    ax_bar, ax_gw, ax_over = axes[1]
+    for name in ("S0", "S1", "S2", "S3", "S0-gateway"):
+        phase = phases.get(name)
+        if phase is None:
+            continue
+        ok = [c for c in phase.chats if c.ttft_s is not None and c.error is None]
+        style = {"color": COLORS.get(name), "linestyle": "--" if name == "S0-gateway" else "-"}
+        if ok:
+            x, y = ecdf([c.ttft_s * 1000 for c in ok if c.ttft_s is not None])
+            ax_ttft.step(x, y, where="post", label=f"{name} (n={len(x)})", **style)
+            gaps = [g * 1000 for c in ok for g in c.gaps_s]
+            if gaps:
+                x, y = ecdf(gaps)
+                ax_itl.step(x, y, where="post", label=f"{name} (n={len(x)})", **style)
+    for ax, title in ((ax_ttft, "chat time to first token"), (ax_itl, "chat inter-token gap")):
+        ax.set_xscale("log")
+        ax.set_xlabel("ms (log)")
+        ax.set_ylabel("fraction")
+        ax.set_title(title)
+        ax.axhline(0.99, color="#999999", linewidth=0.6)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    for name in ("S1", "S2", "S3", "S1-idle", "S3-idle"):
+        phase = phases.get(name)
+        if phase is None:
+            continue
+        latencies = [
+            c.latency_s * 1000
+            for c in phase.captions
+            if c.latency_s is not None and phase.warmup_s <= (c.done_at or 0) <= phase.duration_s
+        ]
+        if latencies:
+            x, y = ecdf(latencies)
+            idle = name.endswith("idle")
+            color = COLORS.get(name.removesuffix("-idle"))
+            ax_cap.step(x, y, where="post", label=f"{name} (n={len(x)})", color=color, linestyle=":" if idle else "-")
+    ax_cap.set_xscale("log")
+    ax_cap.set_xlabel("ms (log)")
+    ax_cap.set_title("caption latency (send to answer)")
+    ax_cap.grid(True, which="both", alpha=0.3)
+    ax_cap.legend(fontsize=8, loc="lower right")
+
+    setups = results["setups"]
+    names = [n for n in ("S1", "S2", "S3", "S1-idle", "direct-idle-priority", "S3-idle") if n in setups]
+    values = [(setups[n].get("captions") or {}).get("throughput_per_s") or 0.0 for n in names]
+    colors = [COLORS.get(n.removesuffix("-idle"), "#7f7f7f") for n in names]
+    bars = ax_bar.bar(range(len(names)), values, color=colors)
+    for bar, value in zip(bars, values, strict=True):
+        ax_bar.text(bar.get_x() + bar.get_width() / 2, value, f"{value:.2f}", ha="center", va="bottom", fontsize=8)
+    ax_bar.set_xticks(range(len(names)), [n.replace("direct-idle-priority", "idle direct\n(prio srv)") for n in names])
+    ax_bar.set_ylabel("images/s")
+    ax_bar.set_title("caption throughput (chat active / idle)")
+
+    s3 = phases.get("S3")
+    if s3 is not None and s3.probes.get("gateway"):
+        samples = [(t, v) for t, v in s3.probes["gateway"] if isinstance(v, dict) and "cap" in v]
+        times = [t for t, _ in samples]
+        ax_gw.step(times, [v.get("cap") or 0 for _, v in samples], where="post", label="background cap")
+        ax_gw.step(times, [v.get("in_flight") or 0 for _, v in samples], where="post", label="background in flight")
+        ax_gw.step(times, [v.get("limit") or 0 for _, v in samples], where="post", label="AIMD limit", alpha=0.6)
+        for chat in s3.chats:
+            if chat.finished_at is not None:
+                ax_gw.plot([chat.sent_at, chat.finished_at], [-0.3, -0.3], color="#2ca02c", linewidth=4, alpha=0.4)
+        ax_gw.set_xlabel("s since S3 start (green: chat streams)")
+        ax_gw.set_title("S3: gateway's background caps over time")
+        ax_gw.legend(fontsize=8, loc="upper right")
+        ax_gw.grid(True, alpha=0.3)
+
+    pairs = results.get("overhead_pairs") or []
+    if pairs:
+        for offset, metric, label in ((0, "ttft", "TTFT"), (1, "itl", "inter-token (median)")):
+            direct = [p[f"direct_{metric}_s"] * 1000 for p in pairs]
+            through = [p[f"gateway_{metric}_s"] * 1000 for p in pairs]
+            ax_over.boxplot(
+                [direct, through], positions=[offset * 3, offset * 3 + 1], widths=0.7, tick_labels=["direct", "gw"]
+            )
+            ax_over.text(offset * 3 + 0.5, max(direct + through), label, ha="center", va="bottom", fontsize=8)
+        ax_over.set_yscale("log")
+        ax_over.set_ylabel("ms (log)")
+        ax_over.set_title("gateway overhead: single requests, ABBA pairs")
+    fig.suptitle(
+        f"visioncap bench mixed - {results['started_at']} - model {results['model']['profile']} - "
+        f"ratios from one run on a shared {results['machine']['cpus']}-CPU machine",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
