@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from visioncap.api.settings import ApiKey, ApiSettings, generate_key, hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.outbox import Outbox
+from visioncap.serve import VllmServer
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.records import Base
 from visioncap.store.schema import SCHEMA_VERSION, ensure_schema, schema_version
@@ -616,32 +616,12 @@ class ApiThread:
         self._thread.join(TIMEOUT)
 
 
-class FakeVlm(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        ok = self.path == "/v1/models" and self.headers.get("Authorization") == "Bearer vlm-key"
-        body = json.dumps({"object": "list", "data": [{"id": "tiny"}]}).encode()
-        self.send_response(200 if ok else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
-
-
-def test_readiness_needs_the_database_and_the_vlm(seed: Seed, data_dir: Path) -> None:
-    vlm = ThreadingHTTPServer(("127.0.0.1", 0), FakeVlm)
-    threading.Thread(target=vlm.serve_forever, daemon=True).start()
-    try:
-        base = f"http://127.0.0.1:{vlm.server_address[1]}/v1"
-        up = create_app(settings_for(data_dir, vlm_base_url=base, vlm_api_key="vlm-key"))
-        with ApiThread(up) as api:
-            ready = httpx.get(f"{api.url}/readyz", headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT)
-            assert ready.status_code == 200, ready.text
-            assert ready.json()["status"] == "ready" and set(ready.json()["checks"]) == {"database", "vlm"}
-    finally:
-        vlm.shutdown()
+def test_readiness_needs_the_database_and_the_vlm(seed: Seed, data_dir: Path, vllm_server: VllmServer) -> None:
+    up = create_app(settings_for(data_dir, vlm_base_url=vllm_server.base_url, vlm_api_key="vlm-key"))
+    with ApiThread(up) as api:
+        ready = httpx.get(f"{api.url}/readyz", headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT)
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["status"] == "ready" and set(ready.json()["checks"]) == {"database", "vlm"}
     with TestClient(create_app(settings_for(data_dir)), headers={"X-Api-Key": READ_KEY}) as down:
         answer = down.get("/readyz")
         assert answer.status_code == 503
