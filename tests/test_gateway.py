@@ -36,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig, hash_key
+from visioncap.gateway.images import data_uri_size, image_tokens
 from visioncap.gateway.scheduler import SchedulerState
 from visioncap.gateway.server import GatewayThread
 from visioncap.serve import VllmServer, free_port
@@ -506,37 +507,92 @@ def test_background_waits_while_the_cap_is_reached_and_proceeds_after(
     assert waited == 2
 
 
-def test_interactive_latency_shrinks_the_background_cap(
+def test_interactive_traffic_starts_background_at_the_floor_and_healthy_latency_raises_it(
     tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
 ) -> None:
-    """The controller's decision reaches the scheduler: with the cap cut to 1, a second request waits."""
+    """The controller's decisions reach the scheduler: the floor holds a second request back, an increase
+    (fresh interactive samples under the objectives) lets it through."""
     gw = tapped_gateway(
         background={"max_concurrency": 2, "min_concurrency": 1},
         objectives={"itl_p99_ms": 50},
         # No automatic steps (the test makes them) and interactive stays "active" once seen.
-        controller={"interval_s": 3600, "idle_after_s": 3600},
+        controller={"interval_s": 3600, "idle_after_s": 3600, "increase_interval_s": 0},
     )
     assert post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2, user="chat")).status_code == 200
-    controller = gw.gateway.controller
-
-    def slow_tokens() -> None:  # what the gateway records when chat streams stall
-        now = gw.gateway.clock()
-        for _ in range(20):
-            controller.observe_itl(now, 0.4)
-
-    gw.call_soon(slow_tokens)
-    decision = gw.call_soon(gw.gateway.control_step)
-    assert (decision.action, decision.caps.concurrency, decision.reasons) == ("decrease", 1, ("itl",))
+    assert gw.call_soon(gw.gateway.control_step).caps.concurrency == 1
     assert metric(httpx.get(f"{gw.root_url}/metrics").text, "visioncap_gateway_background_concurrency_cap") == 1
     release = tap.hold("first")
     first = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="first"))
     tap.wait_for_user("first")
     second = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="second"))
-    wait_queue(gw, lambda s: s.waiting == 1 and s.in_flight == 1)  # max_concurrency is 2, the cap is 1
+    wait_queue(gw, lambda s: s.waiting == 1 and s.in_flight == 1)  # max_concurrency is 2, the floor 1
     assert "second" not in tap.users_seen()
+    controller = gw.gateway.controller
+
+    def fast_tokens() -> None:  # what the gateway records while chat streams flow well
+        now = gw.gateway.clock()
+        for _ in range(20):
+            controller.observe_itl(now, 0.005)
+
+    gw.call_soon(fast_tokens)
+    decision = gw.call_soon(gw.gateway.control_step)
+    assert (decision.action, decision.caps.concurrency) == ("increase", 2)
+    tap.wait_for_user("second")  # admitted while `first` is still held: the cap is 2 now
     release.set()
     assert first.result(TIMEOUT).status_code == 200
     assert second.result(TIMEOUT).status_code == 200
+
+
+def test_interactive_arrival_preempts_fresh_background_which_is_redone_later(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """vLLM cannot stop an admitted image prefill for a chat; the gateway can: it cancels the background request
+    at vLLM, queues it again at the head, and sends it once the caps allow. The caller sees one answer."""
+    gw = tapped_gateway(
+        background={"max_concurrency": 2, "min_concurrency": 0, "preempt_window_s": 3600},
+        controller={"interval_s": 0.05, "idle_after_s": 0.3},
+    )
+    hold = tap.hold("frame")
+    background = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=3, user="frame"))
+    tap.wait_for_user("frame")  # idle: admitted at full concurrency, now "inside vLLM" (held by the tap)
+    chat = post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2, user="chat"))
+    assert chat.status_code == 200
+    # The chat's arrival cut the cap to the floor (0): the frame was cancelled and re-queued, then sent again
+    # once no chat had been seen for idle_after_s.
+    with tap._changed:
+        assert tap._changed.wait_for(lambda: tap.users_seen().count("frame") == 2, TIMEOUT)
+    hold.set()
+    answer = background.result(TIMEOUT)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+    text = httpx.get(f"{gw.root_url}/metrics").text
+    assert metric(text, "visioncap_gateway_preemptions_total") == 1
+    assert metric(text, "visioncap_gateway_requests_total", traffic_class="background") == 1
+    assert gw.call_soon(gw.gateway.scheduler.state).in_flight == 0
+
+
+def test_background_images_are_downscaled_while_chat_is_active(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap
+) -> None:
+    gw = tapped_gateway(
+        background={"active_max_image_tokens": 60},
+        controller={"interval_s": 3600, "idle_after_s": 3600},
+    )
+    frame = jpeg_data_uri(640, 480)  # 391 tokens at 28 px per token
+    idle = post_chat(gw, BACKGROUND_KEY, image_chat_body(frame, user="idle"))
+    assert post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2)).status_code == 200
+    active = post_chat(gw, BACKGROUND_KEY, image_chat_body(frame, user="active"))
+    assert idle.status_code == 200 and active.status_code == 200
+    sent = {body.get("user"): body for body in tap.bodies}
+    idle_url = sent["idle"]["messages"][0]["content"][1]["image_url"]["url"]
+    active_url = sent["active"]["messages"][0]["content"][1]["image_url"]["url"]
+    assert idle_url == frame  # no chat yet: sent as it came
+    small = data_uri_size(active_url)
+    assert small is not None and small[0] / small[1] == pytest.approx(640 / 480, rel=0.05)
+    assert image_tokens(*small, gw.gateway.config.images) <= 60
+    # vLLM saw the smaller image: the prompt shrank by the image tokens saved.
+    saved = idle.json()["usage"]["prompt_tokens"] - active.json()["usage"]["prompt_tokens"]
+    assert saved >= 391 - 60
+    assert metric(httpx.get(f"{gw.root_url}/metrics").text, "visioncap_gateway_downscaled_images_total") == 1
 
 
 def test_full_queue_answers_429_with_retry_after(

@@ -17,11 +17,15 @@ from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededErr
 
 OBJECTIVES = ObjectivesConfig(ttft_p99_ms=100, itl_p99_ms=20, window_s=10)
 BACKGROUND = BackgroundConfig(max_concurrency=8, min_concurrency=1, max_image_tokens_in_flight=4000)
-CONTROLLER = ControllerConfig(additive_increase=1, decrease_factor=0.5, idle_after_s=1.0, upstream_waiting_limit=0)
+CONTROLLER = ControllerConfig(
+    additive_increase=1, decrease_factor=0.5, idle_after_s=1.0, increase_interval_s=0, upstream_waiting_limit=0
+)
 
 
 def controller(**background: int) -> AdmissionController:
-    return AdmissionController(OBJECTIVES, BACKGROUND.model_copy(update=background), CONTROLLER)
+    """A controller whose limit starts at the ceiling, the state these recorded sequences begin from."""
+    config = BACKGROUND.model_copy(update=background)
+    return AdmissionController(OBJECTIVES, config, CONTROLLER, start_limit=config.max_concurrency)
 
 
 FULL = -1  # a tick's in-flight count: background uses everything the limit allows
@@ -344,5 +348,81 @@ def test_a_cancelled_waiter_leaves_the_queue() -> None:
         await _waiting(scheduler, 0)
         held.release()
         assert scheduler.state().in_flight == 0
+
+    asyncio.run(scenario())
+
+
+# -- start, pacing and per-image caps ------------------------------------------------------------------------
+
+
+def test_a_fresh_controller_starts_interactive_periods_at_the_floor() -> None:
+    ctl = AdmissionController(OBJECTIVES, BACKGROUND, CONTROLLER)
+    assert ctl.caps(0.0) == Caps(8, 4000, False)  # idle: full caps whatever the limit
+    ctl.interactive_started(1.0)
+    assert ctl.caps(1.0).concurrency == 1  # not 8: a chat after a quiet spell must not meet 8 image prefills
+
+
+def test_increases_are_paced_by_increase_interval() -> None:
+    paced = CONTROLLER.model_copy(update={"increase_interval_s": 1.0})
+    ctl = AdmissionController(OBJECTIVES, BACKGROUND, paced)
+    decisions = replay(ctl, merged([(0.0, "start", 0)], itl_stream(0.0, 5.0, gap_ms=5), ticks(0.25, 5.0, FULL)))
+    grown = [d.at for d in decisions if d.action == "increase"]
+    assert grown == [0.25, 1.25, 2.25, 3.25, 4.25]  # one per second, though every tick was healthy
+    assert ctl.limit == 6
+
+
+def test_per_image_cap_applies_only_while_interactive_is_active() -> None:
+    background = BACKGROUND.model_copy(update={"active_max_image_tokens": 64})
+    ctl = AdmissionController(OBJECTIVES, background, CONTROLLER, start_limit=4)
+    assert ctl.caps(0.0).max_tokens_per_image is None
+    ctl.interactive_started(1.0)
+    assert ctl.caps(1.0) == Caps(4, 2000, True, max_tokens_per_image=64)
+
+
+def test_scheduler_counts_downscaled_tokens_and_tells_the_grant() -> None:
+    async def scenario() -> None:
+        caps = FixedCaps(4, image_tokens=200)
+        caps.caps = Caps(4, 200, True, max_tokens_per_image=64)
+        scheduler = BackgroundScheduler(caps, queue_size=10)
+        grants = [await scheduler.acquire(c, 391, deadline_s=10) for c in "abc"]  # 3 x 64 fit under 200
+        assert [g.tokens for g in grants] == [64, 64, 64]
+        assert all(g.max_tokens_per_image == 64 for g in grants)
+        assert scheduler.state().image_tokens_in_flight == 192
+        for grant in grants:
+            grant.release()
+
+    asyncio.run(scenario())
+
+
+def test_preemption_asks_the_newest_fresh_grants_beyond_the_cap() -> None:
+    async def scenario() -> None:
+        now = [0.0]
+        caps = FixedCaps(4)
+        scheduler = BackgroundScheduler(caps, queue_size=10, clock=lambda: now[0])
+        asked: list[str] = []
+        grants = []
+        for i, camera in enumerate("abcd"):
+            now[0] = float(i)
+            grant = await scheduler.acquire(camera, 0, deadline_s=10)
+            grant.preempt = lambda camera=camera: asked.append(camera)
+            grants.append(grant)
+        grants[3].preempt = None  # a request whose answer is already arriving: not preemptible
+        now[0] = 3.5
+        assert scheduler.preempt_excess(max_age_s=10) == 0  # nothing beyond the cap
+        caps.caps = Caps(1, 10_000, True)
+        assert scheduler.preempt_excess(max_age_s=2.0) == 1  # c (admitted at 2) qualifies; b (at 1) is too old
+        assert asked == ["c"] and grants[2].preempted
+        assert scheduler.preempt_excess(max_age_s=2.0) == 0  # c was asked already; it gives way on release
+        grants[2].release()
+        # Queued again at the head of the line, with its first enqueue time kept.
+        again = asyncio.create_task(scheduler.acquire("c", 0, deadline_s=10, requeue_of=grants[2]))
+        other = asyncio.create_task(scheduler.acquire("e", 0, deadline_s=10))
+        await _waiting(scheduler, 2)
+        for grant in (grants[0], grants[1], grants[3]):
+            grant.release()
+        first = await asyncio.wait_for(again, 10)
+        assert first.enqueued_at == grants[2].enqueued_at and not other.done()
+        first.release()
+        (await asyncio.wait_for(other, 10)).release()
 
     asyncio.run(scenario())

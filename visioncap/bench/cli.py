@@ -36,7 +36,10 @@ def mixed_command(
     ] = None,
     gw_max_concurrency: Annotated[int, typer.Option(help="Gateway: background.max_concurrency.")] = 8,
     gw_min_concurrency: Annotated[int, typer.Option(help="Gateway: background.min_concurrency.")] = 0,
-    gw_idle_after: Annotated[float, typer.Option(help="Gateway: controller.idle_after_s.")] = 1.0,
+    gw_idle_after: Annotated[float, typer.Option(help="Gateway: controller.idle_after_s.")] = 5.0,
+    gw_active_max_image_tokens: Annotated[
+        int, typer.Option(help="S3-downscale: gateway's background.active_max_image_tokens; 0 skips S3-downscale.")
+    ] = 64,
     ttft_objective_ms: Annotated[
         float | None, typer.Option(help="Gateway TTFT p99 objective; default: S0's p99 x 1.5.")
     ] = None,
@@ -60,6 +63,7 @@ def mixed_command(
         "gw_max_concurrency": gw_max_concurrency,
         "gw_min_concurrency": gw_min_concurrency,
         "gw_idle_after_s": gw_idle_after,
+        "gw_active_max_image_tokens": gw_active_max_image_tokens or None,
         "ttft_objective_ms": ttft_objective_ms,
         "itl_objective_ms": itl_objective_ms,
         "seed": seed,

@@ -90,7 +90,10 @@ class MixedOptions:
     gw_max_concurrency: int = 8
     gw_min_concurrency: int = 0
     gw_max_image_tokens: int = 4096
-    gw_idle_after_s: float = 1.0
+    gw_idle_after_s: float = 5.0
+    gw_preempt_window_s: float = 1.5
+    # S3-downscale: background images above this many tokens are shrunk by the gateway while chat is active.
+    gw_active_max_image_tokens: int | None = 64
     gw_deadline_s: float = 30.0
     gw_interval_s: float = 0.25
     ttft_objective_ms: float | None = None  # None: S0's TTFT p99 x the goal (1.5)
@@ -328,6 +331,15 @@ def _run_setups(run: Run) -> None:
             run.phase(
                 "S3-idle", server.root_url, chat=None, flood=captions, duration_s=o.idle_duration_s, gateway=gateway
             )
+        if o.gw_active_max_image_tokens is not None:
+            small = _gateway_config(
+                run, server.base_url, chat_key, caption_key, objectives, o.gw_active_max_image_tokens
+            )
+            with GatewayProcess(small, o.work_dir, name="gateway-s3-downscale") as gateway:
+                chat = Target(gateway.base_url, {"authorization": f"Bearer {chat_key}"})
+                captions = Target(gateway.base_url, {"authorization": f"Bearer {caption_key}"})
+                run.phase("S3-downscale", server.root_url, chat=chat, flood=captions, gateway=gateway)
+                run.extra["gateway_metrics_after_s3_downscale"] = _gateway_metrics(gateway.metrics_text())
         if o.fcfs_restart:  # the flood alone direct on this server too: S3-idle's same-server reference
             run.phase("direct-idle-priority", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
 
@@ -423,7 +435,14 @@ def _objectives(run: Run) -> dict[str, Any]:
     return {"ttft_p99_ms": round(ttft, 1), "itl_p99_ms": round(itl, 1), "window_s": o.objective_window_s}
 
 
-def _gateway_config(run: Run, base_url: str, chat_key: str, caption_key: str, objectives: dict[str, Any]) -> Any:
+def _gateway_config(
+    run: Run,
+    base_url: str,
+    chat_key: str,
+    caption_key: str,
+    objectives: dict[str, Any],
+    active_max_image_tokens: int | None = None,
+) -> Any:
     o = run.options
     return gateway_config(
         base_url,
@@ -437,6 +456,8 @@ def _gateway_config(run: Run, base_url: str, chat_key: str, caption_key: str, ob
             "max_image_tokens_in_flight": o.gw_max_image_tokens,
             "queue_size": 256,
             "deadline_s": o.gw_deadline_s,
+            "preempt_window_s": o.gw_preempt_window_s,
+            "active_max_image_tokens": active_max_image_tokens,
         },
         controller={"interval_s": o.gw_interval_s, "idle_after_s": o.gw_idle_after_s},
         max_tokens_per_image=max_model_pixels_tokens(run.profile),
@@ -451,6 +472,8 @@ def _gateway_metrics(text: str) -> dict[str, float]:
         "visioncap_gateway_requests_total",
         "visioncap_gateway_background_concurrency_limit",
         "visioncap_gateway_upstream_errors_total",
+        "visioncap_gateway_preemptions_total",
+        "visioncap_gateway_downscaled_images_total",
     )
     values: dict[str, float] = {}
     for line in text.splitlines():
@@ -474,7 +497,7 @@ def _p(summary: dict[str, Any] | None, section: str, metric: str, stat: str) -> 
 def compute_ratios(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, float]]) -> dict[str, Any]:
     s = summaries
     ratios: dict[str, Any] = {}
-    for setup in ("S1", "S2", "S3", "S0-gateway"):
+    for setup in ("S1", "S2", "S3", "S3-downscale", "S0-gateway"):
         for metric in ("ttft_ms", "itl_ms"):
             for stat in ("p50", "p99"):
                 key = f"{setup.lower().replace('-', '_')}_{metric.removesuffix('_ms')}_{stat}_over_s0"
@@ -486,7 +509,7 @@ def compute_ratios(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, f
     ratios["s3_idle_throughput_over_direct_idle_priority"] = ratio(
         _p(s.get("S3-idle"), "captions", tput, ""), _p(s.get("direct-idle-priority"), "captions", tput, "")
     )
-    for setup in ("S2", "S3"):
+    for setup in ("S2", "S3", "S3-downscale"):
         ratios[f"{setup.lower()}_throughput_over_s1"] = ratio(
             _p(s.get(setup), "captions", tput, ""), _p(s.get("S1"), "captions", tput, "")
         )
@@ -519,6 +542,10 @@ def evaluate_goals(ratios: dict[str, Any]) -> dict[str, Any]:
     return {
         "s3_itl_p99_over_s0": check(ratios.get("s3_itl_p99_over_s0"), GOALS["s3_itl_p99_over_s0"]),
         "s3_ttft_p99_over_s0": check(ratios.get("s3_ttft_p99_over_s0"), GOALS["s3_ttft_p99_over_s0"]),
+        "s3_downscale_itl_p99_over_s0": check(ratios.get("s3_downscale_itl_p99_over_s0"), GOALS["s3_itl_p99_over_s0"]),
+        "s3_downscale_ttft_p99_over_s0": check(
+            ratios.get("s3_downscale_ttft_p99_over_s0"), GOALS["s3_ttft_p99_over_s0"]
+        ),
         "s1_s2_show_interference": {
             "value": interference,
             "goal": "S1 and S2 p99 clearly above S0 (> the S3 limits)",

@@ -16,12 +16,20 @@ ROWS = (
     ("S1", "chat + flood, vLLM FCFS"),
     ("S2", "chat + flood, vLLM priority"),
     ("S3", "chat + flood, gateway"),
+    ("S3-downscale", "chat + flood, gateway shrinking images while chat is active"),
     ("S0-gateway", "chat alone, gateway"),
     ("S1-idle", "flood alone, direct"),
     ("direct-idle-priority", "flood alone, direct (priority server)"),
     ("S3-idle", "flood alone, gateway"),
 )
-COLORS = {"S0": "#333333", "S1": "#d62728", "S2": "#ff7f0e", "S3": "#2ca02c", "S0-gateway": "#1f77b4"}
+COLORS = {
+    "S0": "#333333",
+    "S1": "#d62728",
+    "S2": "#ff7f0e",
+    "S3": "#2ca02c",
+    "S3-downscale": "#9467bd",
+    "S0-gateway": "#1f77b4",
+}
 
 
 def _round(value: Any, digits: int = 5) -> Any:
@@ -137,7 +145,7 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     ax_ttft, ax_itl, ax_cap = axes[0]
     ax_bar, ax_gw, ax_over = axes[1]
-    for name in ("S0", "S1", "S2", "S3", "S0-gateway"):
+    for name in ("S0", "S1", "S2", "S3", "S3-downscale", "S0-gateway"):
         phase = phases.get(name)
         if phase is None:
             continue
@@ -158,7 +166,7 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
         ax.axhline(0.99, color="#999999", linewidth=0.6)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
-    for name in ("S1", "S2", "S3", "S1-idle", "S3-idle"):
+    for name in ("S1", "S2", "S3", "S3-downscale", "S1-idle", "S3-idle"):
         phase = phases.get(name)
         if phase is None:
             continue
@@ -179,7 +187,7 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
     ax_cap.legend(fontsize=8, loc="lower right")
 
     setups = results["setups"]
-    names = [n for n in ("S1", "S2", "S3", "S1-idle", "direct-idle-priority", "S3-idle") if n in setups]
+    names = [n for n in ("S1", "S2", "S3", "S3-downscale", "S1-idle", "direct-idle-priority", "S3-idle") if n in setups]
     values = [(setups[n].get("captions") or {}).get("throughput_per_s") or 0.0 for n in names]
     colors = [COLORS.get(n.removesuffix("-idle"), "#7f7f7f") for n in names]
     bars = ax_bar.bar(range(len(names)), values, color=colors)

@@ -134,6 +134,25 @@ class BackgroundConfig(StrictModel):
     queue_size: int = Field(
         default=256, ge=0, description="Most background requests waiting in the gateway; more are answered 429."
     )
+    preempt: bool = Field(
+        default=True,
+        description="When interactive traffic arrives or the cap shrinks, cancel non-streaming background requests "
+        "admitted within `preempt_window_s` (still in vLLM's queue or prefill) and put them back at the head of "
+        "their camera's queue: vLLM's priority policy cannot stop an image prefill that already runs.",
+    )
+    preempt_window_s: float = Field(
+        default=1.5,
+        ge=0,
+        description="Only background requests admitted this recently are preempted; older ones are likely "
+        "decoding already, when finishing costs chat less than starting over.",
+    )
+    active_max_image_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="While interactive traffic is active, background images estimated above this many tokens are "
+        "downscaled by the gateway (re-encoded JPEG) to fit, so a caption keeps moving at a small cost per engine "
+        "step; None: images pass as sent and wait for room instead.",
+    )
     deadline_s: float = Field(
         default=30.0,
         gt=0,
@@ -161,10 +180,17 @@ class ControllerConfig(StrictModel):
         default=0.5, gt=0, lt=1, description="Concurrency is multiplied by this when an objective is missed."
     )
     idle_after_s: float = Field(
-        default=1.0,
+        default=5.0,
         ge=0,
         description="Seconds without any interactive request after which background runs at max_concurrency "
-        "(work-conserving); 0 switches at once.",
+        "(work-conserving); 0 switches at once. Chat arrives in sessions: a gap of a second or two between "
+        "requests is still an active session, and full-size images started in it delay the next first token.",
+    )
+    increase_interval_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Least seconds between two additive increases, so each step is judged on latency measured "
+        "with the previous one in effect (an image's effect shows only when its prefill runs).",
     )
     upstream_waiting_limit: int = Field(
         default=0,

@@ -8,13 +8,18 @@ The policy is AIMD on a background concurrency limit, with the image-token cap s
 
 - Work-conserving: with no interactive request active (none running and none ended within `idle_after_s`),
   background gets `max_concurrency` and `max_image_tokens_in_flight` whatever the adaptive limit is.
+- While interactive traffic is active the limit applies. It starts at the floor (`min_concurrency`), not at
+  the ceiling: a chat that arrives after a quiet spell must not find the engine full of image prefills that
+  an optimistic start let in. Background images may also be capped per request (`active_max_image_tokens`;
+  the gateway downscales them), which makes each one cheap enough to run beside streaming chat.
 - Multiplicative decrease when an objective is missed: the interactive TTFT or inter-token p99 over the
   sliding window is above its target (and a sample newer than the last decrease is too: old evidence that a
   decrease already answered never counts twice), or vLLM reports more waiting (or running) requests than
   allowed. The limit shrinks from what is actually in flight, never below `min_concurrency`, and no second
   decrease comes until the first has taken effect (background in flight has drained to the new limit).
 - Additive increase when fresh interactive samples all meet the objectives and the limit is what holds
-  background back (in flight at the limit, or work waiting); an unused limit does not grow.
+  background back (in flight at the limit, or work waiting); an unused limit does not grow, and two increases
+  are at least `increase_interval_s` apart so each is judged on latency measured with the previous in effect.
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class Caps:
     concurrency: int
     image_tokens: int
     interactive_active: bool
+    max_tokens_per_image: int | None = None  # larger background images are downscaled to this; None: as sent
 
 
 @dataclass(frozen=True)
@@ -104,18 +110,24 @@ class AdmissionController:
     """Background caps from interactive latency and vLLM load; see the module docstring for the policy."""
 
     def __init__(
-        self, objectives: ObjectivesConfig, background: BackgroundConfig, controller: ControllerConfig
+        self,
+        objectives: ObjectivesConfig,
+        background: BackgroundConfig,
+        controller: ControllerConfig,
+        start_limit: float | None = None,
     ) -> None:
+        """`start_limit`: the adaptive limit to begin with (default the floor; replays may restore a state)."""
         self.objectives = objectives
         self.background = background
         self.settings = controller
         self.ttft = SlidingWindow(objectives.window_s, objectives.window_max_samples)
         self.itl = SlidingWindow(objectives.window_s, objectives.window_max_samples)
-        self._limit = float(background.max_concurrency)
+        self._limit = float(background.min_concurrency if start_limit is None else start_limit)
         self._active = 0
         self._last_interactive_at = -math.inf
         self._last_tick = -math.inf
         self._last_decrease = -math.inf
+        self._last_increase = -math.inf
         # Time from which a new violation may count again: the last decrease once it has taken effect.
         self._settled_since: float | None = -math.inf
         self._upstream: UpstreamLoad | None = None
@@ -162,7 +174,9 @@ class AdmissionController:
         concurrency = int(self._limit)
         share = self._limit / background.max_concurrency
         tokens = max(1, int(background.max_image_tokens_in_flight * share))
-        return Caps(concurrency, tokens, interactive_active=True)
+        return Caps(
+            concurrency, tokens, interactive_active=True, max_tokens_per_image=background.active_max_image_tokens
+        )
 
     def tick(self, now: float, background_in_flight: int, background_waiting: int = 0) -> Decision:
         """One control step; call every `interval_s` with the scheduler's current counts."""
@@ -189,11 +203,13 @@ class AdmissionController:
                 action = "hold"  # at the floor already, or the last decrease has not taken effect yet
             elif (
                 self._limit < ceiling
-                and self._healthy_since(self._last_tick)
+                and now - self._last_increase >= self.settings.increase_interval_s
+                and self._healthy_since(max(self._last_tick, self._last_increase))
                 and (background_in_flight >= int(self._limit) or background_waiting > 0)
             ):
                 action = "increase"
                 self._limit = min(ceiling, self._limit + self.settings.additive_increase)
+                self._last_increase = now
             else:
                 action = "hold"
         self._last_tick = now

@@ -127,3 +127,70 @@ def inspect_messages(messages: Any, config: ImagesConfig) -> int:
                 else:
                     total += image_tokens(size[0], size[1], config)
     return total
+
+
+def _decode_data_uri(uri: str) -> bytes | None:
+    header, sep, payload = uri.partition(",")
+    if not sep:
+        return None
+    if header.endswith(";base64"):
+        try:
+            return base64.b64decode(payload)
+        except (binascii.Error, ValueError):
+            return None
+    return unquote_to_bytes(payload)
+
+
+def fit_image(data: bytes, max_tokens: int, config: ImagesConfig, quality: int = 85) -> tuple[bytes, int] | None:
+    """The image re-encoded as a JPEG whose estimated tokens are at most `max_tokens`; None when it fits already
+    or cannot be read (then it is sent as it is and vLLM judges it)."""
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if image_tokens(width, height, config) <= max_tokens:
+                return None
+            factor = config.token_size
+            scale = math.sqrt(max_tokens * factor * factor / (width * height))
+            while True:
+                size = (max(1, int(width * scale)), max(1, int(height * scale)))
+                tokens = image_tokens(size[0], size[1], config)
+                if tokens <= max_tokens or scale < 1e-3:
+                    break
+                scale *= 0.95
+            smaller = image.convert("RGB").resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
+    except Exception:  # not an image PIL can decode: PIL raises many kinds
+        return None
+    out = io.BytesIO()
+    smaller.save(out, format="JPEG", quality=quality)
+    return out.getvalue(), tokens
+
+
+def downscale_messages(messages: Any, max_tokens: int, config: ImagesConfig) -> int:
+    """Shrink every inline image of `messages` (changed in place) above `max_tokens` tokens to fit; returns how
+    many images were shrunk. The caller sends the changed body; the image's aspect ratio is kept."""
+    shrunk = 0
+    if not isinstance(messages, list):
+        return 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") not in IMAGE_PART_TYPES | {None}:
+                continue
+            holder = part.get("image_url")
+            if isinstance(holder, dict) and isinstance(holder.get("url"), str):
+                key, url = "url", holder["url"]
+            elif isinstance(holder, str):
+                holder, key, url = part, "image_url", holder
+            else:
+                continue
+            if url[:5].lower() != "data:":
+                continue
+            data = _decode_data_uri(url)
+            fitted = None if data is None else fit_image(data, max_tokens, config)
+            if fitted is None:
+                continue
+            holder[key] = "data:image/jpeg;base64," + base64.b64encode(fitted[0]).decode("ascii")
+            shrunk += 1
+    return shrunk

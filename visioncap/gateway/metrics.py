@@ -30,6 +30,17 @@ class GatewayMetrics:
             ["traffic_class", "reason"],
             registry=r,
         )
+        self.preemptions = Counter(
+            "visioncap_gateway_preemptions_total",
+            "Background requests cancelled at vLLM to make way for interactive work and queued again.",
+            registry=r,
+        )
+        self.downscaled = Counter(
+            "visioncap_gateway_downscaled_images_total",
+            "Background images the gateway shrank to the per-image token cap while interactive traffic was active.",
+            ["traffic_class"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "visioncap_gateway_upstream_errors_total",
             "Forwarded requests that failed on vLLM's side after being sent (unreachable, timeout, stream broken "

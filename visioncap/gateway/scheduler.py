@@ -6,6 +6,11 @@ tokens fit under the image-token cap (a request always fits when nothing is in f
 than the cap still runs, alone). Waiting requests are served one camera at a time in turn, oldest first
 within a camera; a camera whose turn comes waits for room rather than being overtaken (no starvation of
 large images).
+
+Preemption: when the caps shrink below what is in flight (interactive traffic arrived, or the controller cut
+the limit), the newest preemptible grants beyond the cap are asked to give their place back; the gateway
+cancels their vLLM request and queues them again at the head of their camera's line, with their first
+enqueue time, so the deadline still counts from the original arrival.
 """
 
 from __future__ import annotations
@@ -53,6 +58,11 @@ class Grant:
     tokens: int
     enqueued_at: float
     admitted_at: float = 0.0
+    # Images larger than this many tokens must be downscaled before sending (the caps at admission); None: as sent.
+    max_tokens_per_image: int | None = None
+    # Set by the holder while its request may still be cancelled and redone; called at most once.
+    preempt: Callable[[], None] | None = field(default=None, repr=False)
+    preempted: bool = False
     _released: bool = False
 
     @property
@@ -90,6 +100,7 @@ class BackgroundScheduler:
         self._in_flight = 0
         self._tokens = 0
         self._service_s = 1.0  # moving average of admitted requests' time in flight, for Retry-After
+        self._granted: list[Grant] = []  # in flight, oldest admission first
         self._watchers: list[tuple[Callable[[SchedulerState], bool], asyncio.Future[None]]] = []
 
     # -- public ---------------------------------------------------------------------------------------
@@ -102,18 +113,26 @@ class BackgroundScheduler:
             waiting_by_camera={camera: len(queue) for camera, queue in self._queues.items()},
         )
 
-    async def acquire(self, camera: str, tokens: int, deadline_s: float) -> Grant:
-        """Wait for admission; raises QueueFullError at once or DeadlineExceededError after `deadline_s`."""
+    async def acquire(self, camera: str, tokens: int, deadline_s: float, requeue_of: Grant | None = None) -> Grant:
+        """Wait for admission; raises QueueFullError at once or DeadlineExceededError after `deadline_s`.
+
+        `requeue_of`: a preempted grant whose request comes back; it goes to the head of its camera's line
+        (ahead of the queue limit: it held a place already) and keeps its first enqueue time.
+        """
         now = self._clock()
-        grant = Grant(self, camera, tokens, enqueued_at=now)
+        grant = Grant(self, camera, tokens, enqueued_at=now if requeue_of is None else requeue_of.enqueued_at)
         if self._waiting == 0 and self._fits(tokens, self._caps()):
             self._admit(grant)
             self._changed()
             return grant
-        if self._waiting >= self.queue_size:
+        if requeue_of is None and self._waiting >= self.queue_size:
             raise QueueFullError(self._retry_after_s())
         waiter = _Waiter(grant, asyncio.get_running_loop().create_future())
-        self._queues.setdefault(camera, deque()).append(waiter)
+        if requeue_of is None:
+            self._queues.setdefault(camera, deque()).append(waiter)
+        else:
+            self._queues.setdefault(camera, deque()).appendleft(waiter)
+            self._queues.move_to_end(camera, last=False)
         self._waiting += 1
         self._changed()
         try:
@@ -152,6 +171,28 @@ class BackgroundScheduler:
         if admitted:
             self._changed()
 
+    def preempt_excess(self, max_age_s: float) -> int:
+        """Ask the newest preemptible grants beyond the concurrency cap to give way; returns how many were asked.
+
+        Only grants admitted within `max_age_s` qualify: older requests are probably decoding already, and
+        finishing them costs interactive traffic less than redoing their prefill.
+        """
+        excess = self._in_flight - self._caps().concurrency
+        if excess <= 0:
+            return 0
+        now = self._clock()
+        asked = 0
+        for grant in reversed(self._granted):
+            if asked >= excess or now - grant.admitted_at > max_age_s:
+                break
+            if grant.preempt is None or grant.preempted:
+                continue
+            grant.preempted = True
+            preempt, grant.preempt = grant.preempt, None
+            preempt()
+            asked += 1
+        return asked
+
     async def wait_until(self, predicate: Callable[[SchedulerState], bool], timeout: float) -> SchedulerState:
         """Wait until the state satisfies `predicate` (checked now and after every change); for tests, tools."""
         state = self.state()
@@ -169,17 +210,29 @@ class BackgroundScheduler:
 
     # -- internals ------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _sent_tokens(tokens: int, caps: Caps) -> int:
+        """Image tokens as they will be sent: downscaled to the per-image cap when there is one."""
+        return tokens if caps.max_tokens_per_image is None else min(tokens, caps.max_tokens_per_image)
+
     def _fits(self, tokens: int, caps: Caps) -> bool:
         if self._in_flight >= caps.concurrency:
             return False
-        return self._in_flight == 0 or self._tokens + tokens <= caps.image_tokens
+        return self._in_flight == 0 or self._tokens + self._sent_tokens(tokens, caps) <= caps.image_tokens
 
     def _admit(self, grant: Grant) -> None:
+        caps = self._caps()
         grant.admitted_at = self._clock()
+        grant.max_tokens_per_image = caps.max_tokens_per_image
+        grant.tokens = self._sent_tokens(grant.tokens, caps)
         self._in_flight += 1
         self._tokens += grant.tokens
+        self._granted.append(grant)
 
     def _release(self, grant: Grant) -> None:
+        grant.preempt = None
+        if grant in self._granted:
+            self._granted.remove(grant)
         self._in_flight -= 1
         self._tokens -= grant.tokens
         took = max(0.0, self._clock() - grant.admitted_at)

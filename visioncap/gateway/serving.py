@@ -24,7 +24,7 @@ from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.admission import AdmissionController, Decision
 from visioncap.gateway.auth import Caller, KeyRing
 from visioncap.gateway.errors import GatewayError, unauthorized
-from visioncap.gateway.images import MediaRefusedError, inspect_messages
+from visioncap.gateway.images import MediaRefusedError, downscale_messages, inspect_messages
 from visioncap.gateway.metrics import GatewayMetrics
 from visioncap.gateway.protocol import ChatCompletionView, CompletionView, parse_body
 from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream
@@ -102,8 +102,16 @@ class Gateway:
         state = self.scheduler.state()
         decision = self.controller.tick(self.clock(), state.in_flight, state.waiting)
         self._record(decision)
+        self._preempt()
         self.scheduler.dispatch()
         return decision
+
+    def _preempt(self) -> None:
+        background = self.config.background
+        if background.preempt:
+            asked = self.scheduler.preempt_excess(background.preempt_window_s)
+            if asked:
+                self.metrics.preemptions.inc(asked)
 
     def _record(self, decision: Decision) -> None:
         self.metrics.decision(decision)
@@ -150,7 +158,7 @@ class Gateway:
             camera = request.headers.get(CAMERA_HEADER) or getattr(view, "user", None) or caller.camera or caller.name
             deadline_s = self._deadline_s(request)
             return await self._forward_background(
-                request, endpoint, caller, payload, stream, started, camera, image_tokens, deadline_s
+                request, endpoint, caller, body, payload, stream, started, camera, image_tokens, deadline_s
             )
         except GatewayError as exc:
             return self._refuse(exc, caller, endpoint)
@@ -248,6 +256,7 @@ class Gateway:
     ) -> Response:
         class_name = caller.class_name
         self.controller.interactive_started(started)
+        self._preempt()  # the caps may have shrunk from the idle ceiling to the learned limit just now
         self.metrics.in_flight.labels(class_name).inc()
         self.metrics.queue_wait.labels(class_name).observe(0.0)
 
@@ -262,6 +271,7 @@ class Gateway:
         request: Request,
         endpoint: Endpoint,
         caller: Caller,
+        body: dict[str, Any],
         payload: bytes,
         stream: bool,
         started: float,
@@ -270,26 +280,54 @@ class Gateway:
         deadline_s: float,
     ) -> Response:
         class_name = caller.class_name
-        try:
-            grant = await _unless_disconnected(request, self.scheduler.acquire(camera, image_tokens, deadline_s))
-        except QueueFullError as exc:
-            raise GatewayError(
-                429, "queue_full", str(exc), reason="queue_full", headers={"Retry-After": str(exc.retry_after_s)}
-            ) from exc
-        except DeadlineExceededError as exc:
-            self.metrics.queue_wait.labels(class_name).observe(exc.waited_s)
-            raise GatewayError(408, "deadline_exceeded", str(exc), reason="deadline") from exc
-        if grant is None:  # the caller left while waiting; nobody reads an answer
-            self.metrics.rejections.labels(class_name, "client_gone").inc()
-            return Response(status_code=499)
-        self.metrics.queue_wait.labels(class_name).observe(grant.waited_s)
-        self.metrics.in_flight.labels(class_name).inc()
-        self.metrics.image_tokens.labels(class_name).inc(image_tokens)
+        preempted: Grant | None = None
+        while True:
+            remaining_s = deadline_s - (self.clock() - started)
+            try:
+                grant = await _unless_disconnected(
+                    request, self.scheduler.acquire(camera, image_tokens, remaining_s, requeue_of=preempted)
+                )
+            except QueueFullError as exc:
+                raise GatewayError(
+                    429, "queue_full", str(exc), reason="queue_full", headers={"Retry-After": str(exc.retry_after_s)}
+                ) from exc
+            except DeadlineExceededError as exc:
+                self.metrics.queue_wait.labels(class_name).observe(exc.waited_s)
+                raise GatewayError(408, "deadline_exceeded", str(exc), reason="deadline") from exc
+            if grant is None:  # the caller left while waiting; nobody reads an answer
+                self.metrics.rejections.labels(class_name, "client_gone").inc()
+                return Response(status_code=499)
+            self.metrics.queue_wait.labels(class_name).observe(grant.waited_s)
+            self.metrics.in_flight.labels(class_name).inc()
+            self.metrics.image_tokens.labels(class_name).inc(grant.tokens)
+            sent = payload
+            if grant.max_tokens_per_image is not None and grant.tokens < image_tokens and endpoint == "chat":
+                sent = await self._downscaled(body, grant.max_tokens_per_image, class_name)
 
-        def done(outcome: Outcome, grant: Grant = grant) -> None:
-            grant.release()
+            def done(outcome: Outcome, grant: Grant = grant) -> None:
+                grant.release()
 
-        return await self._proxy(request, endpoint, class_name, payload, stream, started, done, measure=False)
+            if stream or not self.config.background.preempt:  # a stream's head arrives at once: nothing to redo
+                return await self._proxy(request, endpoint, class_name, sent, stream, started, done, measure=False)
+            response = await self._proxy(
+                request, endpoint, class_name, sent, stream, started, done, measure=False, grant=grant
+            )
+            if response is not None:
+                return response
+            preempted = grant  # cancelled at vLLM to make way for interactive work: queue again, at the head
+
+    async def _downscaled(self, body: dict[str, Any], max_tokens: int, class_name: str) -> bytes:
+        """The body with its images shrunk to `max_tokens` each (off the event loop: JPEG work takes ms)."""
+
+        def shrink() -> tuple[bytes, int]:
+            copy = json.loads(json.dumps(body))
+            count = downscale_messages(copy.get("messages"), max_tokens, self.config.images)
+            return json.dumps(copy, separators=(",", ":"), ensure_ascii=False).encode("utf-8"), count
+
+        sent, count = await asyncio.to_thread(shrink)
+        if count:
+            self.metrics.downscaled.labels(class_name).inc(count)
+        return sent
 
     async def _proxy(
         self,
@@ -301,8 +339,13 @@ class Gateway:
         started: float,
         done: Callable[[Outcome], None],
         measure: bool,
-    ) -> Response:
-        """Open the upstream request; `done` runs exactly once when the exchange is over, however it ends."""
+        grant: Grant | None = None,
+    ) -> Response | None:
+        """Open the upstream request; `done` runs exactly once when the exchange is over, however it ends.
+
+        With a `grant`, the request may be preempted until vLLM's answer head arrives (for a non-streaming
+        request: until it is complete): then vLLM's request is cancelled, `done` runs, and None is returned.
+        """
 
         def finish(outcome: Outcome, answered: bool = True) -> None:
             now = self.clock()
@@ -316,10 +359,24 @@ class Gateway:
             done(outcome)
 
         assert self.upstream is not None
+        opening = asyncio.ensure_future(
+            self.upstream.open("POST", UPSTREAM_PATHS[endpoint], payload, incoming=dict(request.headers))
+        )
+        if grant is not None:
+            grant.preempt = opening.cancel  # closing the connection makes vLLM abort the request
         try:
-            upstream = await self.upstream.open(
-                "POST", UPSTREAM_PATHS[endpoint], payload, incoming=dict(request.headers)
-            )
+            try:
+                await asyncio.wait({opening})
+            except asyncio.CancelledError:
+                opening.cancel()
+                raise
+            finally:
+                if grant is not None:
+                    grant.preempt = None
+            if opening.cancelled() and grant is not None and grant.preempted:
+                finish(Outcome(499, completed=False), answered=False)
+                return None
+            upstream = opening.result()
         except GatewayError as exc:
             finish(Outcome(exc.status, completed=False, error=exc.message), answered=False)
             raise
