@@ -683,6 +683,25 @@ def test_background_stream_slot_is_given_back_when_the_caller_disconnects(vllm_s
         assert post_chat(direct, BACKGROUND_KEY, chat_body(max_tokens=2)).status_code == 200
 
 
+def test_a_non_streaming_caller_that_leaves_frees_its_slot_before_vllm_answers(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap
+) -> None:
+    gw = tapped_gateway(background={"max_concurrency": 1})
+    tap.hold("gone")
+    with pytest.raises(httpx.ReadTimeout):  # the caller gives up and closes its connection
+        httpx.post(
+            f"{gw.base_url}/chat/completions",
+            json=chat_body(max_tokens=2, user="gone"),
+            headers=auth(BACKGROUND_KEY),
+            timeout=httpx.Timeout(TIMEOUT, read=1.0),
+        )
+    # Still held in the tap (vLLM's side), yet the gateway has given the slot back and serves the next one.
+    wait_queue(gw, lambda s: s.in_flight == 0)
+    assert post_chat(gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="next")).status_code == 200
+    text = httpx.get(f"{gw.root_url}/metrics").text
+    assert metric(text, "visioncap_gateway_requests_total", traffic_class="background", status="499") == 1
+
+
 def test_vllm_unreachable_or_breaking_mid_stream(pool: ThreadPoolExecutor) -> None:
     """A dead upstream gives an OpenAI-shaped 502; a stream cut by vLLM reaches the caller cut, not completed."""
     with socket.socket() as upstream:

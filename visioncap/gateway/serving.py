@@ -364,15 +364,26 @@ class Gateway:
         )
         if grant is not None:
             grant.preempt = opening.cancel  # closing the connection makes vLLM abort the request
+        # A non-streaming answer's head comes only when vLLM has finished: watch the caller meanwhile, so a
+        # caller that leaves frees vLLM (and a background slot) at once instead of after the whole answer.
+        watcher = asyncio.ensure_future(_disconnected(request)) if not stream else None
         try:
             try:
-                await asyncio.wait({opening})
+                await asyncio.wait({opening} if watcher is None else {opening, watcher}, return_when="FIRST_COMPLETED")
             except asyncio.CancelledError:
                 opening.cancel()
                 raise
             finally:
                 if grant is not None:
                     grant.preempt = None
+                if watcher is not None:
+                    watcher.cancel()
+            if not opening.done():  # the caller disconnected
+                opening.cancel()
+                with contextlib.suppress(BaseException):
+                    await opening
+                finish(Outcome(499, completed=False, disconnected=True))
+                return Response(status_code=499)
             if opening.cancelled() and grant is not None and grant.preempted:
                 finish(Outcome(499, completed=False), answered=False)
                 return None
@@ -425,15 +436,16 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns once the caller has disconnected (the request body has been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _unless_disconnected(request: Request, waiting: Any) -> Grant | None:
     """Await admission, or give up the place in the queue (None) when the caller disconnects meanwhile."""
     admission = asyncio.ensure_future(waiting)
-
-    async def disconnected() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
+    watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({admission, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
