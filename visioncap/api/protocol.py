@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from visioncap.store.cameras import CameraReport
 from visioncap.store.records import CaptionRecord, CaptionStatus
 from visioncap.store.search import CameraSummary
 
@@ -113,22 +114,51 @@ class StatusCounts(_Model):
     skipped: int = Field(description="Never sent (coalesced, queue full, too old).")
 
 
+CameraStateName = Literal["starting", "online", "reconnecting", "offline", "finished", "failed"]
+
+
 class Camera(_Model):
-    """What the database knows of one camera."""
+    """What the database knows of one camera: the state its pipeline last reported, and its stored rows."""
 
     camera: str = Field(description="Camera id.")
-    last_frame_at: datetime | None = Field(description="Capture time of its newest stored frame (UTC).")
+    state: CameraStateName | None = Field(
+        description="As the pipeline last reported it: starting, online (frames arrive), reconnecting, offline "
+        "(still failing at the longest retry interval), finished (stopped or its file ended), failed (a file or "
+        "folder that could not be read). Null when no pipeline has reported the camera. A pipeline that was "
+        "killed leaves its last state: compare `reported_at` with the time."
+    )
+    state_since: datetime | None = Field(description="When the camera entered `state` (UTC).")
+    error: str | None = Field(description="Why the camera failed, when `state` is failed.")
+    pipeline: str | None = Field(description="Name of the pipeline that last reported the camera.")
+    reported_at: datetime | None = Field(
+        description="When the pipeline last wrote this camera's state (UTC): on every state change, and every "
+        "few seconds while frames arrive."
+    )
+    frames_analysed: int | None = Field(description="Frames the detector ran on in the reporting run.")
+    last_frame_at: datetime | None = Field(
+        description="Capture time of the newest frame known (UTC): the newest the pipeline analysed (reported "
+        "every few seconds) or the newest stored row, whichever is later."
+    )
     last_caption_at: datetime | None = Field(description="Capture time of its newest captioned frame (UTC).")
     events: int = Field(description="Distinct person events with a stored frame.")
     captions: int = Field(description="Stored rows, all statuses.")
     by_status: StatusCounts = Field(description="Stored rows by status.")
 
     @classmethod
-    def of(cls, summary: CameraSummary) -> Camera:
+    def of(cls, camera: str, summary: CameraSummary | None, report: CameraReport | None) -> Camera:
+        summary = summary or CameraSummary(camera)
         counts = StatusCounts(**{status.value: summary.by_status.get(status.value, 0) for status in CaptionStatus})
+        frame_times = [t for t in (summary.last_frame_at, report.last_frame_at if report else None) if t is not None]
         return cls(
-            camera=summary.camera,
-            last_frame_at=summary.last_frame_at,
+            camera=camera,
+            # A state some other (newer) writer stored is shown as unknown rather than failing the whole list.
+            state=report.state if report and report.state in get_args(CameraStateName) else None,  # type: ignore[arg-type]
+            state_since=report.state_since if report else None,
+            error=report.error if report else None,
+            pipeline=report.pipeline if report else None,
+            reported_at=report.reported_at if report else None,
+            frames_analysed=report.frames_analysed if report else None,
+            last_frame_at=max(frame_times) if frame_times else None,
             last_caption_at=summary.last_caption_at,
             events=summary.events,
             captions=sum(summary.by_status.values()),
@@ -137,7 +167,7 @@ class Camera(_Model):
 
 
 class CameraList(_Model):
-    """Every camera with at least one stored row, by name."""
+    """Every camera a pipeline has reported or with at least one stored row, by name."""
 
     items: list[Camera] = Field(description="The cameras.")
 

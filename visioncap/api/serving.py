@@ -24,7 +24,9 @@ from visioncap.api.metrics import ApiMetrics
 from visioncap.api.protocol import Camera, CameraList, Caption, CaptionPage, Check, Readiness, Regenerated
 from visioncap.api.settings import ApiSettings
 from visioncap.store import CaptionStore
+from visioncap.store.cameras import camera_states
 from visioncap.store.records import CaptionRecord
+from visioncap.store.retention import RetentionJob
 from visioncap.store.search import (
     CaptionFilter,
     Position,
@@ -98,6 +100,7 @@ class ApiService:
         self.data_dir = settings.data_dir
         self.http: httpx.AsyncClient | None = None
         self.open_streams = 0
+        self.retention: RetentionJob | None = None  # set while the app runs
 
     # -- captions --------------------------------------------------------------------------------
 
@@ -155,7 +158,11 @@ class ApiService:
         )
 
     def cameras(self) -> CameraList:
-        return CameraList(items=[Camera.of(summary) for summary in camera_summaries(self.engine)])
+        """Cameras a pipeline reported (state, newest frame) merged with what their stored rows say."""
+        summaries = {summary.camera: summary for summary in camera_summaries(self.engine)}
+        states = camera_states(self.engine)
+        names = sorted(set(summaries) | set(states))
+        return CameraList(items=[Camera.of(name, summaries.get(name), states.get(name)) for name in names])
 
     def status_counts(self) -> dict[str, int]:
         with Session(self.engine) as session:

@@ -510,7 +510,7 @@ def compute_ratios(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, f
         _p(s.get("S3-idle"), "captions", tput, ""), _p(s.get("direct-idle-priority"), "captions", tput, "")
     )
     for setup in ("S2", "S3", "S3-downscale"):
-        ratios[f"{setup.lower()}_throughput_over_s1"] = ratio(
+        ratios[f"{setup.lower().replace('-', '_')}_throughput_over_s1"] = ratio(
             _p(s.get(setup), "captions", tput, ""), _p(s.get("S1"), "captions", tput, "")
         )
     if pairs:

@@ -17,13 +17,14 @@ from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.sources import FileSourceConfig, FolderSourceConfig, SourceConfig
 from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
-from visioncap.frames import Detection, SelectedFrame
+from visioncap.frames import Detection, Frame, SelectedFrame
 from visioncap.pipeline.hub import FrameHub
 from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.pipeline.workers import CaptionWorkers
 from visioncap.select.events import EventSelector
 from visioncap.sources.factory import analyse_rate, open_source, time_anchor
 from visioncap.sources.urls import mask_credentials
+from visioncap.store.cameras import CameraStateRecorder
 from visioncap.store.captions import CaptionStore, NewCaption
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,11 @@ class _Camera:
     source: object = None
 
 
+def _source_text(source: SourceConfig) -> str:
+    # Stored rows are served by the API: a camera's password must never be in them.
+    return str(getattr(source, "path", None) or mask_credentials(getattr(source, "url", "")))
+
+
 class PipelineRunner:
     """Runs until every source has ended (files, folders) or `stop()` is called (live streams)."""
 
@@ -136,6 +142,10 @@ class PipelineRunner:
             )
         self.summary = RunSummary(pipeline=config.name, cameras={c: cam.stats for c, cam in self._cameras.items()})
         self._lock = threading.Lock()
+        # State and newest frame of every camera, for the API's /v1/cameras; written off the hot path.
+        self._camera_states = CameraStateRecorder(
+            store.engine, config.name, {c: _source_text(cam.config) for c, cam in self._cameras.items()}
+        )
 
     def stop(self) -> None:
         """Ask the run to end: sources stop, what is pending stays pending for the next run."""
@@ -150,6 +160,7 @@ class PipelineRunner:
         next_requeue_check = time.monotonic() + REQUEUE_POLL_S
         workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency)
         workers.start()
+        self._camera_states.start()
         sources = []
         for camera in self._cameras.values():
             camera.source = open_source(camera.config, on_state=self._on_state)
@@ -173,6 +184,7 @@ class PipelineRunner:
         finally:
             hub.stop()
             hub.join(timeout=10)
+            self._camera_states.close()
             for camera in self._cameras.values():
                 for selected in camera.selector.flush():
                     self._submit(camera, selected)
@@ -196,12 +208,14 @@ class PipelineRunner:
             self._cameras[camera].stats.state = value
         for known in ("starting", "online", "reconnecting", "offline", "finished"):
             metrics.CAMERA_STATE.labels(camera, known).set(1 if known == value else 0)
+        self._camera_states.state(camera, value)
 
     def _on_finished(self, camera: str, error: str | None) -> None:
         with self._lock:
             stats = self._cameras[camera].stats
             stats.error = error
             stats.state = "failed" if error else "finished"
+        self._camera_states.state(camera, stats.state, error)
 
     def _handle(self, detection: Detection) -> None:
         camera = self._cameras[detection.frame.camera]
@@ -210,6 +224,8 @@ class PipelineRunner:
         metrics.FRAMES_ANALYSED.labels(stats.camera).inc()
         if isinstance(camera.config, FileSourceConfig | FolderSourceConfig) and stats.state == "starting":
             stats.state = "online"
+            self._camera_states.state(stats.camera, "online")
+        self._camera_states.frame(stats.camera, self._captured_at(camera, detection.frame))
         tracked = camera.tracker.update(detection)
         if tracked.people:
             stats.person_frames += 1
@@ -223,6 +239,10 @@ class PipelineRunner:
         for selected in selections:
             self._submit(camera, selected)
 
+    @staticmethod
+    def _captured_at(camera: _Camera, frame: Frame) -> datetime:
+        return (getattr(camera.source, "started_at", None) or camera.anchor) + timedelta(seconds=frame.offset_s)
+
     def _submit(self, camera: _Camera, selected: SelectedFrame) -> None:
         caption = self._config.caption
         frame = selected.detection.frame
@@ -232,12 +252,10 @@ class PipelineRunner:
         new = NewCaption(
             pipeline=self._config.name,
             camera=frame.camera,
-            # Stored rows are served by the API: a camera's password must never be in them.
-            source=str(getattr(source, "path", None) or mask_credentials(getattr(source, "url", ""))),
+            source=_source_text(source),
             frame_index=frame.index,
             offset_s=frame.offset_s,
-            captured_at=(getattr(camera.source, "started_at", None) or camera.anchor)
-            + timedelta(seconds=frame.offset_s),
+            captured_at=self._captured_at(camera, frame),
             reason=selected.reason,
             event_key=selected.event_key,
             event_ids=list(selected.event_ids),

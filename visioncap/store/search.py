@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, Engine, and_, func, or_, select, text
@@ -96,21 +96,132 @@ def _conditions(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool
     return conditions
 
 
+def _after(after: Position | None) -> list[ColumnElement[bool]]:
+    if after is None:
+        return []
+    return [
+        or_(
+            CaptionRecord.captured_at < after.captured_at,
+            and_(CaptionRecord.captured_at == after.captured_at, CaptionRecord.id < after.id),
+        )
+    ]
+
+
+# Sizes of the successive batches of full-text matches _sqlite_text_page reads before it gives up.
+_FTS_BATCHES = (256, 2048, 16384)
+_NEWEST_FIRST = (CaptionRecord.captured_at.desc(), CaptionRecord.id.desc())
+
+
+def _sqlite_text_page(
+    engine: Engine, session: Session, query: CaptionFilter, match: str, size: int, after: Position | None
+) -> list[CaptionRecord] | None:
+    """The first `size` rows of a text search newest first, reading only the newest matches; None: undecided.
+
+    `id IN (SELECT rowid ... MATCH)` makes SQLite collect every match and fetch each row to sort by capture time
+    (seconds for a word in a third of a million captions). FTS5 instead hands out matches lazily by rowid,
+    newest rowid first, and rowids follow capture time closely (rows are written as frames are selected). So
+    batches of the newest matches are ranked by (captured_at, id) until the `size`-th best is known to be final:
+    no row older by rowid than the batches read (`id < below`) is newer than it. That check scans the capture-time
+    index above the `size`-th best row only, which is short exactly when the batches were enough.
+    """
+    others = [*_conditions(engine, replace(query, text=None)), *_after(after)]
+    best: list[tuple[datetime, int]] = []
+    below: int | None = None
+    for batch in _FTS_BATCHES:
+        sql = "SELECT rowid FROM captions_fts WHERE captions_fts MATCH :match"
+        params: dict[str, object] = {"match": match, "batch": batch}
+        if below is not None:
+            sql += " AND rowid < :below"
+            params["below"] = below
+        ids = list(session.scalars(text(sql + " ORDER BY rowid DESC LIMIT :batch"), params))
+        if ids:
+            found = select(CaptionRecord.captured_at, CaptionRecord.id).where(CaptionRecord.id.in_(ids), *others)
+            best = sorted([*best, *((at, row_id) for at, row_id in session.execute(found))], reverse=True)[:size]
+            below = ids[-1]
+        if len(ids) < batch:  # every match has been ranked
+            break
+        if len(best) == size:
+            newest_unread = select(CaptionRecord.id).where(
+                CaptionRecord.id < below, CaptionRecord.captured_at >= best[-1][0]
+            )
+            if query.until is not None:
+                newest_unread = newest_unread.where(CaptionRecord.captured_at < query.until)
+            if after is not None:
+                newest_unread = newest_unread.where(CaptionRecord.captured_at <= after.captured_at)
+            if session.scalar(newest_unread.limit(1)) is None:
+                break
+    else:
+        return None
+    if not best:
+        return []
+    statement = select(CaptionRecord).where(CaptionRecord.id.in_([row_id for _, row_id in best]))
+    return list(session.scalars(statement.order_by(*_NEWEST_FIRST)))
+
+
+# PostgreSQL text search: first the newest rows are checked (enough for a common word); then, for up to this
+# many matching rows, the GIN index answers; beyond that the capture-time index is walked.
+_PG_NEWEST_ROWS = 600
+_PG_FEW_MATCHES = 50000
+
+
+def _postgresql_text_page(
+    engine: Engine, session: Session, query: CaptionFilter, size: int, after: Position | None
+) -> list[CaptionRecord] | None:
+    """The first `size` rows of a text search, newest first; None: the matches are many (use the plain query).
+
+    PostgreSQL cannot estimate how many rows a prefix tsquery matches, so for `ORDER BY captured_at LIMIT` it
+    walks the capture-time index and computes to_tsvector for every row until the page is full: fast for a
+    common word, seconds for a rare one. So: (1) the newest `_PG_NEWEST_ROWS` rows (other filters applied) are
+    checked, which fills the page of any word in more than a few percent of the rows; (2) a MATERIALIZED CTE
+    keeps ORDER BY and LIMIT out of the plan of the text match, so it comes from the GIN index (a bitmap scan,
+    exact with enough work_mem), up to `_PG_FEW_MATCHES` rows; (3) with more, the plain walk ends soon.
+    """
+    others = [*_conditions(engine, replace(query, text=None)), *_after(after)]
+    text_match = _text_condition(engine, query.text or "")
+    newest = select(CaptionRecord.id, CaptionRecord.captured_at, CaptionRecord.caption).where(*others)
+    newest = newest.order_by(*_NEWEST_FIRST).limit(_PG_NEWEST_ROWS).subquery()
+    # The text condition names the column `caption` unqualified: here it is the subquery's.
+    page = select(newest.c.id).where(text_match).order_by(newest.c.captured_at.desc(), newest.c.id.desc())
+    found = [row_id for (row_id,) in session.execute(page.limit(size))]
+    if len(found) < size:
+        matches = (
+            select(CaptionRecord.id, CaptionRecord.captured_at)
+            .where(*others, text_match)
+            .limit(_PG_FEW_MATCHES + 1)
+            .cte("matches")
+            .prefix_with("MATERIALIZED", dialect="postgresql")
+        )
+        total = select(func.count()).select_from(matches).scalar_subquery()
+        ranked = select(matches.c.id, total).order_by(matches.c.captured_at.desc(), matches.c.id.desc()).limit(size)
+        # The planner's guess of many matches would read the CTE by a scan that computes to_tsvector of each row;
+        # only the GIN index is cheap for any word. SET LOCAL ends with the transaction, also when a query fails.
+        for setting in ("enable_seqscan = off", "enable_indexscan = off", "work_mem = '64MB'"):
+            session.execute(text(f"SET LOCAL {setting}"))
+        rows = session.execute(ranked).all()
+        for setting in ("enable_seqscan", "enable_indexscan", "work_mem"):
+            session.execute(text(f"RESET {setting}"))
+        if rows and rows[0][1] > _PG_FEW_MATCHES:
+            return None
+        found = [row_id for row_id, _ in rows]
+    if not found:
+        return []
+    statement = select(CaptionRecord).where(CaptionRecord.id.in_(found))
+    return list(session.scalars(statement.order_by(*_NEWEST_FIRST)))
+
+
 def search_captions(
     engine: Engine, query: CaptionFilter, limit: int, after: Position | None = None
 ) -> tuple[list[CaptionRecord], Position | None]:
     """Up to `limit` rows, newest first (capture time, then id), after `after`; and the next page's position."""
-    statement = select(CaptionRecord).where(*_conditions(engine, query))
-    if after is not None:
-        statement = statement.where(
-            or_(
-                CaptionRecord.captured_at < after.captured_at,
-                and_(CaptionRecord.captured_at == after.captured_at, CaptionRecord.id < after.id),
-            )
-        )
-    statement = statement.order_by(CaptionRecord.captured_at.desc(), CaptionRecord.id.desc()).limit(limit + 1)
+    dialect = engine.dialect.name
+    match = fts5_query(query.text) if query.text and dialect == "sqlite" else None
     with Session(engine, expire_on_commit=False) as session:
-        rows = list(session.scalars(statement))
+        rows = _sqlite_text_page(engine, session, query, match, limit + 1, after) if match is not None else None
+        if query.text and dialect == "postgresql" and _WORD.search(query.text):
+            rows = _postgresql_text_page(engine, session, query, limit + 1, after)
+        if rows is None:
+            statement = select(CaptionRecord).where(*_conditions(engine, query), *_after(after))
+            rows = list(session.scalars(statement.order_by(*_NEWEST_FIRST).limit(limit + 1)))
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]

@@ -66,7 +66,7 @@ function card(caption, fresh) {
   const time = node.querySelector("time");
   time.dateTime = caption.captured_at;
   time.textContent = new Date(caption.captured_at).toLocaleString();
-  node.querySelector(".people").textContent = `${caption.people_count} people`;
+  node.querySelector(".people").textContent = `${caption.people_count} ${caption.people_count === 1 ? "person" : "people"}`;
   const status = node.querySelector(".state");
   status.textContent = caption.status === "captioned" ? "" : caption.status;
   status.classList.add(caption.status);

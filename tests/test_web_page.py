@@ -1,0 +1,254 @@
+"""The web page at `/` in real headless Chromium (Debian's `chromium`, driven by Playwright for Python).
+
+`visioncap api` runs as a user starts it, over a real SQLite file written the way the pipeline writes it (the
+outbox saves a real JPEG and a pending row, the caption follows). The browser enters the API key in the page's
+key form, as a user does; the test checks the captions' text and thumbnails, the camera filter and the search box,
+a caption stored after the page loaded arriving through the live stream without a reload, and that the page
+needs nothing but the API's own origin (every other request is refused). Screenshot: test-artifacts/web_page.png.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from helpers import ARTIFACTS, start_cli, wait_for
+from PIL import Image, ImageDraw
+from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+
+from visioncap.api.settings import hash_key
+from visioncap.config.outbox import OutboxConfig
+from visioncap.frames import Caption
+from visioncap.pipeline.outbox import Outbox
+from visioncap.serve import free_port
+from visioncap.store import CaptionStore, NewCaption, create_db_engine
+
+CHROMIUM = Path("/usr/bin/chromium")
+# ENVIRONMENT.md's flags for this machine; Playwright adds --headless and a fresh profile directory itself.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+KEY = "web-page-read-key"
+TIMEOUT_S = 30  # a bound on a broken test, never a measurement
+T0 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
+SCREENSHOT = ARTIFACTS / "web_page.png"
+
+
+@dataclass(frozen=True)
+class Seeded:
+    camera: str
+    text: str
+    width: int
+    height: int
+
+
+SEEDED = [
+    Seeded("dock", "a courier wheels a trolley to the loading dock", 200, 150),
+    Seeded("lobby", "two visitors wait at the reception desk", 160, 120),
+    Seeded("dock", "a forklift driver in a yellow vest reverses", 240, 135),
+    Seeded("lobby", "a cyclist carries a bicycle through the lobby", 180, 120),
+    Seeded("gate", "a woman with an umbrella walks through the gate", 200, 112),
+]
+LIVE = Seeded("gate", "a delivery van driver rings the bell at the gate", 220, 124)
+
+
+def photo(index: int, width: int, height: int) -> bytes:
+    """A real JPEG, different for each caption (a colour field with a figure), as the outbox stores frames."""
+    image = Image.new("RGB", (width, height), (40 + 35 * index, 90, 160 - 20 * index))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((width // 3, height // 4, width // 2, height - 10), fill=(230, 200, 150))
+    draw.ellipse((width // 3, height // 8, width // 2, height // 4 + 8), fill=(230, 200, 150))
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=85)
+    return out.getvalue()
+
+
+class Writer:
+    """Stores captions as the pipeline does: the outbox saves the JPEG and a pending row, then the caption."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.store = CaptionStore(create_db_engine(f"sqlite:///{data_dir / 'visioncap.db'}"))
+        self.store.create_schema()
+        self.outbox = Outbox(self.store, data_dir, OutboxConfig(capacity=100))
+
+    def add(self, index: int, seeded: Seeded) -> int:
+        new = NewCaption(
+            pipeline="web",
+            camera=seeded.camera,
+            source=f"rtsp://cameras.local/{seeded.camera}",
+            frame_index=index,
+            offset_s=float(index),
+            captured_at=T0 + timedelta(minutes=index),
+            reason="new-event",
+            people=[{"x1": 20.0, "y1": 10.0, "x2": 90.0, "y2": 110.0, "confidence": 0.9, "class_id": 0}],
+            image_width=seeded.width,
+            image_height=seeded.height,
+            model="tiny",
+            event_key=f"{seeded.camera}:{index}",
+            frame_width=seeded.width,
+            frame_height=seeded.height,
+        )
+        _, row_id = self.outbox.put(new, photo(index, seeded.width, seeded.height))
+        assert row_id is not None
+        self.store.mark_captioned(row_id, Caption(seeded.text, "tiny", 200, 12, 0.4), attempts=1)
+        return row_id
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[tuple[str, Writer]]:
+    """`visioncap api` over a seeded SQLite file; its base URL and the writer (to store more while it runs)."""
+    data_dir = tmp_path / "data"
+    writer = Writer(data_dir)
+    for index, seeded in enumerate(SEEDED):
+        writer.add(index, seeded)
+    port = free_port()
+    env = {
+        "VISIONCAP_DATA_DIR": str(data_dir),
+        "VISIONCAP_DATABASE_URL": f"sqlite:///{data_dir / 'visioncap.db'}",
+        "VISIONCAP_API_KEYS": json.dumps([{"name": "browser", "sha256": hash_key(KEY), "scopes": ["read"]}]),
+        "VISIONCAP_API_STREAM_POLL_S": "0.2",
+        "VISIONCAP_API_READY_CHECK_VLM": "false",
+    }
+    process = start_cli("api", "--port", str(port), "--log-level", "WARNING", env=env)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert process.poll() is None, f"visioncap api exited: {process.communicate()[1]}"
+        try:
+            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, TIMEOUT_S, "visioncap api to answer /healthz")
+        yield url, writer
+    finally:
+        process.terminate()
+        process.wait(timeout=TIMEOUT_S)
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.is_file() or shutil.which(str(CHROMIUM)) is None:
+        pytest.skip("Chromium is not installed (apt-get install -y --no-install-recommends chromium)")
+    with sync_playwright() as playwright:
+        # Debian's Chromium, never a browser Playwright downloads.
+        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def card_texts(page: Page) -> list[str]:
+    return page.locator("article.card .text").all_inner_texts()
+
+
+def test_web_page_shows_filters_and_follows_captions(site: tuple[str, Writer], browser: Browser) -> None:
+    url, writer = site
+    expect.set_options(timeout=TIMEOUT_S * 1000)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    foreign: list[str] = []
+    requests: list[str] = []
+    failures: list[str] = []
+
+    def only_own_origin(route: Route) -> None:
+        # Offline by design: anything but the API's own origin (a CDN, a font, an analytics call) is refused and
+        # recorded, so a page that needed one would both break and fail here.
+        request_url = route.request.url
+        if request_url.startswith((f"{url}/", "blob:", "data:")):
+            route.continue_()
+        else:
+            foreign.append(request_url)
+            route.abort()
+
+    context.route("**/*", only_own_origin)
+    page = context.new_page()
+    page.on("request", lambda request: requests.append(request.url))
+    page.on("pageerror", lambda error: failures.append(f"page error: {error}"))
+    page.on("console", lambda message: failures.append(message.text) if message.type == "error" else None)
+    try:
+        page.goto(url + "/")
+        # No key yet: the page asks for one and shows no data.
+        expect(page.locator("#status")).to_contain_text("API key")
+        expect(page.locator("article.card")).to_have_count(0)
+
+        # A user pastes a key into the key form.
+        page.fill("#key", KEY)
+        page.click("#keyform button[type=submit]")
+        cards = page.locator("article.card")
+        expect(cards).to_have_count(len(SEEDED))
+        # Newest first, each with its caption and camera.
+        assert card_texts(page) == [s.text for s in reversed(SEEDED)]
+        assert page.locator("article.card .camera").all_inner_texts() == [s.camera for s in reversed(SEEDED)]
+        assert set(page.locator("article.card .people").all_inner_texts()) == {"1 person"}
+        expect(page.locator("#more")).to_be_hidden()  # one page holds them all
+        # Thumbnails: every image decoded, at the size of the JPEG the outbox stored.
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('article.card img')].every((i) => i.complete && i.naturalWidth > 0)"
+        )
+        sizes = page.eval_on_selector_all(
+            "article.card img", "imgs => imgs.map((i) => [i.naturalWidth, i.naturalHeight])"
+        )
+        assert sizes == [[s.width, s.height] for s in reversed(SEEDED)]
+        # The camera list comes from /v1/cameras.
+        expect(page.locator("#camera option")).to_have_count(3)
+
+        # Camera filter.
+        page.select_option("#camera", "lobby")
+        page.click("#filters button[type=submit]")
+        expect(cards).to_have_count(2)
+        assert set(page.locator("article.card .camera").all_inner_texts()) == {"lobby"}
+
+        # Search box (with the camera filter cleared): every word must match, the last also as a prefix.
+        page.select_option("#camera", [])
+        page.fill("#q", "fork")
+        page.click("#filters button[type=submit]")
+        expect(cards).to_have_count(1)
+        assert card_texts(page) == [SEEDED[2].text]
+        page.fill("#q", "gate")
+        page.click("#filters button[type=submit]")
+        expect(cards).to_have_count(1)
+        assert card_texts(page) == [SEEDED[4].text]
+
+        # Back to everything; then the pipeline stores a caption while the page is open.
+        page.fill("#q", "")
+        page.click("#filters button[type=submit]")
+        expect(cards).to_have_count(len(SEEDED))
+        wait_for(lambda: any("/v1/stream" in r for r in requests), TIMEOUT_S, "the page to open its live stream", 0.05)
+        page.evaluate("() => { window.__sameDocument = true; }")  # gone if the page reloads
+        writer.add(len(SEEDED), LIVE)
+        expect(cards).to_have_count(len(SEEDED) + 1)
+        first = cards.first
+        expect(first.locator(".text")).to_have_text(LIVE.text)
+        expect(first).to_have_class("card new")
+        assert page.evaluate("() => window.__sameDocument === true"), "the page reloaded instead of following"
+        page.wait_for_function(
+            "() => { const i = document.querySelector('article.card img'); return i.complete && i.naturalWidth > 0; }"
+        )
+        assert page.eval_on_selector("article.card img", "i => [i.naturalWidth, i.naturalHeight]") == [
+            LIVE.width,
+            LIVE.height,
+        ]
+        expect(page.locator("#status")).to_contain_text("live")
+
+        SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(SCREENSHOT), full_page=True)
+    finally:
+        context.close()
+    assert SCREENSHOT.stat().st_size > 0
+    assert foreign == [], f"the page requested other origins: {foreign}"
+    assert all(r.startswith((f"{url}/", "blob:", "data:")) for r in requests), requests
+    assert failures == [], failures

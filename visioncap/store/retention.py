@@ -1,0 +1,383 @@
+"""Retention: delete rows captured before a cutoff, with their stored JPEGs, and count what went.
+
+Policy (process settings): `VISIONCAP_RETENTION_DAYS` for every camera, `VISIONCAP_RETENTION_CAMERA_DAYS`
+(JSON, camera -> days, `null` to keep a camera forever) to override it. Unset: nothing is deleted.
+
+- Rows are chosen by `captured_at`, whatever their status except `pending`: a pending row belongs to a
+  pipeline's outbox (perhaps in a caption worker's hands right now), and the outbox bounds how many there are;
+  once captioned, failed or skipped it goes at the next sweep.
+- Rows go first, in batches of one `DELETE ... RETURNING` statement each (short write transactions, so the
+  pipeline's writes and the API's reads are never held up for long), then the files of exactly the rows that
+  statement removed. Two processes sweeping the same database at once therefore never count a row twice.
+- Files are only ever deleted inside the data directory, and only JPEGs: a row cannot point the sweep anywhere.
+- Orphans: JPEGs (and `.part` files of interrupted writes) under `DATA_DIR/frames/CAMERA/` that no row refers
+  to and that are older than that camera's retention go too. They come from a crash between writing a frame and
+  recording it, or from rows deleted by a process with another data directory (a shared PostgreSQL).
+
+`RetentionJob` runs sweeps on a thread every `VISIONCAP_RETENTION_INTERVAL_S` seconds (the first at start);
+`visioncap api` and `visioncap run` both start one when retention is configured, so a deployment with either
+process alone is covered, and the two together are safe (above). `visioncap retention [--dry-run]` runs one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+
+from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+from prometheus_client import Counter as PromCounter
+from sqlalchemy import ColumnElement, Engine, and_, delete, or_, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from visioncap.settings import Settings
+from visioncap.store.records import CaptionRecord, CaptionStatus
+
+log = logging.getLogger(__name__)
+
+BATCH_SIZE = 500
+IMAGE_SUFFIXES = (".jpg", ".jpeg")
+ORPHAN_SUFFIXES = (*IMAGE_SUFFIXES, ".part")
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicy:
+    """How long rows of each camera are kept; None: forever."""
+
+    default_days: float | None = None
+    camera_days: Mapping[str, float | None] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> RetentionPolicy:
+        return cls(settings.retention_days, dict(settings.retention_camera_days))
+
+    @property
+    def enabled(self) -> bool:
+        return self.default_days is not None or any(days is not None for days in self.camera_days.values())
+
+    def days_for(self, camera: str) -> float | None:
+        return self.camera_days.get(camera, self.default_days)
+
+    def describe(self) -> str:
+        def days(value: float | None) -> str:
+            return "kept forever" if value is None else f"{value:g} days"
+
+        parts = [f"all cameras {days(self.default_days)}"]
+        parts += [f"{camera} {days(value)}" for camera, value in sorted(self.camera_days.items())]
+        return ", ".join(parts)
+
+    def expired(self, now: datetime) -> ColumnElement[bool] | None:
+        """The rows this policy deletes at `now`; None when it deletes nothing."""
+        parts: list[ColumnElement[bool]] = [
+            and_(CaptionRecord.camera == camera, CaptionRecord.captured_at < now - timedelta(days=days))
+            for camera, days in self.camera_days.items()
+            if days is not None
+        ]
+        if self.default_days is not None:
+            older = CaptionRecord.captured_at < now - timedelta(days=self.default_days)
+            if self.camera_days:
+                older = and_(CaptionRecord.camera.not_in(list(self.camera_days)), older)
+            parts.append(older)
+        if not parts:
+            return None
+        return and_(CaptionRecord.status != CaptionStatus.PENDING, or_(*parts))
+
+
+@dataclass(slots=True)
+class RetentionResult:
+    """What one sweep removed (or, in a dry run, would remove)."""
+
+    dry_run: bool = False
+    rows: int = 0
+    files: int = 0  # images of deleted rows plus orphans
+    bytes: int = 0
+    orphan_files: int = 0
+    missing_files: int = 0  # deleted rows whose image was already gone (or could not be deleted)
+    by_camera: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        cameras = ", ".join(f"{camera} {count}" for camera, count in sorted(self.by_camera.items()))
+        return (
+            f"retention: {verb} {self.rows} rows{f' ({cameras})' if cameras else ''}, {self.files} files, "
+            f"{self.bytes} bytes ({self.orphan_files} files without a row) in {self.seconds:.2f} s"
+        )
+
+
+def _inside(root: Path, relative: str) -> Path | None:
+    """The image a row names, if it is a JPEG inside the data directory; rows never steer the sweep elsewhere."""
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root) or path.suffix.lower() not in IMAGE_SUFFIXES:
+        log.warning("retention: not deleting %r: not a JPEG inside %s", relative, root)
+        return None
+    return path
+
+
+def _remove(path: Path, dry_run: bool) -> int | None:
+    """Bytes freed (or that would be); None when the file is not there or cannot be deleted (logged)."""
+    try:
+        size = path.stat().st_size
+        if not dry_run:
+            path.unlink()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:  # e.g. permissions: the rows are gone already, the rest of the sweep goes on
+        log.warning("retention: cannot delete %s: %s", path, exc)
+        return None
+    return size
+
+
+def _sweep_rows(
+    engine: Engine,
+    root: Path,
+    condition: ColumnElement[bool],
+    result: RetentionResult,
+    batch_size: int,
+    should_stop: Callable[[], bool],
+) -> None:
+    columns = (CaptionRecord.id, CaptionRecord.camera, CaptionRecord.image_path)
+    last_id = 0
+    while not should_stop():
+        chosen = select(CaptionRecord.id).where(condition, CaptionRecord.id > last_id)
+        chosen = chosen.order_by(CaptionRecord.id).limit(batch_size)
+        with engine.begin() as conn:
+            if result.dry_run:
+                rows = conn.execute(select(*columns).where(CaptionRecord.id.in_(chosen))).all()
+            else:
+                # One statement that writes from its start: no read-then-write transaction that SQLite could
+                # refuse with "database is locked" when the pipeline wrote in between.
+                rows = conn.execute(delete(CaptionRecord).where(CaptionRecord.id.in_(chosen)).returning(*columns)).all()
+        if not rows:
+            return
+        last_id = max(row_id for row_id, _, _ in rows) if result.dry_run else 0
+        for _, camera, image_path in rows:
+            result.rows += 1
+            result.by_camera[camera] += 1
+            path = _inside(root, image_path) if image_path else None
+            if path is None:
+                continue
+            size = _remove(path, result.dry_run)
+            if size is None:
+                result.missing_files += 1
+            else:
+                result.files += 1
+                result.bytes += size
+
+
+def _orphan_candidates(root: Path, policy: RetentionPolicy, now: datetime) -> Iterator[Path]:
+    frames = root / "frames"
+    if not frames.is_dir():
+        return
+    for camera_dir in sorted(frames.iterdir()):
+        days = policy.days_for(camera_dir.name)
+        if days is None or not camera_dir.is_dir():
+            continue
+        cutoff = (now - timedelta(days=days)).timestamp()
+        for folder, _dirs, files in os.walk(camera_dir):
+            for name in files:
+                path = Path(folder) / name
+                if path.suffix.lower() not in ORPHAN_SUFFIXES:
+                    continue
+                try:
+                    if path.stat().st_mtime < cutoff:
+                        yield path
+                except FileNotFoundError:
+                    continue
+
+
+def _sweep_orphans(
+    engine: Engine,
+    root: Path,
+    policy: RetentionPolicy,
+    now: datetime,
+    result: RetentionResult,
+    batch_size: int,
+    should_stop: Callable[[], bool],
+) -> None:
+    batch: list[Path] = []
+
+    def settle() -> None:
+        # Rows name their image relative to the data directory (the outbox); an absolute name is honoured too.
+        names = {str(path.relative_to(root)): path for path in batch} | {str(path): path for path in batch}
+        with engine.connect() as conn:
+            query = select(CaptionRecord.image_path).where(CaptionRecord.image_path.in_(list(names)))
+            referenced = {names[name] for name in conn.scalars(query)}
+        for path in batch:
+            if path in referenced:
+                continue
+            size = _remove(path, result.dry_run)
+            if size is not None:
+                result.files += 1
+                result.orphan_files += 1
+                result.bytes += size
+        batch.clear()
+
+    for path in _orphan_candidates(root, policy, now):
+        if should_stop():
+            return
+        batch.append(path)
+        if len(batch) >= batch_size:
+            settle()
+    if batch:
+        settle()
+
+
+def sweep(
+    engine: Engine,
+    data_dir: Path,
+    policy: RetentionPolicy,
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+    orphans: bool = True,
+    batch_size: int = BATCH_SIZE,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> RetentionResult:
+    """Delete (or, with `dry_run`, count) what `policy` says has expired at `now`."""
+    started = time.perf_counter()
+    now = now or datetime.now(UTC)
+    root = data_dir.resolve()
+    result = RetentionResult(dry_run=dry_run)
+    condition = policy.expired(now)
+    if condition is not None:
+        _sweep_rows(engine, root, condition, result, batch_size, should_stop)
+        if orphans:
+            _sweep_orphans(engine, root, policy, now, result, batch_size, should_stop)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+class RetentionMetrics:
+    """Prometheus counters of the sweeps, in the given registry (the API's own, or the process default)."""
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+        self.rows = PromCounter(
+            "visioncap_retention_rows_deleted_total", "Rows deleted by retention.", ["camera"], registry=registry
+        )
+        self.files = PromCounter(
+            "visioncap_retention_files_deleted_total",
+            "Stored JPEGs deleted by retention: of deleted rows (row) or referred to by no row (orphan).",
+            ["kind"],
+            registry=registry,
+        )
+        self.bytes = PromCounter(
+            "visioncap_retention_bytes_deleted_total", "Bytes of the files deleted by retention.", registry=registry
+        )
+        self.sweeps = PromCounter(
+            "visioncap_retention_sweeps_total",
+            "Retention sweeps by outcome (ok, error).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.last_sweep = Gauge(
+            "visioncap_retention_last_sweep_timestamp_seconds",
+            "Unix time the last successful retention sweep ended.",
+            registry=registry,
+        )
+
+    def observe(self, result: RetentionResult) -> None:
+        for camera, count in result.by_camera.items():
+            self.rows.labels(camera).inc(count)
+        self.files.labels("row").inc(result.files - result.orphan_files)
+        self.files.labels("orphan").inc(result.orphan_files)
+        self.bytes.inc(result.bytes)
+        self.sweeps.labels("ok").inc()
+        self.last_sweep.set_to_current_time()
+
+
+_default_metrics: RetentionMetrics | None = None
+_default_lock = threading.Lock()
+
+
+def default_metrics() -> RetentionMetrics:
+    """The metrics in the process-wide registry (what `visioncap run --metrics-port` serves); made once."""
+    global _default_metrics
+    with _default_lock:
+        if _default_metrics is None:
+            _default_metrics = RetentionMetrics(REGISTRY)
+        return _default_metrics
+
+
+class RetentionJob:
+    """Sweeps on a thread of its own, at start and then every `interval_s`; a failed sweep is logged and retried."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        data_dir: Path,
+        policy: RetentionPolicy,
+        interval_s: float,
+        metrics: RetentionMetrics | None = None,
+    ) -> None:
+        self._engine = engine
+        self._data_dir = data_dir
+        self._policy = policy
+        self._interval_s = interval_s
+        self._metrics = metrics
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
+        self.sweeps = 0
+        self.last_result: RetentionResult | None = None
+
+    @classmethod
+    def from_settings(cls, engine: Engine, settings: Settings, metrics: RetentionMetrics | None) -> RetentionJob:
+        policy = RetentionPolicy.from_settings(settings)
+        return cls(engine, settings.data_dir, policy, settings.retention_interval_s, metrics)
+
+    @property
+    def enabled(self) -> bool:
+        return self._policy.enabled
+
+    def start(self) -> None:
+        """Start sweeping; does nothing when the policy deletes nothing."""
+        if not self._policy.enabled:
+            return
+        log.info("retention: %s; sweeping every %g s", self._policy.describe(), self._interval_s)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> RetentionJob:
+        self.start()
+        return self
+
+    def __exit__(
+        self, _type: type[BaseException] | None, _value: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def run_once(self) -> RetentionResult | None:
+        try:
+            result = sweep(self._engine, self._data_dir, self._policy, should_stop=self._stop.is_set)
+        except (SQLAlchemyError, OSError) as exc:  # the database restarting, a full disk: try again later
+            log.warning("retention: sweep failed, next try in %g s: %s: %s", self._interval_s, type(exc).__name__, exc)
+            if self._metrics is not None:
+                self._metrics.sweeps.labels("error").inc()
+            return None
+        except Exception:  # anything else must not end the schedule either
+            log.exception("retention: sweep failed, next try in %g s", self._interval_s)
+            if self._metrics is not None:
+                self._metrics.sweeps.labels("error").inc()
+            return None
+        if self._metrics is not None:
+            self._metrics.observe(result)
+        log.log(logging.INFO if result.rows or result.files else logging.DEBUG, "%s", result.line())
+        self.last_result = result
+        self.sweeps += 1
+        return result
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.run_once()
+            self._stop.wait(self._interval_s)

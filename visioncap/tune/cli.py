@@ -1,0 +1,231 @@
+"""`visioncap tune`: the command line around `run_tune`."""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichBar
+from rich.table import Table
+
+from visioncap.errors import ConfigError
+from visioncap.tune.progress import Progress
+
+err = Console(stderr=True)
+
+
+class BarProgress(Progress):
+    """A rich progress bar over candidates x steps, with a line per measured candidate."""
+
+    def __init__(self, bar: RichBar, total: int) -> None:
+        self.bar = bar
+        self.task = bar.add_task("starting", total=total)
+
+    def step(self, description: str) -> None:
+        self.bar.update(self.task, description=description)
+
+    def advance(self) -> None:
+        self.bar.advance(self.task)
+
+    def note(self, line: str) -> None:
+        self.bar.console.print(line, highlight=False)
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _f(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def results_table(results: dict[str, Any]) -> Table:
+    o = results["objectives"]
+    table = Table(
+        title=f"{results['profile']} on {results['gpu_class']}: objectives TTFT p99 <= {o['ttft_p99_ms']:g} ms, "
+        f"inter-token p99 <= {o['itl_p99_ms']:g} ms"
+    )
+    for column in ("candidate", "captions/s", "ITL p50", "ITL p99", "TTFT p50", "TTFT p99", "chats", "meets"):
+        table.add_column(column, justify="left" if column == "candidate" else "right")
+    for c in results["candidates"]:
+        m = c.get("measurement")
+        label = c["label"] + (" (chosen)" if c["label"] == results["chosen"]["label"] else "")
+        if m is None:
+            table.add_row(label, "failed: " + (c.get("error") or "?").splitlines()[0][:60], *[""] * 6)
+            continue
+        table.add_row(
+            label,
+            _f(m["captions_per_s"], 2),
+            _f(m["itl_p50_ms"], 1),
+            _f(m["itl_p99_ms"], 1),
+            _f(m["ttft_p50_ms"]),
+            _f(m["ttft_p99_ms"]),
+            str(m["chat_requests"]),
+            "yes" if m["meets_objectives"] else "no",
+        )
+    return table
+
+
+def tune_command(
+    profile: Annotated[str, typer.Option(help="Model profile name (models/NAME.yaml) or a profile file.")],
+    gpu: Annotated[
+        str | None,
+        typer.Option(
+            "--gpu",
+            help="GPU class (cpu, l4, a10, a100, h100, h200) to tune; default: detected as `visioncap serve` does.",
+        ),
+    ] = None,
+    budgets: Annotated[
+        str | None,
+        typer.Option(
+            help="Candidate max_num_batched_tokens, comma-separated (default: 128,256,512,1024 on cpu, "
+            "2048,4096,8192,16384 on a GPU)."
+        ),
+    ] = None,
+    thresholds: Annotated[
+        str | None,
+        typer.Option(
+            help="Candidate long_prefill_token_threshold values, crossed with the budgets (default: not tuned)."
+        ),
+    ] = None,
+    ttft_p99_ms: Annotated[
+        float | None, typer.Option(help="Chat TTFT p99 objective (default: 1.5 x the best candidate's).")
+    ] = None,
+    itl_p99_ms: Annotated[
+        float | None, typer.Option(help="Chat inter-token p99 objective (default: 1.25 x the best candidate's).")
+    ] = None,
+    duration_s: Annotated[
+        float | None, typer.Option(help="Seconds of chat + flood per candidate (default 40; --quick 14).")
+    ] = None,
+    quick: Annotated[bool, typer.Option("--quick", help="Short phases (about a minute per candidate here).")] = False,
+    chat_rate: Annotated[float, typer.Option(help="Chat requests per second (Poisson arrivals).")] = 1.0,
+    flood_rate: Annotated[float, typer.Option(help="Camera frames offered per second (more than served).")] = 12.0,
+    flood_concurrency: Annotated[int, typer.Option(help="Caption requests in flight at most.")] = 8,
+    image_size: Annotated[str, typer.Option(help="Camera frame size WIDTHxHEIGHT.")] = "640x480",
+    out: Annotated[Path, typer.Option(help="Folder for the results (JSON and PNG).")] = Path("benchmarks/tune"),
+    no_write: Annotated[bool, typer.Option("--no-write", help="Measure and report; leave the profile alone.")] = False,
+    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+) -> None:
+    """Measure candidate chunked-prefill budgets under interactive chat + a camera flood and tune the profile.
+
+    Starts vLLM once per candidate, measures chat inter-token and first-token latency (p50/p99) and caption
+    throughput, picks the highest throughput that meets the latency objectives and writes it into the
+    profile for the GPU class, with the date, hardware and every measurement; results go to OUT as
+    PROFILE-GPU.json and .png. Exit 0 when a candidate met the objectives, 1 when none did (the lowest
+    inter-token p99 is then written, marked objectives_met: false), 2 for bad options or profile.
+    """
+    from visioncap.serve import load_profile
+    from visioncap.serve.plan import plan_serving
+    from visioncap.settings import Settings
+    from visioncap.tune.candidates import build_candidates, default_budgets, parse_int_list
+    from visioncap.tune.run import TuneOptions, frame_size, run_tune, total_steps
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        settings = Settings()
+    except Exception as exc:  # pydantic's ValidationError, already naming the variable
+        raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc
+    loaded = load_profile(profile, settings.models_dir)
+    # The class as `visioncap serve` picks it (nvidia-smi, else cpu); a class the profile lacks is refused here.
+    gpu_class = plan_serving(loaded, gpu=gpu or "auto").gpu_class
+    serving = loaded.serving_for(gpu_class)
+    budget_list = parse_int_list(budgets, "--budgets") if budgets is not None else default_budgets(gpu_class)
+    threshold_list = parse_int_list(thresholds, "--thresholds") if thresholds is not None else None
+    candidates = build_candidates(budget_list, threshold_list, serving.max_model_len, serving.max_num_seqs)
+    try:
+        width, height = (int(v) for v in image_size.lower().split("x"))
+    except ValueError as exc:
+        raise ConfigError(f"--image-size: {image_size!r} is not WIDTHxHEIGHT (e.g. 640x480)") from exc
+    if width < 28 or height < 28:
+        raise ConfigError(f"--image-size: {image_size!r} is smaller than one image token (28x28)")
+    width, height = frame_size(width, height, loaded.image.max_pixels)
+    for name, value in (
+        ("--chat-rate", chat_rate),
+        ("--flood-rate", flood_rate),
+        ("--flood-concurrency", flood_concurrency),
+    ):
+        if value <= 0:
+            raise ConfigError(f"{name}: must be above 0, not {value}")
+    for name, value in (("--ttft-p99-ms", ttft_p99_ms), ("--itl-p99-ms", itl_p99_ms), ("--duration-s", duration_s)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{name}: must be above 0, not {value}")
+    values: dict[str, Any] = TuneOptions.quick_defaults() if quick else {}
+    if duration_s is not None:
+        values["duration_s"] = duration_s
+    options = TuneOptions(
+        profile=profile,
+        gpu_class=gpu_class,
+        candidates=candidates,
+        models_dir=settings.models_dir,
+        server_python=settings.server_python,
+        out_dir=out,
+        work_dir=settings.data_dir / "tune",
+        ttft_p99_ms=ttft_p99_ms,
+        itl_p99_ms=itl_p99_ms,
+        chat_rate_per_s=chat_rate,
+        flood_rate_per_s=flood_rate,
+        flood_concurrency=flood_concurrency,
+        image_width=width,
+        image_height=height,
+        seed=seed,
+        write=not no_write,
+        command=shlex.join(["visioncap", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else "visioncap tune",
+        **values,
+    )
+    if options.duration_s <= options.warmup_s + 1:
+        raise ConfigError(f"--duration-s: must be above the {options.warmup_s:g} s warm-up plus 1 s")
+    err.print(
+        f"tuning {loaded.name} for {gpu_class}: {len(candidates)} candidates ({', '.join(c.label for c in candidates)})"
+    )
+    err.print(f"workload: {options.workload_line()}", highlight=False)
+    # SIGTERM unwinds like Ctrl-C, so the candidate's vLLM (a process group of its own) is stopped, not orphaned.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with RichBar(
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=False,
+        ) as bar:
+            results = run_tune(options, BarProgress(bar, total_steps(options)))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    # A pipe or a file gets the whole table, not 80 columns.
+    Console(width=None if sys.stdout.isatty() else 140).print(results_table(results))
+    chosen = results["chosen"]
+    margins = results["margins"]
+    lines = [f"chosen: {chosen['label']} ({chosen['captions_per_s']} captions/s, ITL p99 {chosen['itl_p99_ms']} ms)"]
+    low = margins.get("lowest_throughput")
+    if low and low["candidate"] != chosen["label"]:
+        lines.append(f"vs the lowest throughput ({low['candidate']}): {low['throughput_gain_pct']:+} % captions/s")
+    high = margins.get("highest_itl_p99")
+    if high and high["candidate"] != chosen["label"]:
+        lines.append(f"vs the highest ITL p99 ({high['candidate']}): {high['itl_p99_reduction_pct']} % lower ITL p99")
+    for line in lines:
+        typer.echo(line)
+    for warning in results.get("warnings") or ():
+        err.print(f"[yellow]warning[/]: {warning}", highlight=False)
+    written = results.get("profile_written")
+    typer.echo(f"wrote {results['files']['json']}, {results['files']['png']}" + (f", {written}" if written else ""))
+    if not results["complete"]:
+        err.print(
+            "[red]fewer than two candidates could be measured[/] (see the failures above and the vLLM logs in "
+            f"{options.work_dir / 'logs'}); the profile was left as it was"
+        )
+        raise typer.Exit(1)
+    if not results["objectives_met"]:
+        err.print(
+            "[red]no candidate met the objectives[/]: the lowest inter-token p99 was chosen and recorded with "
+            "objectives_met: false; relax --ttft-p99-ms/--itl-p99-ms or lighten the workload"
+        )
+        raise typer.Exit(1)

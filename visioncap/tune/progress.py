@@ -1,0 +1,16 @@
+"""How a tuning run reports while it works (kept apart so the CLI can import it without the runner)."""
+
+from __future__ import annotations
+
+
+class Progress:
+    """What the runner reports while it works (the CLI shows a progress bar); the default says nothing."""
+
+    def step(self, description: str) -> None:
+        """A step starts."""
+
+    def advance(self) -> None:
+        """The current step is done."""
+
+    def note(self, line: str) -> None:
+        """A result worth a line of its own."""

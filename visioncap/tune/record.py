@@ -1,0 +1,51 @@
+"""What `visioncap tune` writes into a model profile: the chosen values and how they were chosen."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import Field
+
+from visioncap.config.base import StrictModel
+
+
+class TunedMeasurement(StrictModel):
+    """One candidate as measured under the mixed workload (chat + camera flood) on its own vLLM start."""
+
+    max_num_batched_tokens: int = Field(description="The candidate's token budget per engine step.")
+    long_prefill_token_threshold: int | None = Field(
+        default=None, description="The candidate's cap on one prompt's chunk per step (None: vLLM's default)."
+    )
+    ttft_p50_ms: float | None = Field(description="Chat time to first token, median (ms).")
+    ttft_p99_ms: float | None = Field(description="Chat time to first token, 99th percentile (ms).")
+    itl_p50_ms: float | None = Field(description="Chat inter-token latency, median (ms).")
+    itl_p99_ms: float | None = Field(description="Chat inter-token latency, 99th percentile (ms).")
+    captions_per_s: float | None = Field(description="Captions completed per second in the measured window.")
+    chat_requests: int = Field(description="Chat requests answered with at least one token in the phase.")
+    meets_objectives: bool = Field(description="Both p99 objectives met and the phase measured without failures.")
+
+
+class TunedObjectives(StrictModel):
+    """The chat latency objectives a candidate had to meet, and where each came from."""
+
+    ttft_p99_ms: float = Field(description="Chat TTFT p99 objective (ms).")
+    itl_p99_ms: float = Field(description="Chat inter-token p99 objective (ms).")
+    ttft_source: str = Field(description="`given` (--ttft-p99-ms) or how the default was derived.")
+    itl_source: str = Field(description="`given` (--itl-p99-ms) or how the default was derived.")
+
+
+class TunedRecord(StrictModel):
+    """Provenance of a profile's tuned serving values for one GPU class (written by `visioncap tune`)."""
+
+    date: datetime = Field(description="When the tuning run finished (UTC).")
+    hardware: str = Field(description="The machine measured on: GPU name(s) from nvidia-smi, or the CPU model.")
+    max_num_batched_tokens: int = Field(description="The chosen budget, also written to the serving values.")
+    long_prefill_token_threshold: int | None = Field(
+        default=None, description="The chosen threshold (None: not tuned)."
+    )
+    objectives_met: bool = Field(
+        description="False when no candidate met the objectives and the lowest inter-token p99 was taken instead."
+    )
+    objectives: TunedObjectives = Field(description="The objectives the choice was made against.")
+    workload: str = Field(description="The mixed workload in one line (chat rate, flood, image size, duration).")
+    candidates: list[TunedMeasurement] = Field(description="Every candidate measured, in the order run.")

@@ -1,0 +1,447 @@
+"""The tuning run: one vLLM start per candidate, the mixed workload against each, the choice.
+
+Each candidate gets a fresh server started from the profile with the candidate's values, a warm-up, and
+one measured phase of interactive streaming chat (Poisson arrivals) beside a camera caption flood, the
+workload of `visioncap bench mixed` (its code is reused, not copied). The flood is sent direct to vLLM with
+a worse priority than chat when the profile runs `--scheduling-policy priority` (what the pipeline's
+background class gets), and it offers more frames than the server absorbs, so captions per second is the
+server's capacity beside chat. Every candidate replays the same chat arrivals and lengths.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import platform
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from visioncap.bench.calibrate import tokens_per_word
+from visioncap.bench.load import Target
+from visioncap.bench.mixed import MixedOptions, Run
+from visioncap.bench.workload import caption_bodies
+from visioncap.errors import VisioncapError
+from visioncap.serve import VllmServer, free_port, load_profile
+from visioncap.serve.launcher import ServerError
+from visioncap.serve.plan import plan_serving
+from visioncap.serve.profiles import ModelProfile
+from visioncap.tune.candidates import Candidate, candidate_profile, hardware
+from visioncap.tune.progress import Progress
+from visioncap.tune.record import TunedMeasurement, TunedObjectives
+
+log = logging.getLogger(__name__)
+
+# Default objectives, relative to the best candidate of the same run (the issue's gateway goals): the
+# highest throughput whose chat tail latency stays within these factors of the best the budgets give.
+ITL_FACTOR = 1.25
+TTFT_FACTOR = 1.5
+BACKGROUND_PRIORITY = 10
+
+
+class TuneError(VisioncapError):
+    """The tuning run could not measure what it needs (e.g. no candidate's server started)."""
+
+
+@dataclass
+class TuneOptions:
+    """Everything a tuning run needs; `quick_defaults()` for a short one (tests)."""
+
+    profile: str
+    gpu_class: str
+    candidates: list[Candidate]
+    models_dir: Path = Path("models")
+    server_python: Path = Path(".venv-vllm/bin/python")
+    out_dir: Path = Path("benchmarks/tune")
+    work_dir: Path = Path("data/tune")
+    ttft_p99_ms: float | None = None
+    itl_p99_ms: float | None = None
+    duration_s: float = 40.0
+    warmup_s: float = 5.0
+    reference_s: float = 20.0
+    chat_rate_per_s: float = 1.0
+    chat_prompt_tokens: tuple[int, int] = (64, 256)
+    chat_output_tokens: tuple[int, int] = (16, 64)
+    flood_rate_per_s: float = 12.0
+    flood_concurrency: int = 8
+    caption_max_tokens: int = 24
+    image_width: int = 640
+    image_height: int = 480
+    seed: int = 0
+    write: bool = True
+    quick: bool = False
+    command: str = ""
+
+    @classmethod
+    def quick_defaults(cls) -> dict[str, Any]:
+        """About a minute per candidate on 2 CPU cores: short phases."""
+        return {"duration_s": 14.0, "warmup_s": 2.0, "reference_s": 8.0, "quick": True}
+
+    def workload_line(self) -> str:
+        return (
+            f"chat {self.chat_rate_per_s:g}/s (prompts {self.chat_prompt_tokens[0]}-{self.chat_prompt_tokens[1]}, "
+            f"outputs {self.chat_output_tokens[0]}-{self.chat_output_tokens[1]} tokens) beside {self.image_width}x"
+            f"{self.image_height} frames offered at {self.flood_rate_per_s:g}/s, at most {self.flood_concurrency} "
+            f"in flight, {self.caption_max_tokens} tokens each; {self.duration_s:g} s per candidate "
+            f"({self.warmup_s:g} s warm-up)"
+        )
+
+
+@dataclass
+class CandidateRun:
+    candidate: Candidate
+    profile_args: list[str]
+    summary: dict[str, Any] | None = None
+    error: str | None = None
+    startup_s: float | None = None
+    measurement: TunedMeasurement | None = field(default=None)
+
+
+class _Steps:
+    """One candidate's steps on the progress bar."""
+
+    def __init__(self, report: Progress, total: int) -> None:
+        self.report = report
+        self.total = total
+        self.done = -1  # the first next() starts the first step
+
+    def next(self, description: str) -> None:
+        if self.done >= 0:
+            self.report.advance()
+        self.done += 1
+        self.report.step(description)
+
+    def finish(self) -> None:
+        for _ in range(self.total - max(self.done, 0)):
+            self.report.advance()
+        self.done = self.total
+
+
+def steps_per_candidate() -> int:
+    return 3  # start, warm-up, measure (the stop is part of measure)
+
+
+def total_steps(options: TuneOptions) -> int:
+    return len(options.candidates) * steps_per_candidate() + (1 if options.reference_s > 0 else 0)
+
+
+def mixed_options(options: TuneOptions) -> MixedOptions:
+    """The bench's options carrying the tuning workload, so its Run can build and send it."""
+    return MixedOptions(
+        profile=options.profile,
+        models_dir=options.models_dir,
+        server_python=options.server_python,
+        out_dir=options.out_dir,
+        work_dir=options.work_dir,
+        name="tune",
+        seed=options.seed,
+        duration_s=options.duration_s,
+        warmup_s=options.warmup_s,
+        chat_rate_per_s=options.chat_rate_per_s,
+        chat_prompt_tokens=options.chat_prompt_tokens,
+        chat_output_tokens=options.chat_output_tokens,
+        flood_rate_per_s=options.flood_rate_per_s,
+        flood_max_outstanding=options.flood_concurrency,
+        caption_max_tokens=options.caption_max_tokens,
+        image_width=options.image_width,
+        image_height=options.image_height,
+    )
+
+
+def _uses_priority(profile: ModelProfile, gpu_class: str) -> bool:
+    return profile.serving_for(gpu_class).scheduling_policy == "priority"
+
+
+def frame_size(width: int, height: int, max_pixels: int | None) -> tuple[int, int]:
+    """The camera frame shrunk (aspect kept) to the profile's largest image, as the pipeline would send it."""
+    if max_pixels is None or width * height <= max_pixels:
+        return width, height
+    scale = (max_pixels / (width * height)) ** 0.5
+    return max(28, int(width * scale)), max(28, int(height * scale))
+
+
+@contextlib.contextmanager
+def serve(profile: ModelProfile, options: TuneOptions, label: str) -> Iterator[VllmServer]:
+    """vLLM for one candidate, planned for the GPU class as `visioncap serve --gpu CLASS` would."""
+    plan = plan_serving(profile, gpu=options.gpu_class)
+    log_file = options.work_dir / "logs" / f"vllm-{profile.name}-{label}.log"
+    with VllmServer(profile, python=options.server_python, port=free_port(), log_file=log_file, plan=plan) as server:
+        yield server
+
+
+def _warm(run: Run, server: VllmServer) -> None:
+    """One-off costs of a fresh server (first image, first prompt) out of the measurements."""
+    with httpx.Client(timeout=120) as client:
+        run.tokens_per_word = tokens_per_word(client, server.root_url, run.model, run.options.seed)
+        bodies, _ = caption_bodies(run.frames.take(2), run.model, 4, 1, None)
+        for body in bodies:
+            client.post(
+                f"{server.base_url}/chat/completions", content=body, headers={"content-type": "application/json"}
+            ).raise_for_status()
+        client.post(
+            f"{server.base_url}/chat/completions",
+            json={"model": run.model, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 8},
+        ).raise_for_status()
+
+
+def measurement(candidate: Candidate, summary: dict[str, Any]) -> TunedMeasurement:
+    chat = summary.get("chat") or {}
+    captions = summary.get("captions") or {}
+    ttft, itl = chat.get("ttft_ms") or {}, chat.get("itl_ms") or {}
+    return TunedMeasurement(
+        max_num_batched_tokens=candidate.max_num_batched_tokens,
+        long_prefill_token_threshold=candidate.long_prefill_token_threshold,
+        ttft_p50_ms=_r(ttft.get("p50")),
+        ttft_p99_ms=_r(ttft.get("p99")),
+        itl_p50_ms=_r(itl.get("p50")),
+        itl_p99_ms=_r(itl.get("p99")),
+        captions_per_s=_r(captions.get("throughput_per_s"), 3),
+        chat_requests=int(chat.get("ok") or 0),
+        meets_objectives=False,
+    )
+
+
+def _r(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _clean(summary: dict[str, Any]) -> bool:
+    """Every chat answered and no caption refused: numbers from a phase with failures are not comparable."""
+    chat = summary.get("chat") or {}
+    captions = summary.get("captions") or {}
+    outcomes = captions.get("outcomes") or {}
+    refused = sum(count for key, count in outcomes.items() if key not in ("200", "cancelled at phase end"))
+    return bool(chat.get("ok")) and not chat.get("failed") and refused == 0
+
+
+def objectives(measured: list[TunedMeasurement], ttft_ms: float | None, itl_ms: float | None) -> TunedObjectives:
+    """Given objectives as they are; missing ones from the best candidate of this run times the factors."""
+    itl_values = [m.itl_p99_ms for m in measured if m.itl_p99_ms is not None]
+    ttft_values = [m.ttft_p99_ms for m in measured if m.ttft_p99_ms is not None]
+    if (itl_ms is None and not itl_values) or (ttft_ms is None and not ttft_values):
+        raise TuneError("no candidate measured any chat latency; nothing to derive objectives from")
+    return TunedObjectives(
+        ttft_p99_ms=ttft_ms if ttft_ms is not None else round(TTFT_FACTOR * min(ttft_values), 1),
+        itl_p99_ms=itl_ms if itl_ms is not None else round(ITL_FACTOR * min(itl_values), 1),
+        ttft_source="given" if ttft_ms is not None else f"{TTFT_FACTOR} x the lowest TTFT p99 of the candidates",
+        itl_source="given" if itl_ms is not None else f"{ITL_FACTOR} x the lowest inter-token p99 of the candidates",
+    )
+
+
+def choose(
+    measured: list[TunedMeasurement], clean: list[bool], target: TunedObjectives
+) -> tuple[list[TunedMeasurement], int, bool]:
+    """Mark which candidates meet the objectives; pick the highest caption throughput among them (ties: the
+    lower inter-token p99). When none does, pick the lowest inter-token p99 and say so (False)."""
+    marked = [
+        m.model_copy(
+            update={
+                "meets_objectives": ok
+                and m.itl_p99_ms is not None
+                and m.ttft_p99_ms is not None
+                and m.captions_per_s is not None
+                and m.itl_p99_ms <= target.itl_p99_ms
+                and m.ttft_p99_ms <= target.ttft_p99_ms
+            }
+        )
+        for m, ok in zip(measured, clean, strict=True)
+    ]
+    meeting = [i for i, m in enumerate(marked) if m.meets_objectives]
+    if meeting:
+        best = max(meeting, key=lambda i: (marked[i].captions_per_s or 0.0, -(marked[i].itl_p99_ms or 0.0)))
+        return marked, best, True
+    usable = [i for i, m in enumerate(marked) if m.itl_p99_ms is not None]
+    if not usable:
+        raise TuneError("no candidate measured chat inter-token latency")
+    return marked, min(usable, key=lambda i: marked[i].itl_p99_ms or 0.0), False
+
+
+def margins(marked: list[TunedMeasurement], chosen: int) -> dict[str, Any]:
+    """How the choice compares with the worst candidates: the lowest throughput and the highest ITL p99."""
+    with_tput = [i for i, m in enumerate(marked) if m.captions_per_s is not None]
+    with_itl = [i for i, m in enumerate(marked) if m.itl_p99_ms is not None]
+    c = marked[chosen]
+    out: dict[str, Any] = {}
+    if with_tput:
+        worst = min(with_tput, key=lambda i: marked[i].captions_per_s or 0.0)
+        w = marked[worst]
+        out["lowest_throughput"] = {
+            "candidate": _label(w),
+            "captions_per_s": w.captions_per_s,
+            "chosen_captions_per_s": c.captions_per_s,
+            "throughput_gain_pct": _pct(c.captions_per_s, w.captions_per_s),
+        }
+    if with_itl:
+        worst = max(with_itl, key=lambda i: marked[i].itl_p99_ms or 0.0)
+        w = marked[worst]
+        out["highest_itl_p99"] = {
+            "candidate": _label(w),
+            "itl_p99_ms": w.itl_p99_ms,
+            "chosen_itl_p99_ms": c.itl_p99_ms,
+            "itl_p99_reduction_pct": None if not w.itl_p99_ms else _pct(w.itl_p99_ms, c.itl_p99_ms, reduction=True),
+        }
+    return out
+
+
+def warnings(runs: list[CandidateRun]) -> list[str]:
+    """What makes a candidate's numbers weaker than they look."""
+    found = []
+    for r in runs:
+        captions = (r.summary or {}).get("captions") or {}
+        if r.summary is not None and not captions.get("dropped_at_client"):
+            # No frame found every slot busy: the server kept up, so captions/s is the offer, not its capacity.
+            found.append(
+                f"{r.candidate.label}: the flood never filled its slots; captions/s is the offered rate, not the "
+                "server's capacity (raise --flood-rate / --flood-concurrency)"
+            )
+        if r.summary is not None and not _clean(r.summary):
+            found.append(f"{r.candidate.label}: requests failed during the phase; it cannot be chosen")
+    return found
+
+
+def _pct(a: float | None, b: float | None, reduction: bool = False) -> float | None:
+    if a is None or b is None or (a if reduction else b) <= 0:
+        return None
+    return round(100 * (a - b) / (a if reduction else b), 1)
+
+
+def _label(m: TunedMeasurement) -> str:
+    return Candidate(m.max_num_batched_tokens, m.long_prefill_token_threshold).label
+
+
+def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str, Any]:
+    """Measure every candidate, choose, write the results files (and the profile unless `write` is off)."""
+    from visioncap.tune.plot import plot
+    from visioncap.tune.write import write_results, write_tuned
+
+    report = progress or Progress()
+    started = time.monotonic()
+    started_at = datetime.now(UTC)
+    profile = load_profile(options.profile, options.models_dir)
+    options.work_dir.mkdir(parents=True, exist_ok=True)
+    run = Run(mixed_options(options), profile)
+    runs: list[CandidateRun] = []
+    reference: dict[str, Any] | None = None
+    for index, candidate in enumerate(options.candidates):
+        served = candidate_profile(profile, options.gpu_class, candidate)
+        current = CandidateRun(candidate, served.command_args(options.gpu_class))
+        runs.append(current)
+        flood_priority = BACKGROUND_PRIORITY if _uses_priority(served, options.gpu_class) else None
+        steps = _Steps(report, steps_per_candidate() + (1 if index == 0 and options.reference_s > 0 else 0))
+        steps.next(f"{candidate.label}: starting vLLM")
+        try:
+            t0 = time.monotonic()
+            with serve(served, options, candidate.label.replace("/", "-")) as server:
+                current.startup_s = round(time.monotonic() - t0, 1)
+                steps.next(f"{candidate.label}: warm-up")
+                _warm(run, server)
+                if index == 0 and options.reference_s > 0:
+                    steps.next(f"{candidate.label}: chat alone (reference), {options.reference_s:g} s")
+                    reference = run.phase(
+                        "chat-alone",
+                        server.root_url,
+                        chat=Target(server.base_url),
+                        flood=None,
+                        duration_s=options.reference_s,
+                        warmup_s=0.5,
+                        schedule_seed=options.seed + 1,
+                    )
+                steps.next(f"{candidate.label}: chat + camera flood, {options.duration_s:g} s")
+                current.summary = run.phase(
+                    f"mixed-{candidate.label}",
+                    server.root_url,
+                    chat=Target(server.base_url),
+                    flood=Target(server.base_url),
+                    flood_priority=flood_priority,
+                )
+        except (ServerError, httpx.HTTPError) as exc:
+            current.error = f"{type(exc).__name__}: {str(exc)[:500]}"
+            report.note(f"[red]{candidate.label}: failed: {current.error.splitlines()[0]}[/]")
+            log.debug("candidate %s failed: %s", candidate.label, current.error)
+        steps.finish()  # steps a failed candidate did not reach count too, so the bar ends full
+        if current.summary is not None:
+            current.measurement = measurement(candidate, current.summary)
+            m = current.measurement
+            report.note(
+                f"{candidate.label}: {m.captions_per_s} captions/s, chat ITL p50/p99 {m.itl_p50_ms}/{m.itl_p99_ms} ms,"
+                f" TTFT p50/p99 {m.ttft_p50_ms}/{m.ttft_p99_ms} ms"
+            )
+    measured_runs = [r for r in runs if r.measurement is not None]
+    if not measured_runs:
+        raise TuneError("no candidate could be measured: " + "; ".join(f"{r.candidate.label}: {r.error}" for r in runs))
+    measured = [r.measurement for r in measured_runs if r.measurement is not None]
+    target = objectives(measured, options.ttft_p99_ms, options.itl_p99_ms)
+    clean = [_clean(r.summary or {}) for r in measured_runs]
+    marked, chosen, met = choose(measured, clean, target)
+    for r, m in zip(measured_runs, marked, strict=True):
+        r.measurement = m
+    finished_at = datetime.now(UTC)
+    results: dict[str, Any] = {
+        "command": options.command,
+        "profile": profile.name,
+        "profile_file": str(profile.path) if profile.path else None,
+        "gpu_class": options.gpu_class,
+        "hardware": hardware(),
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "finished_at": finished_at.isoformat(timespec="seconds"),
+        "wall_s": round(time.monotonic() - started, 1),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "workload": {
+            "line": options.workload_line(),
+            "tokens_per_word": run.tokens_per_word,
+            "flood_priority": BACKGROUND_PRIORITY if _uses_priority(profile, options.gpu_class) else None,
+            **{k: v for k, v in asdict(options).items() if k not in ("candidates", "command")},
+        },
+        "objectives": target.model_dump(),
+        "reference_chat_alone": reference,
+        "candidates": [
+            {
+                "label": r.candidate.label,
+                "max_num_batched_tokens": r.candidate.max_num_batched_tokens,
+                "long_prefill_token_threshold": r.candidate.long_prefill_token_threshold,
+                "vllm_args": r.profile_args,
+                "startup_s": r.startup_s,
+                "error": r.error,
+                "clean": _clean(r.summary) if r.summary else None,
+                "measurement": r.measurement.model_dump() if r.measurement else None,
+                "summary": r.summary,
+            }
+            for r in runs
+        ],
+        "chosen": marked[chosen].model_dump() | {"label": _label(marked[chosen])},
+        "objectives_met": met,
+        "margins": margins(marked, chosen),
+        "warnings": warnings(runs),
+    }
+    results = _jsonable(results)
+    stem = f"{profile.name}-{options.gpu_class}"
+    files = {"json": options.out_dir / f"{stem}.json", "png": options.out_dir / f"{stem}.png"}
+    options.out_dir.mkdir(parents=True, exist_ok=True)
+    results["files"] = {k: str(v) for k, v in files.items()}
+    results["profile_written"] = None
+    results["complete"] = len(measured_runs) >= 2
+    # Results first: a profile that cannot be written must not cost the measurements.
+    write_results(results, files["json"])
+    plot(results, files["png"])
+    # A choice needs a comparison: with one candidate left there is nothing to tune from.
+    if options.write and profile.path is not None and results["complete"]:
+        write_tuned(profile.path, options.gpu_class, results, marked, target, met, finished_at, options)
+        results["profile_written"] = str(profile.path)
+        write_results(results, files["json"])
+    return results
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
