@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine
 
 
@@ -56,3 +57,11 @@ def fresh_database(base_url: str) -> str:
         conn.exec_driver_sql(f"CREATE DATABASE {name}")
     admin.dispose()
     return f"{base_url}/{name}"
+
+
+def database_url_for(request: pytest.FixtureRequest, folder: Path) -> str:
+    """For a fixture parametrized over "sqlite"/"postgresql": a SQLite file in `folder`, or a fresh database on
+    the session's `postgres` cluster."""
+    if request.param == "sqlite":
+        return f"sqlite:///{folder / 'visioncap.db'}"
+    return fresh_database(request.getfixturevalue("postgres"))

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from helpers import pipeline_dict, run_cli, wait_for, write_pipeline
-from pg import fresh_database
+from pg import database_url_for
 from sqlalchemy import event, text
 
 from visioncap.api import create_app
@@ -31,9 +31,7 @@ TIMEOUT = 30  # seconds; a bound on a broken test, never a measurement
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'visioncap.db'}"
-    return fresh_database(request.getfixturevalue("postgres"))
+    return database_url_for(request, tmp_path)
 
 
 @pytest.fixture

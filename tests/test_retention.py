@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from helpers import run_cli, wait_for
-from pg import fresh_database
+from pg import database_url_for
 from PIL import Image
 from prometheus_client import CollectorRegistry
 
@@ -64,9 +64,7 @@ def data_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, data_dir: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{data_dir / 'visioncap.db'}"
-    return fresh_database(request.getfixturevalue("postgres"))
+    return database_url_for(request, data_dir)
 
 
 @pytest.fixture

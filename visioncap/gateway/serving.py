@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from copy import deepcopy
 from typing import Any, Literal
 
 from starlette.requests import Request
@@ -320,7 +321,7 @@ class Gateway:
         """The body with its images shrunk to `max_tokens` each (off the event loop: JPEG work takes ms)."""
 
         def shrink() -> tuple[bytes, int]:
-            copy = json.loads(json.dumps(body))
+            copy = deepcopy(body)
             count = downscale_messages(copy.get("messages"), max_tokens, self.config.images)
             return json.dumps(copy, separators=(",", ":"), ensure_ascii=False).encode("utf-8"), count
 
