@@ -89,7 +89,9 @@ def test_recorder_writes_state_changes_at_once_and_frame_times_at_most_every_int
 
     recorder = CameraStateRecorder(engine, "p", {"gate": "/videos/gate.mp4", "dock": "rtsp://***@h/dock"}, 60)
     recorder.start()
-    wait_for(lambda: {c.state for c in camera_states(engine).values()} == {"starting"}, TIMEOUT, "starting rows")
+    # Both rows, not just a set of states: the writer puts them in one after the other.
+    both_starting = {("dock", "starting"), ("gate", "starting")}
+    wait_for(lambda: {(c.camera, c.state) for c in camera_states(engine).values()} == both_starting, TIMEOUT, "rows")
     recorder.state("gate", "online")
     wait_for(lambda: camera_states(engine)["gate"].state == "online", TIMEOUT, "the online state")
     before = len(writes)
