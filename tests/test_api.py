@@ -26,6 +26,7 @@ from pg import fresh_database
 from PIL import Image
 
 from visioncap.api import create_app
+from visioncap.api.protocol import CaptionPage
 from visioncap.api.settings import ApiKey, ApiSettings, generate_key, hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
@@ -339,6 +340,30 @@ def test_one_caption_with_boxes_model_tokens_latency(client: TestClient, seed: S
     assert skipped["image_url"] is None and skipped["error"].startswith("queue-full")
     missing = client.get("/v1/captions/999999")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found"
+
+
+def test_pages_carry_the_same_captions_as_the_single_caption_route(
+    client: TestClient, store: CaptionStore, seed: Seed
+) -> None:
+    # Pages are serialised straight from the rows (no model validation); they must say what the model says.
+    extra = new_caption(99, people=2)
+    extra.people[0]["keypoints"] = [[1.0, 2.0, 0.5]]  # stored per person but not part of a box
+    extra_id = store.add(extra)
+    assert extra_id is not None
+    structured = {"people": [{"clothing": "red jacket"}]}
+    store.mark_captioned(extra_id, Caption("a man in a red jacket", "tiny", 300, 12, 0.5, structured), attempts=1)
+    response = client.get("/v1/captions", params={"limit": 100})
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    page = CaptionPage.model_validate_json(response.content)  # extra keys are forbidden in the models
+    assert page.next_cursor is None and page.limit == 100
+    assert [item.id for item in page.items] == [extra_id, *seed.ids()]
+    for item in page.items:
+        assert (
+            response.json()["items"][[i.id for i in page.items].index(item.id)]
+            == client.get(f"/v1/captions/{item.id}").json()
+        )
+    first = response.json()["items"][0]
+    assert "keypoints" not in first["boxes"][0] and first["structured"] == {"people": [{"clothing": "red jacket"}]}
 
 
 def test_image_with_type_caching_and_boxes(client: TestClient, seed: Seed, data_dir: Path, store: CaptionStore) -> None:

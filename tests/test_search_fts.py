@@ -1,21 +1,29 @@
-"""Text search pages take shortcuts (store/search.py): on SQLite the newest full-text matches are read in batches
-by rowid, on PostgreSQL the newest rows are checked first and otherwise the GIN index answers. The pages must
-equal the plain newest-first answer however far row ids stray from capture-time order (late writers, re-runs
-over old video), across pages, with other filters, and when the matches are many or few."""
+"""Text search pages (store/search.py): on SQLite the newest full-text matches are read in batches by rowid, on
+PostgreSQL the planner chooses between the capture-time index and the GIN index of the stored tsvector. The pages
+must equal the plain newest-first answer however far row ids stray from capture-time order (late writers,
+re-runs over old video), across pages, with other filters, and when the matches are many or few."""
 
 from __future__ import annotations
 
 import random
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from pg import fresh_database
-from sqlalchemy import Engine, insert, select
+from sqlalchemy import Engine, insert, select, text
 
 from visioncap.store import create_db_engine
 from visioncap.store.records import CaptionRecord
-from visioncap.store.schema import ensure_schema
+from visioncap.store.schema import (
+    MIGRATIONS,
+    PG_TSVECTOR,
+    PG_TSVECTOR_COLUMN,
+    SCHEMA_VERSION,
+    ensure_schema,
+    schema_version,
+)
 from visioncap.store.search import CaptionFilter, Position, search_captions
 
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
@@ -128,3 +136,29 @@ def test_text_pages_match_plain_order(
     ]
     for query in queries:
         assert pages(engine, query, 25) == expected_pages(engine, query, 25), (disorder, query)
+
+
+def test_postgresql_database_from_before_the_stored_tsvector_is_migrated(request: pytest.FixtureRequest) -> None:
+    url = fresh_database(request.getfixturevalue("postgres"))
+    engine = create_db_engine(url)
+    # Version 6: full-text search through the expression index only, rows already written.
+    with engine.begin() as conn:
+        for step in MIGRATIONS[:6]:
+            step(conn)
+        conn.execute(text("CREATE TABLE visioncap_schema (version INTEGER NOT NULL)"))
+        conn.execute(text("INSERT INTO visioncap_schema VALUES (6)"))
+    seed(engine, "none")
+    assert schema_version(engine) == 6
+
+    # The pipeline and the API start together: both migrate, one waits for the other (adding a column twice
+    # would fail).
+    with ThreadPoolExecutor(2) as pool:
+        versions = list(pool.map(lambda _: ensure_schema(create_db_engine(url)), range(2)))
+    assert versions == [SCHEMA_VERSION, SCHEMA_VERSION] and schema_version(engine) == SCHEMA_VERSION
+    with engine.connect() as conn:
+        indexes = set(conn.scalars(text("SELECT indexname FROM pg_indexes WHERE tablename = 'captions'")))
+        filled = conn.scalar(text(f"SELECT count(*) FROM captions WHERE {PG_TSVECTOR_COLUMN} = {PG_TSVECTOR}"))
+    assert "ix_captions_caption_tsv" in indexes and "ix_captions_caption_fts" not in indexes
+    assert filled == ROWS  # rows written before the column existed have their tsvector
+    query = CaptionFilter(text="umbrella")
+    assert pages(engine, query, 25) == expected_pages(engine, query, 25)

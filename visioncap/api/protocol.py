@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
+from sqlalchemy import Row
 
 from visioncap.store.cameras import CameraReport
 from visioncap.store.records import CaptionRecord, CaptionStatus
-from visioncap.store.search import CameraSummary
+from visioncap.store.search import CameraSummary, CaptionRow
 
 
 class _Model(BaseModel):
@@ -61,40 +64,49 @@ class Caption(_Model):
     updated_at: datetime = Field(description="When the row last changed (UTC).")
 
     @classmethod
-    def of(cls, row: CaptionRecord) -> Caption:
-        boxes = [
-            Box.model_validate({k: v for k, v in person.items() if k in Box.model_fields}) for person in row.people
-        ]
-        return cls(
-            id=row.id,
-            camera=row.camera,
-            pipeline=row.pipeline,
-            source=row.source,
-            captured_at=row.captured_at,
-            frame_index=row.frame_index,
-            offset_s=row.offset_s,
-            reason=row.reason,
-            event_key=row.event_key,
-            event_ids=list(row.event_ids or []),
-            score=row.score,
-            people_count=row.people_count,
-            boxes=boxes,
-            status=CaptionStatus(row.status),
-            caption=row.caption,
-            structured=row.structured,
-            error=row.error,
-            model=row.model,
-            prompt_tokens=row.prompt_tokens,
-            completion_tokens=row.completion_tokens,
-            image_tokens=row.image_tokens,
-            latency_ms=row.latency_ms,
-            attempts=row.attempts,
-            image_width=row.image_width,
-            image_height=row.image_height,
-            image_url=f"/v1/captions/{row.id}/image" if row.image_path else None,
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-        )
+    def of(cls, row: CaptionRecord | CaptionRow) -> Caption:
+        return cls.model_validate(caption_fields(row))
+
+
+_BOX_FIELDS = tuple(Box.model_fields)
+_RECORD_KEYS = tuple(column.key for column in CaptionRecord.__table__.c)
+
+
+def caption_fields(record: CaptionRecord | CaptionRow) -> dict[str, Any]:
+    """A stored row as the fields of `Caption`: the one mapping from the table to the API's shape."""
+    # A dict, once per row: attribute access on a Row costs a lookup each, 28 per row, 50 rows a page.
+    row = record._asdict() if isinstance(record, Row) else {key: getattr(record, key) for key in _RECORD_KEYS}
+    return {
+        "id": row["id"],
+        "camera": row["camera"],
+        "pipeline": row["pipeline"],
+        "source": row["source"],
+        "captured_at": row["captured_at"],
+        "frame_index": row["frame_index"],
+        "offset_s": row["offset_s"],
+        "reason": row["reason"],
+        "event_key": row["event_key"],
+        "event_ids": list(row["event_ids"] or []),
+        "score": row["score"],
+        "people_count": row["people_count"],
+        # The pipeline stores more per person than a box (e.g. keypoints); the API shows the box.
+        "boxes": [{name: person[name] for name in _BOX_FIELDS if name in person} for person in row["people"] or []],
+        "status": row["status"],
+        "caption": row["caption"],
+        "structured": row["structured"],
+        "error": row["error"],
+        "model": row["model"],
+        "prompt_tokens": row["prompt_tokens"],
+        "completion_tokens": row["completion_tokens"],
+        "image_tokens": row["image_tokens"],
+        "latency_ms": row["latency_ms"],
+        "attempts": row["attempts"],
+        "image_width": row["image_width"],
+        "image_height": row["image_height"],
+        "image_url": f"/v1/captions/{row['id']}/image" if row["image_path"] else None,
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+    }
 
 
 class CaptionPage(_Model):
@@ -103,6 +115,16 @@ class CaptionPage(_Model):
     items: list[Caption] = Field(description="The captions of this page.")
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
     limit: int = Field(description="The page size used.")
+
+
+def caption_page_json(rows: Sequence[CaptionRow], next_cursor: str | None, limit: int) -> bytes:
+    """A `CaptionPage` as JSON, straight from the rows.
+
+    Pages are the API's hot path: validating 50 rows into models (and FastAPI validating the returned model
+    again) cost several times the query. The rows come from our own table, and the tests check that these
+    bytes validate as a `CaptionPage` and equal what `Caption.of` makes of the same rows.
+    """
+    return to_json({"items": [caption_fields(row) for row in rows], "next_cursor": next_cursor, "limit": limit})
 
 
 class StatusCounts(_Model):

@@ -21,7 +21,7 @@ from starlette.requests import Request
 
 from visioncap.api.errors import ApiError, bad_param
 from visioncap.api.metrics import ApiMetrics
-from visioncap.api.protocol import Camera, CameraList, Caption, CaptionPage, Check, Readiness, Regenerated
+from visioncap.api.protocol import Camera, CameraList, Caption, Check, Readiness, Regenerated, caption_page_json
 from visioncap.api.settings import ApiSettings
 from visioncap.store import CaptionStore
 from visioncap.store.cameras import camera_states
@@ -114,7 +114,8 @@ class ApiService:
         statuses: Sequence[str],
         limit: int,
         cursor: str | None,
-    ) -> CaptionPage:
+    ) -> bytes:
+        """A `CaptionPage` as JSON."""
         if limit > self.settings.api_max_page_size:
             raise bad_param("limit", f"at most {self.settings.api_max_page_size}")
         since, until = _utc("since", since), _utc("until", until)
@@ -132,11 +133,7 @@ class ApiService:
             statuses=list(dict.fromkeys(statuses)),
         )
         rows, next_position = search_captions(self.engine, query, limit, after)
-        return CaptionPage(
-            items=[Caption.of(row) for row in rows],
-            next_cursor=encode_cursor(next_position) if next_position else None,
-            limit=limit,
-        )
+        return caption_page_json(rows, encode_cursor(next_position) if next_position else None, limit)
 
     def row(self, caption_id: int) -> CaptionRecord:
         row = self.store.get(caption_id)

@@ -36,8 +36,10 @@ def list_captions(
     status: Annotated[list[CaptionStatus], Query(description="Only these statuses; repeat for several.")] = [],  # noqa: B006
     limit: Annotated[int, Query(ge=1, description="Page size (at most VISIONCAP_API_MAX_PAGE_SIZE).")] = 50,
     cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
-) -> CaptionPage:
-    return api.list_captions(camera, since, until, q, min_people, [s.value for s in status], limit, cursor)
+) -> Response:
+    # The JSON is made from the rows directly (see caption_page_json); response_model still documents it.
+    page = api.list_captions(camera, since, until, q, min_people, [s.value for s in status], limit, cursor)
+    return Response(page, media_type="application/json")
 
 
 @router.get("/{id}", response_model=Caption, summary="One caption", responses=NOT_FOUND)
