@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Row, and_, func, or_, select, text
+from sqlalchemy import ColumnElement, Connection, Engine, Integer, Row, and_, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from visioncap.store.records import CaptionRecord, CaptionStatus
@@ -142,12 +142,19 @@ def _sqlite_text_page(
         if below is not None:
             sql += " AND rowid < :below"
             params["below"] = below
-        ids = list(session.scalars(text(sql + " ORDER BY rowid DESC LIMIT :batch"), params))
-        if ids:
-            found = select(CaptionRecord.captured_at, CaptionRecord.id).where(CaptionRecord.id.in_(ids), *others)
-            best = sorted([*best, *((at, row_id) for at, row_id in session.execute(found))], reverse=True)[:size]
-            below = ids[-1]
-        if len(ids) < batch:  # every match has been ranked
+        # One statement per batch: the matches' rowids, each with its capture time when the row passes the other
+        # filters (a left join), so the batch's oldest rowid is known without binding the batch back as a list.
+        matches = text(sql + " ORDER BY rowid DESC LIMIT :batch").bindparams(**params).columns(rowid=Integer)
+        matches = matches.subquery("matches")
+        ranked = select(matches.c.rowid, CaptionRecord.captured_at).select_from(
+            matches.outerjoin(CaptionRecord, and_(CaptionRecord.id == matches.c.rowid, *others))
+        )
+        found = session.execute(ranked).all()
+        if found:
+            kept = ((at, row_id) for row_id, at in found if at is not None)
+            best = sorted([*best, *kept], reverse=True)[:size]
+            below = min(row_id for row_id, _ in found)
+        if len(found) < batch:  # every match has been ranked
             break
         if len(best) == size:
             newest_unread = select(CaptionRecord.id).where(
