@@ -82,7 +82,7 @@ $(DEPLOY_VENV)/.installed:
 	touch $@
 
 test: setup system-deps deploy-env
-	$(APP)/python -m pytest $(PYTEST_ARGS)
+	$(APP)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
 lint: app-env
 	$(APP)/ruff check .

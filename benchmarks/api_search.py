@@ -48,7 +48,7 @@ from visioncap.frames import Caption
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import MIGRATIONS, ensure_schema
-from visioncap.store.search import CaptionFilter, search_captions
+from visioncap.store.search import CaptionFilter, camera_summaries, search_captions
 
 GOAL_P99_MS = 50.0
 KEY = "bench-read-key"
@@ -306,9 +306,10 @@ COLUMNS = [column.name for column in CaptionRecord.__table__.columns if column.n
 
 
 def _secondary_objects(engine: Engine) -> list[str]:
-    """DROP statements for what slows a bulk load: the indexes (but the primary key and unique constraint) and,
-    on SQLite, the full-text triggers. Running the migrations again afterwards recreates them (every step checks
-    what exists), and SQLite's FTS step ends with a 'rebuild' that indexes the rows loaded meanwhile."""
+    """DROP statements for what slows a bulk load: the indexes (but the primary key and unique constraint) and
+    the triggers (SQLite's full-text ones, the per-camera counts). Running the migrations again afterwards
+    recreates them (every step checks what exists); SQLite's FTS step ends with a 'rebuild' that indexes the rows
+    loaded meanwhile, and the counts step counts them."""
     with engine.connect() as conn:
         if engine.dialect.name == "sqlite":
             found = conn.execute(
@@ -324,7 +325,12 @@ def _secondary_objects(engine: Engine) -> list[str]:
                 "(SELECT conname FROM pg_constraint WHERE conrelid = 'captions'::regclass)"
             )
         )
-        return [f"DROP INDEX {name}" for (name,) in found]
+        triggers = conn.execute(
+            text("SELECT tgname FROM pg_trigger WHERE tgrelid = 'captions'::regclass AND NOT tgisinternal")
+        )
+        return [f"DROP INDEX {name}" for (name,) in found] + [
+            f"DROP TRIGGER {name} ON captions" for (name,) in triggers
+        ]
 
 
 def seed(engine: Engine, corpus: Corpus) -> dict[str, Any]:
@@ -656,9 +662,9 @@ def run_load(argv: Sequence[str]) -> int:
         queries = list(request_params(rng, None).items())
         with httpx.Client(base_url=args.api_url, headers=auth(), timeout=30) as client:
             for number, _ in enumerate(paced(args.read_rate)):
-                _, params = queries[number % len(queries)]
+                name, params = queries[number % len(queries)]
                 try:
-                    status = client.get("/v1/captions", params=params()).status_code
+                    status = client.get(path_of(name), params=params()).status_code
                     count(f"reads_http_{status}")
                 except httpx.HTTPError as exc:
                     count(f"read_error:{type(exc).__name__}")
@@ -710,7 +716,15 @@ def request_params(rng: random.Random, corpus: Corpus | None) -> dict[str, Any]:
     queries: dict[str, Any] = {"newest": dict, "camera_range": camera_range}
     for name, q in TEXT_QUERIES.items():
         queries[name] = partial(dict, q=q)
+    queries[CAMERAS_QUERY] = dict  # the camera list with counts, which the web page loads beside the captions
     return queries
+
+
+CAMERAS_QUERY = "cameras"
+
+
+def path_of(name: str) -> str:
+    return "/v1/cameras" if name == CAMERAS_QUERY else "/v1/captions"
 
 
 def _cpu_by_pid(pids: Sequence[int]) -> dict[int, float]:
@@ -766,9 +780,9 @@ def measure(api_url: str, corpus: Corpus, samples: int, cpu: CpuMeter, budget_s:
     sizes: dict[str, list[int]] = {name: [] for name in queries}
     cpu_s: dict[str, list[float]] = {name: [0.0, 0.0] for name in queries}  # api, database
     with httpx.Client(base_url=api_url, headers=auth(), timeout=60) as client:
-        for params in queries.values():  # warm-up: connections, caches, the server's first imports
+        for name, params in queries.items():  # warm-up: connections, caches, the server's first imports
             for _ in range(3):
-                client.get("/v1/captions", params=params()).raise_for_status()
+                client.get(path_of(name), params=params()).raise_for_status()
         for _ in range(samples):
             for name, params in queries.items():
                 if sum(latencies[name]) > budget_s * 1000:
@@ -776,7 +790,7 @@ def measure(api_url: str, corpus: Corpus, samples: int, cpu: CpuMeter, budget_s:
                 request = params()
                 api_before, db_before = cpu.snapshot()
                 t0 = time.perf_counter()
-                response = client.get("/v1/captions", params=request)
+                response = client.get(path_of(name), params=request)
                 body = response.content
                 elapsed = time.perf_counter() - t0
                 api_after, db_after = cpu.snapshot()
@@ -820,7 +834,10 @@ def measure_queries(engine: Engine, corpus: Corpus, samples: int, budget_s: floa
                 continue
             query = to_filter(params())
             t0 = time.perf_counter()
-            search_captions(engine, query, 50)
+            if name == CAMERAS_QUERY:
+                camera_summaries(engine)
+            else:
+                search_captions(engine, query, 50)
             latencies[name].append((time.perf_counter() - t0) * 1000)
     return {
         name: {
@@ -850,6 +867,8 @@ def query_plans(engine: Engine, corpus: Corpus) -> dict[str, str]:
     """The plan of each query as search.py builds it (the SQL captured from a real call, then EXPLAINed)."""
     plans: dict[str, str] = {}
     for name, params in request_params(random.Random(4), corpus).items():
+        if name == CAMERAS_QUERY:
+            continue
         statement, parameters = _captured_sql(engine, to_filter(params()))
         raw = engine.raw_connection()
         try:
@@ -1021,6 +1040,10 @@ def _markdown(r: dict[str, Any]) -> str:
     for name, q in r["text_queries"].items():
         match = r["text_query_matches"][name]
         lines.append(f"- `{name}`: `q={q}` ({match['rows']:,} rows match, {100 * match['share']:.2f} %).")
+    lines.append(
+        f"- `{CAMERAS_QUERY}`: `GET /v1/cameras`, the 20 cameras with state, newest frame and counts by status and "
+        "events (the web page loads it beside the captions); items = cameras."
+    )
     lines += ["", "| database | version | seed total s (load / indexes / vacuum) | size MB | load process |"]
     lines.append("| --- | --- | --- | --- | --- |")
     for kind, entry in r["databases"].items():

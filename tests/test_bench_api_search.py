@@ -11,7 +11,8 @@ from pathlib import Path
 
 from helpers import REPO
 
-QUERIES = {"newest", "camera_range", "text_rare", "text_medium", "text_common", "text_two_words", "text_prefix"}
+SEARCHES = {"newest", "camera_range", "text_rare", "text_medium", "text_common", "text_two_words", "text_prefix"}
+QUERIES = {*SEARCHES, "cameras"}
 
 
 def test_api_search_benchmark_runs_end_to_end(tmp_path: Path) -> None:
@@ -34,11 +35,12 @@ def test_api_search_benchmark_runs_end_to_end(tmp_path: Path) -> None:
             expected = min(50, data["text_query_matches"][name]["rows"])
             assert sqlite["idle"][name]["items_median"] == expected, name
     assert data["text_query_matches"]["text_common"]["rows"] > 50
+    assert sqlite["idle"]["cameras"]["items_median"] == 20  # every camera of the corpus is listed
     # The load really ran beside the measurement, without errors.
     counts = sqlite["load_process"]["counts"]
     assert counts.get("writes", 0) >= 1
     assert not [name for name in counts if "error" in name], counts
-    assert set(sqlite["plans"]) == QUERIES
+    assert set(sqlite["plans"]) == SEARCHES
     markdown = (results / "api_search.md").read_text()
     assert "benchmarks.api_search --rows 2000" in markdown
     assert "| sqlite | newest |" in markdown

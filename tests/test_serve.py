@@ -10,11 +10,12 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ARTIFACTS, REPO, TINY_MODEL, run_cli, wait_for
+from helpers import REPO, TINY_MODEL, run_cli, wait_for
 from PIL import Image
 
 from visioncap.errors import ConfigError
@@ -280,38 +281,88 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def test_serve_command_starts_tiny_and_stops_it_on_sigterm(tmp_path: Path) -> None:
-    """`visioncap serve --profile tiny` as a user runs it: healthy, answering, gone with its workers on SIGTERM."""
-    port = free_port()
-    log = tmp_path / "serve.log"
-    with log.open("w") as stderr:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "visioncap", "serve", "--profile", "tiny", "--port", str(port)],
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-            cwd=REPO,
-        )
-    root = f"http://127.0.0.1:{port}"
-    try:
-        # The command's own report that vLLM is healthy, then the server itself.
-        wait_for(lambda: process.poll() is not None or "vLLM ready at" in log.read_text(), 300, "serve to report ready")
-        assert process.poll() is None, log.read_text()[-3000:]
-        assert [m["id"] for m in httpx.get(f"{root}/v1/models", timeout=10).json()["data"]] == [TINY_MODEL]
-        (vllm_pid,) = children_of(process.pid)  # vLLM leads its own process group
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=120)
-    assert "serve: GPU class: cpu" in log.read_text()
-    assert process.returncode in (0, -signal.SIGTERM), log.read_text()[-3000:]
-    assert group_members(vllm_pid) == []
-    assert not _healthy(root)
-
-
 def _healthy(root: str) -> bool:
     try:
         return httpx.get(f"{root}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+SMALL_MAX_PIXELS = 256 * 28 * 28
+
+
+class ServeCommand:
+    """`visioncap serve --profile tiny` as a user runs it, over a models folder whose tiny profile sets a smaller
+    image.max_pixels. A vLLM start costs ~30-60 s here, so the command's own test and the max_pixels test share
+    this one server instead of starting one each."""
+
+    def __init__(self, models: Path, log: Path) -> None:
+        self.models = models
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+        self.root = ""
+
+    def start(self) -> None:
+        """Start the command unless it runs; running() waits for it."""
+        if self.process is not None and self.process.poll() is None:
+            return
+        port = free_port()
+        self.root = f"http://127.0.0.1:{port}"
+        with self.log.open("w") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "visioncap", "serve", "--profile", "tiny", "--port", str(port)],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                cwd=REPO,
+                env={**os.environ, "VISIONCAP_MODELS_DIR": str(self.models)},
+            )
+
+    def running(self) -> subprocess.Popen[bytes]:
+        """The command, started (again, if a test stopped it) and reported ready by its own log line."""
+        self.start()
+        process = self.process
+        assert process is not None
+        wait_for(
+            lambda: process.poll() is not None or "vLLM ready at" in self.log.read_text(),
+            300,
+            "serve to report ready",
+        )
+        assert process.poll() is None, self.log.read_text()[-3000:]
+        return process
+
+    def stop(self) -> int | None:
+        """SIGTERM, as a service manager stops it; the exit code."""
+        if self.process is None:
+            return None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=120)
+
+
+@pytest.fixture(scope="module")
+def serve_command(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeCommand]:
+    models = tmp_path_factory.mktemp("serve-models")
+    text = (MODELS / "tiny.yaml").read_text()
+    smaller = text.replace("  token_size: 28", f"  max_pixels: {SMALL_MAX_PIXELS}\n  token_size: 28", 1)
+    assert smaller != text, "tiny.yaml has no image.token_size line to put max_pixels beside"
+    (models / "tiny.yaml").write_text(smaller)
+    # The built model and its builder are shared, not copied (the profile's paths are relative to its file).
+    (models / "build").symlink_to(MODELS / "build", target_is_directory=True)
+    (models / "build_tiny_qwen2vl.py").symlink_to(MODELS / "build_tiny_qwen2vl.py")
+    command = ServeCommand(models, models / "serve.log")
+    try:
+        yield command
+    finally:
+        command.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _serve_command_starts_early(request: pytest.FixtureRequest) -> None:
+    """When a selected test needs the command's server, start it with the module's first test: its vLLM start
+    (mostly single-threaded imports) then overlaps the dry runs and the parser check on the other core."""
+    selected = (item for item in request.session.items if getattr(item, "module", None) is request.module)
+    if any("serve_command" in getattr(item, "fixturenames", ()) for item in selected):
+        request.getfixturevalue("serve_command").start()
 
 
 def _image_prompt_tokens(base_url: str, width: int, height: int) -> int:
@@ -329,15 +380,33 @@ def _image_prompt_tokens(base_url: str, width: int, height: int) -> int:
     return int(response.json()["usage"]["prompt_tokens"])
 
 
-def test_profile_max_pixels_reaches_the_image_processor(vllm_server: VllmServer) -> None:
+# Before the SIGTERM test, which stops the command: in file order one vLLM start serves both (in another order
+# running() starts it again).
+def test_profile_max_pixels_reaches_the_image_processor(vllm_server: VllmServer, serve_command: ServeCommand) -> None:
     """image.max_pixels becomes --mm-processor-kwargs, and vLLM's processor really shrinks images to it."""
-    base = load_profile("tiny", MODELS)
-    smaller = base.model_copy(update={"image": ImageSpec(token_size=28, max_pixels=256 * 28 * 28)})
+    smaller = load_profile("tiny", serve_command.models)
+    assert smaller.image == ImageSpec(token_size=28, max_pixels=SMALL_MAX_PIXELS)
     assert flag_values(smaller.command_args("cpu"))["--mm-processor-kwargs"] == '{"max_pixels": 200704}'
+    assert "--mm-processor-kwargs" not in load_profile("tiny", MODELS).command_args("cpu")
     full = _image_prompt_tokens(vllm_server.base_url, 640, 480)
-    port = free_port()
-    log_file = ARTIFACTS / f"vllm-{port}.log"
-    with VllmServer(smaller, python=vllm_server.python, port=port, log_file=log_file) as server:
-        shrunk = _image_prompt_tokens(server.base_url, 640, 480)
+    serve_command.running()
+    shrunk = _image_prompt_tokens(f"{serve_command.root}/v1", 640, 480)
     # 640x480 is 23 x 17 = 391 tokens at the model's default; at 256 x 28^2 pixels, 18 x 13 = 234.
     assert full - shrunk == 391 - 234
+
+
+def test_serve_command_starts_tiny_and_stops_it_on_sigterm(serve_command: ServeCommand) -> None:
+    """`visioncap serve --profile tiny` as a user runs it: healthy, answering, gone with its workers on SIGTERM."""
+    try:
+        # The command's own report that vLLM is healthy (awaited by running()), then the server itself.
+        process = serve_command.running()
+        root = serve_command.root
+        assert [m["id"] for m in httpx.get(f"{root}/v1/models", timeout=10).json()["data"]] == [TINY_MODEL]
+        (vllm_pid,) = children_of(process.pid)  # vLLM leads its own process group
+    finally:
+        returncode = serve_command.stop()
+    log = serve_command.log.read_text()
+    assert "serve: GPU class: cpu" in log
+    assert returncode in (0, -signal.SIGTERM), log[-3000:]
+    assert group_members(vllm_pid) == []
+    assert not _healthy(root)

@@ -136,10 +136,11 @@ def test_tune_measures_each_budget_against_real_vllm_and_writes_the_profile(tmp_
     original = (models / "tiny.yaml").read_text()
     out = tmp_path / "out"
     env = {"VISIONCAP_MODELS_DIR": str(models), "VISIONCAP_DATA_DIR": str(tmp_path / "data")}
-    # In this process (not a child killed on a timeout), so each candidate's vLLM is always stopped.
-    result = CliRunner().invoke(
-        app, ["tune", "--profile", "tiny", "--budgets", "64,512", "--quick", "--out", str(out)], env=env
-    )
+    # In this process (not a child killed on a timeout), so each candidate's vLLM is always stopped. Two
+    # candidates (the fewest a choice needs) and a short measured phase: 4 s after the 2 s warm-up instead of
+    # --quick's 12 s, with chat at 2/s so that the seeded schedule still sends 9 chats in it.
+    args = ["tune", "--profile", "tiny", "--budgets", "64,512", "--quick", "--duration-s", "6", "--chat-rate", "2"]
+    result = CliRunner().invoke(app, [*args, "--out", str(out)], env=env)
     output = result.output
 
     results_file, png = out / "tiny-cpu.json", out / "tiny-cpu.png"

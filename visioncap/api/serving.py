@@ -14,9 +14,8 @@ from pathlib import Path
 
 import anyio
 import httpx
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.orm import Session
 from starlette.requests import Request
 
 from visioncap.api.errors import ApiError, bad_param
@@ -34,6 +33,7 @@ from visioncap.store.search import (
     captioned_since,
     latest_change,
     search_captions,
+    status_counts,
 )
 
 log = logging.getLogger(__name__)
@@ -162,9 +162,7 @@ class ApiService:
         return CameraList(items=[Camera.of(name, summaries.get(name), states.get(name)) for name in names])
 
     def status_counts(self) -> dict[str, int]:
-        with Session(self.engine) as session:
-            query = select(CaptionRecord.status, func.count()).group_by(CaptionRecord.status)
-            return {status: int(count) for status, count in session.execute(query)}
+        return status_counts(self.engine)
 
     # -- live stream -----------------------------------------------------------------------------
 

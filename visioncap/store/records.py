@@ -110,3 +110,32 @@ class CameraRecord(Base):
     last_frame_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     frames_analysed: Mapped[int] = mapped_column(Integer, default=0)  # in the reporting run
     reported_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class CaptionCountRecord(Base):
+    """Rows of `captions` per camera and status, kept by triggers (schema step 8) so no request counts rows."""
+
+    __tablename__ = "caption_counts"
+
+    camera: Mapped[str] = mapped_column(String(64), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    row_count: Mapped[int] = mapped_column(Integer)
+
+
+class CaptionEventRecord(Base):
+    """Rows of `captions` per camera and event key, kept by the same triggers: the distinct events of a camera."""
+
+    __tablename__ = "caption_events"
+
+    camera: Mapped[str] = mapped_column(String(64), primary_key=True)
+    event_key: Mapped[str] = mapped_column(String(96), primary_key=True)
+    row_count: Mapped[int] = mapped_column(Integer)
+
+
+class CaptionEventCountRecord(Base):
+    """Distinct non-empty event keys per camera (rows of `caption_events`), kept by triggers on that table."""
+
+    __tablename__ = "caption_event_counts"
+
+    camera: Mapped[str] = mapped_column(String(64), primary_key=True)
+    event_count: Mapped[int] = mapped_column(Integer)

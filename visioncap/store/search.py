@@ -13,10 +13,22 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Engine, Integer, Row, and_, func, or_, select, text
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Engine,
+    Integer,
+    Row,
+    and_,
+    func,
+    literal_column,
+    or_,
+    select,
+    text,
+)
 from sqlalchemy.orm import Session
 
-from visioncap.store.records import CaptionRecord, CaptionStatus
+from visioncap.store.records import CaptionCountRecord, CaptionEventCountRecord, CaptionRecord, CaptionStatus
 from visioncap.store.schema import PG_TS_CONFIG, PG_TSVECTOR_COLUMN
 
 _WORD = re.compile(r"\w+", re.UNICODE)
@@ -99,7 +111,9 @@ def _conditions(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool
     if query.min_people is not None:
         conditions.append(CaptionRecord.people_count >= query.min_people)
     if query.statuses:
-        conditions.append(CaptionRecord.status.in_(list(query.statuses)))
+        # The order-by index (capture time, or updated_at for the stream) must drive: SQLite without statistics
+        # chose the status index instead, reading most of a million rows (1.2-6 s).
+        conditions.append(_not_indexed(engine, CaptionRecord.status).in_(list(query.statuses)))
     if query.text:
         conditions.append(_text_condition(engine, query.text))
     return conditions
@@ -198,24 +212,55 @@ def search_captions(
     return rows, Position(rows[-1].captured_at, rows[-1].id)
 
 
+def _not_indexed(engine: Engine, column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """`column` as SQLite must not pick an index for (a unary +); as is elsewhere.
+
+    Without statistics SQLite prefers any equality to a range or an ORDER BY index: for `status` (nine rows in ten
+    are captioned) that meant reading most of the table and sorting it.
+    """
+    if engine.dialect.name != "sqlite":
+        return column
+    return literal_column(f"+captions.{column.name}", column.type)  # type: ignore[attr-defined]
+
+
 def camera_summaries(engine: Engine) -> list[CameraSummary]:
-    """Per camera: newest frame stored, newest caption, distinct events and rows by status; by camera name."""
-    by_status = select(CaptionRecord.camera, CaptionRecord.status, func.count(), func.max(CaptionRecord.captured_at))
-    by_status = by_status.group_by(CaptionRecord.camera, CaptionRecord.status)
-    events = select(CaptionRecord.camera, func.count(func.distinct(CaptionRecord.event_key)))
-    events = events.where(CaptionRecord.event_key != "").group_by(CaptionRecord.camera)
+    """Per camera: newest frame stored, newest caption, distinct events and rows by status; by camera name.
+
+    Counts come from the tables the triggers of schema step 8 keep; the newest times from the camera's
+    capture-time index (one short walk per camera). Nothing here reads every row.
+    """
+    counts = CaptionCountRecord.__table__
+    events = CaptionEventCountRecord.__table__
+    cameras = select(counts.c.camera).where(counts.c.row_count > 0).distinct().subquery()
+    newest = select(func.max(CaptionRecord.captured_at)).where(CaptionRecord.camera == cameras.c.camera)
+    newest_caption = (
+        select(CaptionRecord.captured_at)
+        .where(
+            CaptionRecord.camera == cameras.c.camera,
+            _not_indexed(engine, CaptionRecord.status) == CaptionStatus.CAPTIONED.value,
+        )
+        .order_by(CaptionRecord.captured_at.desc())
+        .limit(1)
+    )
+    times = select(cameras.c.camera, newest.scalar_subquery(), newest_caption.scalar_subquery())
     summaries: dict[str, CameraSummary] = {}
-    with Session(engine) as session:
-        for camera, status, count, newest in session.execute(by_status):
+    with engine.connect() as conn:
+        for camera, last_frame_at, last_caption_at in conn.execute(times):
+            summaries[camera] = CameraSummary(camera, last_frame_at=last_frame_at, last_caption_at=last_caption_at)
+        for camera, status, count in conn.execute(select(counts).where(counts.c.row_count > 0)):
             summary = summaries.setdefault(camera, CameraSummary(camera))
             summary.by_status[status] = summary.by_status.get(status, 0) + int(count)
-            if newest is not None and (summary.last_frame_at is None or newest > summary.last_frame_at):
-                summary.last_frame_at = newest
-            if status == CaptionStatus.CAPTIONED:
-                summary.last_caption_at = newest
-        for camera, count in session.execute(events):
+        for camera, count in conn.execute(select(events).where(events.c.event_count > 0)):
             summaries.setdefault(camera, CameraSummary(camera)).events = int(count)
     return [summaries[name] for name in sorted(summaries)]
+
+
+def status_counts(engine: Engine) -> dict[str, int]:
+    """Rows by status over all cameras (from the trigger-kept counts)."""
+    counts = CaptionCountRecord.__table__
+    query = select(counts.c.status, func.sum(counts.c.row_count)).group_by(counts.c.status)
+    with engine.connect() as conn:
+        return {status: int(total) for status, total in conn.execute(query) if total}
 
 
 def latest_change(engine: Engine) -> datetime | None:
@@ -240,7 +285,8 @@ def captioned_since(
     query = CaptionFilter(cameras=cameras, min_people=min_people, statuses=(CaptionStatus.CAPTIONED,))
     statement = (
         select(*_CAPTION_COLUMNS)
-        .where(*_conditions(engine, query), CaptionRecord.updated_at >= since - overlap)
+        .where(*_conditions(engine, query))
+        .where(CaptionRecord.updated_at >= since - overlap)
         .order_by(CaptionRecord.updated_at, CaptionRecord.id)
         .limit(limit)
     )

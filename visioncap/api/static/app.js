@@ -111,12 +111,30 @@ async function loadCameras() {
     const select = $("camera");
     const chosen = new Set([...select.selectedOptions].map((option) => option.value));
     select.replaceChildren(...cameras.map((camera) => {
-      const option = new Option(`${camera.camera} (${camera.captions})`, camera.camera);
+      const label = camera.state ? `${camera.camera} · ${camera.state}` : camera.camera;
+      const option = new Option(`${label} (${camera.captions})`, camera.camera);
       option.selected = chosen.has(camera.camera);
       return option;
     }));
     select.size = Math.min(4, Math.max(1, cameras.length));
   } catch (_) { /* shown by loadPage */ }
+}
+
+// Camera counts and states change as captions arrive and pipelines report: reload the list after live
+// captions (at most every few seconds) and on a slow timer for cameras the stream's filter leaves out.
+const CAMERAS_MIN_INTERVAL_MS = 3000;
+const CAMERAS_POLL_MS = 30000;
+let camerasTimer = null;
+let camerasLoadedAt = 0;
+
+function camerasSoon() {
+  if (camerasTimer) return;
+  const wait = Math.max(0, camerasLoadedAt + CAMERAS_MIN_INTERVAL_MS - Date.now());
+  camerasTimer = setTimeout(() => {
+    camerasTimer = null;
+    camerasLoadedAt = Date.now();
+    loadCameras();
+  }, wait);
 }
 
 function matchesFilters(caption) {
@@ -155,6 +173,7 @@ async function follow() {
         state.shown.add(caption.id);
         $("captions").prepend(card(caption, true));
         setStatus(`${state.shown.size} captions shown (live)`);
+        camerasSoon();
       }
     }
   } catch (error) {
@@ -165,6 +184,7 @@ async function follow() {
 }
 
 function refresh() {
+  camerasLoadedAt = Date.now();
   loadCameras();
   loadPage(true);
   follow();
@@ -187,4 +207,5 @@ if (fragmentKey) {
   localStorage.setItem("visioncap.key", fragmentKey);
   history.replaceState(null, "", location.pathname);
 }
+setInterval(() => { if (state.key && !document.hidden) camerasSoon(); }, CAMERAS_POLL_MS);
 if (state.key) refresh(); else setStatus("Enter an API key (visioncap api-key makes one).");
