@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -203,8 +204,10 @@ def test_web_page_shows_filters_and_follows_captions(site: tuple[str, Writer], b
             "article.card img", "imgs => imgs.map((i) => [i.naturalWidth, i.naturalHeight])"
         )
         assert sizes == [[s.width, s.height] for s in reversed(SEEDED)]
-        # The camera list comes from /v1/cameras.
+        # The camera list comes from /v1/cameras, with each camera's stored rows.
         expect(page.locator("#camera option")).to_have_count(3)
+        gate = page.locator("#camera option", has_text="gate")
+        expect(gate).to_have_text(re.compile(r"^gate\b.*\(1\)$"))
 
         # Camera filter.
         page.select_option("#camera", "lobby")
@@ -243,6 +246,9 @@ def test_web_page_shows_filters_and_follows_captions(site: tuple[str, Writer], b
             LIVE.height,
         ]
         expect(page.locator("#status")).to_contain_text("live")
+        # The live caption's camera count follows without a reload: the page reloads the list within 3 s of live
+        # captions. The bound is below the page's 30 s timer, so only the live-caption reload passes in time.
+        expect(gate).to_have_text(re.compile(r"^gate\b.*\(2\)$"), timeout=12_000)
 
         SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(SCREENSHOT), full_page=True)
