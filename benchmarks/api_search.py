@@ -825,7 +825,7 @@ def to_filter(params: dict[str, Any]) -> CaptionFilter:
 
 
 def measure_queries(engine: Engine, corpus: Corpus, samples: int, budget_s: float) -> dict[str, Any]:
-    """`search_captions` alone, in this process (the database and the ORM, without HTTP and JSON): ms."""
+    """`search_captions` (or `camera_summaries`) alone in this process (database and SQLAlchemy, no HTTP/JSON): ms."""
     queries = request_params(random.Random(3), corpus)
     latencies: dict[str, list[float]] = {name: [] for name in queries}
     for _ in range(samples):
