@@ -12,6 +12,9 @@ from typing import Any
 
 import httpx
 import yaml
+from sqlalchemy import Engine, text
+
+from visioncap.store.schema import MIGRATIONS
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
@@ -82,3 +85,12 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
         env={**os.environ, **(env or {})},
         cwd=REPO,
     )
+
+
+def database_at_version(engine: Engine, version: int) -> None:
+    """An empty database as visioncap left it at schema `version`: its first migration steps, the version noted."""
+    with engine.begin() as conn:
+        for step in MIGRATIONS[:version]:
+            step(conn)
+        conn.execute(text("CREATE TABLE visioncap_schema (version INTEGER NOT NULL)"))
+        conn.execute(text("INSERT INTO visioncap_schema VALUES (:version)"), {"version": version})

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import database_at_version
 from pg import database_url_for
 from sqlalchemy import Engine, func, select, text
 
@@ -19,7 +20,7 @@ from visioncap.frames import Caption
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 from visioncap.store.records import CaptionRecord
 from visioncap.store.retention import RetentionPolicy, sweep
-from visioncap.store.schema import MIGRATIONS, SCHEMA_VERSION, ensure_schema, schema_version
+from visioncap.store.schema import SCHEMA_VERSION, ensure_schema, schema_version
 from visioncap.store.search import camera_summaries, status_counts
 
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -140,11 +141,8 @@ def test_counts_follow_every_kind_of_write(database_url: str, tmp_path: Path) ->
 
 def test_a_database_from_before_the_counts_gets_them_from_its_rows(database_url: str) -> None:
     engine = create_db_engine(database_url)
+    database_at_version(engine, 7)
     with engine.begin() as conn:
-        for step in MIGRATIONS[:7]:
-            step(conn)
-        conn.execute(text("CREATE TABLE visioncap_schema (version INTEGER NOT NULL)"))
-        conn.execute(text("INSERT INTO visioncap_schema VALUES (7)"))
         # Version 7 had no count tables; the models now declare them, so drop what step 1 made of them.
         for table in ("caption_counts", "caption_events", "caption_event_counts"):
             conn.execute(text(f"DROP TABLE {table}"))

@@ -11,13 +11,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from helpers import database_at_version
 from pg import fresh_database
 from sqlalchemy import Engine, insert, select, text
 
 from visioncap.store import create_db_engine
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import (
-    MIGRATIONS,
     PG_TSVECTOR,
     PG_TSVECTOR_COLUMN,
     SCHEMA_VERSION,
@@ -142,11 +142,7 @@ def test_postgresql_database_from_before_the_stored_tsvector_is_migrated(request
     url = fresh_database(request.getfixturevalue("postgres"))
     engine = create_db_engine(url)
     # Version 6: full-text search through the expression index only, rows already written.
-    with engine.begin() as conn:
-        for step in MIGRATIONS[:6]:
-            step(conn)
-        conn.execute(text("CREATE TABLE visioncap_schema (version INTEGER NOT NULL)"))
-        conn.execute(text("INSERT INTO visioncap_schema VALUES (6)"))
+    database_at_version(engine, 6)
     seed(engine, "none")
     assert schema_version(engine) == 6
 
