@@ -136,7 +136,7 @@ _NEWEST_FIRST = (CaptionRecord.captured_at.desc(), CaptionRecord.id.desc())
 
 
 def _sqlite_text_page(
-    engine: Engine, session: Connection, query: CaptionFilter, match: str, size: int, after: Position | None
+    engine: Engine, conn: Connection, query: CaptionFilter, match: str, size: int, after: Position | None
 ) -> list[CaptionRow] | None:
     """The first `size` rows of a text search newest first, reading only the newest matches; None: undecided.
 
@@ -163,7 +163,7 @@ def _sqlite_text_page(
         ranked = select(matches.c.rowid, CaptionRecord.captured_at).select_from(
             matches.outerjoin(CaptionRecord, and_(CaptionRecord.id == matches.c.rowid, *others))
         )
-        found = session.execute(ranked).all()
+        found = conn.execute(ranked).all()
         if found:
             kept = ((at, row_id) for row_id, at in found if at is not None)
             best = sorted([*best, *kept], reverse=True)[:size]
@@ -178,14 +178,14 @@ def _sqlite_text_page(
                 newest_unread = newest_unread.where(CaptionRecord.captured_at < query.until)
             if after is not None:
                 newest_unread = newest_unread.where(CaptionRecord.captured_at <= after.captured_at)
-            if session.scalar(newest_unread.limit(1)) is None:
+            if conn.scalar(newest_unread.limit(1)) is None:
                 break
     else:
         return None
     if not best:
         return []
     statement = select(*_CAPTION_COLUMNS).where(CaptionRecord.id.in_([row_id for _, row_id in best]))
-    return list(session.execute(statement.order_by(*_NEWEST_FIRST)))
+    return list(conn.execute(statement.order_by(*_NEWEST_FIRST)))
 
 
 def search_captions(
@@ -201,11 +201,11 @@ def search_captions(
     """
     dialect = engine.dialect.name
     match = fts5_query(query.text) if query.text and dialect == "sqlite" else None
-    with engine.connect() as session:
-        rows = _sqlite_text_page(engine, session, query, match, limit + 1, after) if match is not None else None
+    with engine.connect() as conn:
+        rows = _sqlite_text_page(engine, conn, query, match, limit + 1, after) if match is not None else None
         if rows is None:
             statement = select(*_CAPTION_COLUMNS).where(*_conditions(engine, query), *_after(after))
-            rows = list(session.execute(statement.order_by(*_NEWEST_FIRST).limit(limit + 1)))
+            rows = list(conn.execute(statement.order_by(*_NEWEST_FIRST).limit(limit + 1)))
     if len(rows) <= limit:
         return rows, None
     rows = rows[:limit]
