@@ -52,10 +52,6 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
         async with httpx.AsyncClient(timeout=httpx.Timeout(3.0)) as client:
             api.http = client
             retention.start()
-            # Everything alive now (the app, SQLAlchemy, pydantic, ~110,000 objects) lives as long as the process:
-            # out of the collector's sight, a full collection no longer stalls a request for ~80 ms (measured).
-            gc.collect()
-            gc.freeze()
             try:
                 yield
             finally:
@@ -104,4 +100,8 @@ def serve(settings: ApiSettings, host: str = "127.0.0.1", port: int = 8090, log_
 
     app = create_app(settings)
     log.info("API on http://%s:%d (database %s)", host, port, app.state.api.engine.url.render_as_string())
+    # Everything alive now (the app, SQLAlchemy, pydantic: ~110,000 objects) lives as long as the process. Out of
+    # the collector's sight, a full collection no longer stalls a request for ~80 ms (measured on a million rows).
+    gc.collect()
+    gc.freeze()
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
