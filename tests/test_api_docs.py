@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from helpers import ARTIFACTS
+from helpers import ARTIFACTS, CHROMIUM_FLAGS
 
 from visioncap.api import create_app
 from visioncap.api.settings import ApiKey, ApiSettings, hash_key
@@ -93,12 +93,7 @@ def test_swagger_ui_renders_in_headless_chromium_without_any_other_host(api_url:
     command = [
         chromium,
         "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
+        *CHROMIUM_FLAGS,
         f"--user-data-dir={tmp_path / 'chromium'}",
         # Every host but the API's fails to resolve: a page that needed a CDN would render nothing.
         "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",

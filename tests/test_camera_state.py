@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from helpers import pipeline_dict, run_cli, wait_for, write_pipeline
-from pg import database_url_for
 from sqlalchemy import event, text
 
 from visioncap.api import create_app
@@ -27,18 +26,6 @@ from visioncap.store.schema import SCHEMA_VERSION, ensure_schema, schema_version
 READ_KEY = "cameras-read-key"
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TIMEOUT = 30  # seconds; a bound on a broken test, never a measurement
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return database_url_for(request, tmp_path)
-
-
-@pytest.fixture
-def store(database_url: str) -> CaptionStore:
-    store = CaptionStore(create_db_engine(database_url))
-    store.create_schema()
-    return store
 
 
 def report(camera: str, state: str, **changes: Any) -> CameraReport:

@@ -11,9 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pytest
 from helpers import database_at_version
-from pg import database_url_for
 from sqlalchemy import Engine, func, select, text
 
 from visioncap.frames import Caption
@@ -24,11 +22,6 @@ from visioncap.store.schema import SCHEMA_VERSION, ensure_schema, schema_version
 from visioncap.store.search import camera_summaries, status_counts
 
 NOW = datetime.now(UTC).replace(microsecond=0)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    return database_url_for(request, tmp_path)
 
 
 def new_caption(index: int, camera: str, event: int, age_days: float = 0.0) -> NewCaption:

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from helpers import run_cli, wait_for
-from pg import database_url_for
 from PIL import Image
 from prometheus_client import CollectorRegistry
 
@@ -60,18 +59,6 @@ def new_caption(camera: str, captured_at: datetime, index: int = 0, **changes: A
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, data_dir: Path) -> str:
-    return database_url_for(request, data_dir)
-
-
-@pytest.fixture
-def store(database_url: str) -> CaptionStore:
-    store = CaptionStore(create_db_engine(database_url))
-    store.create_schema()
-    return store
 
 
 class Rows:

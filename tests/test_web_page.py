@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ARTIFACTS, start_cli, wait_for
+from helpers import ARTIFACTS, CHROMIUM_FLAGS, start_cli, wait_for
 from PIL import Image, ImageDraw
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
@@ -32,15 +32,6 @@ from visioncap.serve import free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 
 CHROMIUM = Path("/usr/bin/chromium")
-# ENVIRONMENT.md's flags for this machine; Playwright adds --headless and a fresh profile directory itself.
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 KEY = "web-page-read-key"
 TIMEOUT_S = 30  # a bound on a broken test, never a measurement
 T0 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
@@ -145,7 +136,7 @@ def browser() -> Iterator[Browser]:
     if not CHROMIUM.is_file() or shutil.which(str(CHROMIUM)) is None:
         pytest.skip("Chromium is not installed (apt-get install -y --no-install-recommends chromium)")
     with sync_playwright() as playwright:
-        # Debian's Chromium, never a browser Playwright downloads.
+        # Debian's Chromium, never a browser Playwright downloads; Playwright adds a fresh profile itself.
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
         try:
             yield chromium

@@ -131,25 +131,24 @@ def _stored_tsvector(conn: Connection) -> None:
 # Counts per camera for GET /v1/cameras and /metrics, kept by triggers in the writer's transaction: counting a
 # million rows took 4 s (PostgreSQL) to 15 s (SQLite) per request. `status` and `event_key` changes move a row
 # between counts (a pending row becoming captioned); deletes (retention) take it out.
-_SQLITE_COUNT_TRIGGERS = (
-    "CREATE TRIGGER IF NOT EXISTS captions_counts_insert AFTER INSERT ON captions BEGIN "
+# What a row adds to the counts (`new`) and takes from them (`old`); an update does both.
+_SQLITE_COUNT_IN = (
     "INSERT INTO caption_counts(camera, status, row_count) VALUES (new.camera, new.status, 1) "
     "ON CONFLICT(camera, status) DO UPDATE SET row_count = row_count + 1; "
     "INSERT INTO caption_events(camera, event_key, row_count) VALUES (new.camera, new.event_key, 1) "
-    "ON CONFLICT(camera, event_key) DO UPDATE SET row_count = row_count + 1; END",
-    "CREATE TRIGGER IF NOT EXISTS captions_counts_delete AFTER DELETE ON captions BEGIN "
-    "UPDATE caption_counts SET row_count = row_count - 1 WHERE camera = old.camera AND status = old.status; "
-    "UPDATE caption_events SET row_count = row_count - 1 WHERE camera = old.camera AND event_key = old.event_key; "
-    "DELETE FROM caption_events WHERE camera = old.camera AND event_key = old.event_key AND row_count <= 0; END",
-    "CREATE TRIGGER IF NOT EXISTS captions_counts_update AFTER UPDATE OF camera, status, event_key ON captions "
-    "WHEN old.camera IS NOT new.camera OR old.status IS NOT new.status OR old.event_key IS NOT new.event_key BEGIN "
+    "ON CONFLICT(camera, event_key) DO UPDATE SET row_count = row_count + 1; "
+)
+_SQLITE_COUNT_OUT = (
     "UPDATE caption_counts SET row_count = row_count - 1 WHERE camera = old.camera AND status = old.status; "
     "UPDATE caption_events SET row_count = row_count - 1 WHERE camera = old.camera AND event_key = old.event_key; "
     "DELETE FROM caption_events WHERE camera = old.camera AND event_key = old.event_key AND row_count <= 0; "
-    "INSERT INTO caption_counts(camera, status, row_count) VALUES (new.camera, new.status, 1) "
-    "ON CONFLICT(camera, status) DO UPDATE SET row_count = row_count + 1; "
-    "INSERT INTO caption_events(camera, event_key, row_count) VALUES (new.camera, new.event_key, 1) "
-    "ON CONFLICT(camera, event_key) DO UPDATE SET row_count = row_count + 1; END",
+)
+_SQLITE_COUNT_TRIGGERS = (
+    f"CREATE TRIGGER IF NOT EXISTS captions_counts_insert AFTER INSERT ON captions BEGIN {_SQLITE_COUNT_IN}END",
+    f"CREATE TRIGGER IF NOT EXISTS captions_counts_delete AFTER DELETE ON captions BEGIN {_SQLITE_COUNT_OUT}END",
+    "CREATE TRIGGER IF NOT EXISTS captions_counts_update AFTER UPDATE OF camera, status, event_key ON captions "
+    "WHEN old.camera IS NOT new.camera OR old.status IS NOT new.status OR old.event_key IS NOT new.event_key "
+    f"BEGIN {_SQLITE_COUNT_OUT}{_SQLITE_COUNT_IN}END",
 )
 _PG_COUNT_FUNCTION = """CREATE OR REPLACE FUNCTION visioncap_caption_counts() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
