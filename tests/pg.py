@@ -3,6 +3,7 @@ conftest.py starts one per session, `fresh_database` gives each test its own dat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -11,7 +12,6 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,30 +23,55 @@ def postgres_bin() -> Path | None:
     return found[-1].parent if found else None
 
 
+class PostgresCluster:
+    """A throwaway cluster on a free loopback port; `stop()` and `start()` take it down and back on the same port
+    (what a database restart or outage looks like to its clients)."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+        # Not under pytest's tmp dir: the server user must be able to reach it.
+        self.root = Path(tempfile.mkdtemp(prefix="visioncap-pg-"))
+        self.cluster, sock = self.root / "cluster", self.root / "sock"
+        sock.mkdir()
+        # initdb refuses root: run the server as the package's `postgres` user when we are root.
+        self._prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self._prefix:
+            shutil.chown(self.root, "postgres")
+            shutil.chown(sock, "postgres")
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self._options = f"-p {self.port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(str(bin_dir / "initdb"), "-D", str(self.cluster), "-U", "visioncap", "--auth=trust", "-E", "UTF8")
+        self.base_url = f"postgresql+psycopg://visioncap@127.0.0.1:{self.port}"
+
+    def _run(self, *args: str) -> None:
+        subprocess.run([*self._prefix, *args], check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        """Returns once the server accepts connections (`pg_ctl -w`)."""
+        pg_ctl = str(self.bin_dir / "pg_ctl")
+        self._run(pg_ctl, "-D", str(self.cluster), "-o", self._options, "-w", "-l", str(self.root / "log"), "start")
+
+    def stop(self) -> None:
+        """An immediate stop: open connections break as they would when the server dies."""
+        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.cluster), "-m", "immediate", "-w", "stop")
+
+    def remove(self) -> None:
+        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
+            self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @contextmanager
 def postgres_cluster(bin_dir: Path) -> Iterator[str]:
-    """A cluster on a free loopback port for the duration of the block; its base URL (no database name)."""
-    # Not under pytest's tmp dir: the server user must be able to reach it.
-    root = Path(tempfile.mkdtemp(prefix="visioncap-pg-"))
-    cluster, sock = root / "cluster", root / "sock"
-    sock.mkdir()
-    # initdb refuses root: run the server as the package's `postgres` user when we are root.
-    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    if prefix:
-        shutil.chown(root, "postgres")
-        shutil.chown(sock, "postgres")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    run = partial(subprocess.run, check=True, capture_output=True, timeout=120)
-    run([*prefix, str(bin_dir / "initdb"), "-D", str(cluster), "-U", "visioncap", "--auth=trust", "-E", "UTF8"])
-    options = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"
-    run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(cluster), "-o", options, "-w", "-l", str(root / "log"), "start"])
+    """A cluster for the duration of the block; its base URL (no database name)."""
+    cluster = PostgresCluster(bin_dir)
+    cluster.start()
     try:
-        yield f"postgresql+psycopg://visioncap@127.0.0.1:{port}"
+        yield cluster.base_url
     finally:
-        run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(cluster), "-m", "immediate", "stop"])
-        shutil.rmtree(root, ignore_errors=True)
+        cluster.remove()
 
 
 def fresh_database(base_url: str) -> str:

@@ -25,3 +25,13 @@ IMAGE_TOKENS = Counter("visioncap_image_tokens_total", "Image tokens sent to the
 CAMERA_STATE = Gauge(
     "visioncap_camera_state", "1 for the camera's current state, 0 for the others.", ["camera", "state"]
 )
+STORE_AVAILABLE = Gauge(
+    "visioncap_store_available", "1 while the caption database takes writes, 0 while rows wait in the journal."
+)
+STORE_ERRORS = Counter(
+    "visioncap_store_errors_total", "Database writes or reads that failed because the database was unavailable."
+)
+JOURNAL_ENTRIES = Gauge(
+    "visioncap_journal_entries", "Frames and outcomes kept on local disk until the database takes them."
+)
+DISK_FULL = Gauge("visioncap_disk_full", "1 while selected frames cannot be saved for lack of disk space.")

@@ -7,10 +7,15 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from visioncap.store.safety import describe, is_unavailable
+
 log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = "5"  # seconds; a PostgreSQL restart or fail-over takes a few
 
 _TYPES = {
     400: "invalid_request_error",
@@ -66,6 +71,16 @@ def install_handlers(app: FastAPI) -> None:
         param = loc[0] if loc else None
         message = str(first.get("msg", "invalid value"))
         return error_response(422, f"{param}: {message}" if param else message, param)
+
+    @app.exception_handler(SQLAlchemyError)
+    async def database_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:
+        if not is_unavailable(exc):
+            return await unexpected(request, exc)
+        # The database is restarting or unreachable: a client should come back, not treat it as a bug of ours.
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, describe(exc))
+        return error_response(
+            503, "the caption database is unavailable; try again shortly", headers={"Retry-After": RETRY_AFTER_S}
+        )
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

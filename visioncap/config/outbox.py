@@ -24,3 +24,15 @@ class OutboxConfig(StrictModel):
         description="When all sources have ended, seconds to wait for pending captions; what is left stays "
         "pending and is captioned first by the next run.",
     )
+    journal_capacity: int = Field(
+        default=10_000,
+        ge=1,
+        description="Most frames kept in the local journal (DATA_DIR/journal/) while the database is away; beyond "
+        "it, frames are counted and logged as skipped (journal_full). Each entry is a JSON file of about 1 KB "
+        "beside the frame's own image.",
+    )
+    store_retry_max_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="Longest wait between attempts to write the journal to the database while it is away.",
+    )

@@ -5,10 +5,16 @@ and each ends `captioned`, `failed` (refused for good) or back in the queue afte
 exponential backoff. Rows still pending when a process stops are captioned first by the next one. The queue
 is bounded: when full, frames of the same event are coalesced (the best kept) and others are recorded as
 `skipped` with the reason, so memory and disk stay bounded however long the VLM is away.
+
+The database may be away too. Then rows and outcomes go to the journal (`journal.py`, local disk, bounded by
+`outbox.journal_capacity`) and a flusher thread writes them when it answers again; selection and captioning go
+on meanwhile, and an answer the VLM gave is never asked for twice. A frame whose image cannot be written (a
+full disk) is recorded as skipped with reason `disk_full`; the others go on.
 """
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import logging
@@ -25,17 +31,38 @@ from pathlib import Path
 from visioncap import metrics
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
+from visioncap.pipeline.journal import Journal, JournalEntry, Outcome
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption
+from visioncap.store.safety import describe, is_unavailable
 
 log = logging.getLogger(__name__)
+
+# One line per camera per this many seconds while its frames cannot be written: a full disk lasts a while.
+DISK_WARN_EVERY_S = 60.0
+STORE_RETRY_INITIAL_S = 0.5
 
 
 class PutResult(StrEnum):
     QUEUED = "queued"
+    JOURNALED = "journaled"  # queued; the database is away, so its row waits in the journal
     REPLACED = "replaced"  # queue full: this frame took the place of a worse one of its event
     COALESCED = "coalesced"  # queue full: a better frame of the event is already waiting; recorded as skipped
     QUEUE_FULL = "queue-full"  # queue full and nothing of its event to coalesce with; recorded as skipped
+    DISK_FULL = "disk_full"  # its image could not be written; recorded as skipped
+    JOURNAL_FULL = "journal_full"  # neither the database nor the journal could take it; counted and logged
     DUPLICATE = "duplicate"  # this camera already has a row for this instant (a re-run of a file)
+
+
+CAPTIONING = (PutResult.QUEUED, PutResult.JOURNALED, PutResult.REPLACED)
+
+
+def _needs_caption(entry: JournalEntry) -> bool:
+    return entry.outcome is None or entry.outcome.status is CaptionStatus.PENDING
+
+
+def _inserted_final(new: NewCaption, outcome: Outcome | None) -> bool:
+    """A frame skipped before its image was written is inserted in its final state, in one statement."""
+    return outcome is not None and outcome.status is CaptionStatus.SKIPPED and not new.image_path
 
 
 @dataclass(order=True)
@@ -44,12 +71,26 @@ class OutboxItem:
 
     due: float
     seq: int
-    id: int = field(compare=False)
+    key: str = field(compare=False)  # its image path: known before the database has its row
+    id: int | None = field(compare=False)  # the row id; None while the row waits in the journal
     camera: str = field(compare=False)
     event_key: str = field(compare=False)
     score: float = field(compare=False)
     image_path: Path | None = field(compare=False)
     attempts: int = field(compare=False, default=0)
+
+
+@dataclass(frozen=True, slots=True)
+class StorageHealth:
+    """What `/readyz` and the metrics say of the pipeline's storage."""
+
+    database_ok: bool
+    database_down_since: float | None  # time.time() of the first failure of the current outage
+    database_error: str | None
+    journal_entries: int
+    disk_ok: bool
+    disk_full_since: float | None
+    disk_full_frames: int  # frames skipped for a full disk in this process
 
 
 class Outbox:
@@ -62,43 +103,91 @@ class Outbox:
         config: OutboxConfig,
         clock: Callable[[], float] = time.monotonic,
         pipeline: str | None = None,
+        on_disk_full: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
         self._pipeline = pipeline
         self._data_dir = data_dir
         self._config = config
         self._clock = clock
+        self._on_disk_full = on_disk_full
         self._lock = threading.Condition()
         self._heap: list[OutboxItem] = []
-        self._queued: dict[int, OutboxItem] = {}  # waiting, not in flight
-        self._by_event: dict[str, int] = {}  # event key -> id of its waiting frame
-        self._in_flight: dict[int, OutboxItem] = {}
+        self._queued: dict[str, OutboxItem] = {}  # by key: waiting, not in flight
+        self._by_event: dict[str, str] = {}  # event key -> key of its waiting frame
+        self._in_flight: dict[str, OutboxItem] = {}
         self._seq = itertools.count()
         self._closed = False
         self.counts: Counter[str] = Counter()  # outcomes of this process: captioned, failed, skipped, duplicate
+        self._journal = Journal(data_dir, pipeline)
+        self._journaled: dict[str, JournalEntry] = {}
+        self._journal_loaded = False
+        self._flusher: threading.Thread | None = None
+        self._down_since: float | None = None
+        self._down_error: str | None = None
+        self._disk_full_since: float | None = None
+        self._disk_warned: dict[str, float] = {}  # camera -> when its last disk warning was logged
+        metrics.STORE_AVAILABLE.set(1)
 
     # -- producer side ---------------------------------------------------------------------------
 
     def recover(self) -> int:
-        """Queue pending rows this process does not hold yet: those a previous run left (ahead of anything new)
-        and those put back later, e.g. by the API's regenerate. Returns how many were added."""
-        rows = self._store.pending(self._pipeline)
+        """Queue frames this process does not hold yet: what a previous run left (its journal, then its pending
+        rows, ahead of anything new) and rows put back later, e.g. by the API's regenerate. Returns how many were
+        added. While the database is away only the journal is read."""
+        added = 0
+        if not self._journal_loaded:
+            self._journal_loaded = True
+            added += self._load_journal()
         with self._lock:
-            rows = [r for r in rows if r.id not in self._queued and r.id not in self._in_flight]
+            if self._down_since is not None:
+                return added
+        try:
+            rows = self._store.pending(self._pipeline)
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self._store_failed(exc)
+            return added
+        with self._lock:
+            # A journaled outcome that is final must not be captioned again, though its row is still pending.
+            settled = {key for key, entry in self._journaled.items() if not _needs_caption(entry)}
+            held = self._queued.keys() | self._in_flight.keys() | settled
+            rows = [r for r in rows if (r.image_path or f"#{r.id}") not in held]
             for row in rows:
-                item = OutboxItem(
-                    due=self._clock(),
-                    seq=next(self._seq),
-                    id=row.id,
-                    camera=row.camera,
-                    event_key=row.event_key,
-                    score=row.score,
-                    image_path=self._data_dir / row.image_path if row.image_path else None,
-                    attempts=row.attempts,
+                self._enqueue(
+                    OutboxItem(
+                        due=self._clock(),
+                        seq=next(self._seq),
+                        key=row.image_path or f"#{row.id}",
+                        id=row.id,
+                        camera=row.camera,
+                        event_key=row.event_key,
+                        score=row.score,
+                        image_path=self._data_dir / row.image_path if row.image_path else None,
+                        attempts=row.attempts,
+                    )
                 )
-                self._enqueue(item)
             self._lock.notify_all()
-        return len(rows)
+        return added + len(rows)
+
+    def _load_journal(self) -> int:
+        entries = self._journal.load()
+        if not entries:
+            return 0
+        queued = 0
+        with self._lock:
+            for entry in entries:
+                self._journaled[entry.key] = entry
+                # A frame the database has (a row id, no new row) comes back with its pending row in `recover`.
+                if _needs_caption(entry) and entry.new is not None and entry.new.image_path:
+                    attempts = entry.outcome.attempts if entry.outcome else 0
+                    self._enqueue(self._item(entry.key, entry.row_id, entry.new, attempts))
+                    queued += 1
+            self._publish()
+        log.info("outbox: %d journal entries from an earlier run (%d frames to caption)", len(entries), queued)
+        self._start_flusher()
+        return queued
 
     @property
     def depth(self) -> int:
@@ -106,56 +195,126 @@ class Outbox:
             return len(self._queued) + len(self._in_flight)
 
     def put(self, new: NewCaption, jpeg: bytes) -> tuple[PutResult, int | None]:
-        """Save and record a selected frame; returns what happened and the row id (None for a duplicate)."""
+        """Save and record a selected frame; returns what happened and the row id (None when it has none yet)."""
         with self._lock:
             full = len(self._queued) + len(self._in_flight) >= self._config.capacity
-            rival_id = self._by_event.get(new.event_key) if full else None
-            rival = self._queued.get(rival_id) if rival_id is not None else None
+            rival_key = self._by_event.get(new.event_key) if full else None
+            rival = self._queued.get(rival_key) if rival_key is not None else None
         if full and (rival is None or rival.score >= new.score):
             reason = (
-                f"coalesced: a better frame of this event is waiting (#{rival.id})"
+                f"coalesced: a better frame of this event is waiting (#{rival.id or rival.key})"
                 if rival is not None
                 else f"queue-full: {self._config.capacity} frames already waiting"
             )
-            row_id = self._store.add(new, status=CaptionStatus.SKIPPED, error=reason)
-            if row_id is None:
-                self._count("duplicate")
-                return PutResult.DUPLICATE, None
-            self._count("skipped")
-            metrics.FRAMES_SKIPPED.labels(new.camera, reason.split(":")[0]).inc()
+            result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=reason))
+            if result is PutResult.DUPLICATE:
+                return result, None
+            self._skipped(new.camera, "coalesced" if rival is not None else "queue-full")
             return (PutResult.COALESCED if rival is not None else PutResult.QUEUE_FULL), row_id
 
-        relative = self._write_image(new, jpeg)
-        row_id = self._store.add(replace(new, image_path=str(relative)))
-        if row_id is None:
+        try:
+            relative = self._write_image(new, jpeg)
+        except OSError as exc:
+            return self._unwritable(new, exc)
+        new = replace(new, image_path=str(relative))
+        result, row_id = self._record_new(new, None)
+        if result is PutResult.DUPLICATE:
             (self._data_dir / relative).unlink(missing_ok=True)
-            self._count("duplicate")
-            return PutResult.DUPLICATE, None
-        item = OutboxItem(
+            return result, None
+        if result is PutResult.JOURNAL_FULL:
+            (self._data_dir / relative).unlink(missing_ok=True)
+            self._skipped(new.camera, "journal_full")
+            self._warn_disk(new.camera, f"camera {new.camera}: the database is away and the journal is full")
+            return result, None
+        item = self._item(str(relative), row_id, new, 0)
+        replaced = None
+        with self._lock:
+            if rival is not None and self._queued.get(rival.key) is rival:
+                replaced = self._dequeue(rival.key)
+            self._enqueue(item)
+            self._lock.notify_all()
+        if replaced is not None:
+            reason = f"coalesced: replaced by a better frame of this event (#{row_id or item.key})"
+            self._settle(replaced, Outcome(CaptionStatus.SKIPPED, replaced.attempts, error=reason, image_removed=True))
+            self._skipped(replaced.camera, "coalesced")
+            if replaced.image_path is not None:
+                replaced.image_path.unlink(missing_ok=True)
+            return PutResult.REPLACED, row_id
+        return result, row_id
+
+    def _item(self, key: str, row_id: int | None, new: NewCaption, attempts: int) -> OutboxItem:
+        return OutboxItem(
             due=self._clock(),
             seq=next(self._seq),
+            key=key,
             id=row_id,
             camera=new.camera,
             event_key=new.event_key,
             score=new.score,
-            image_path=self._data_dir / relative,
+            image_path=self._data_dir / new.image_path if new.image_path else None,
+            attempts=attempts,
         )
-        replaced = None
+
+    def _record_new(self, new: NewCaption, outcome: Outcome | None) -> tuple[PutResult, int | None]:
+        """Insert the frame's row now, or journal it while the database is away."""
         with self._lock:
-            if rival is not None and self._queued.get(rival.id) is rival:
-                replaced = self._dequeue(rival.id)
-            self._enqueue(item)
-            self._lock.notify()
-        if replaced is not None:
-            self._store.mark_skipped(
-                replaced.id, f"coalesced: replaced by a better frame of this event (#{row_id})", image_removed=True
-            )
-            self._count("skipped")
-            metrics.FRAMES_SKIPPED.labels(replaced.camera, "coalesced").inc()
-            if replaced.image_path is not None:
-                replaced.image_path.unlink(missing_ok=True)
-            return PutResult.REPLACED, row_id
-        return PutResult.QUEUED, row_id
+            down = self._down_since is not None
+        if not down:
+            status = outcome.status if outcome is not None else CaptionStatus.PENDING
+            try:
+                row_id = self._store.add(new, status=status, error=outcome.error if outcome else None)
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+                self._store_failed(exc)
+            else:
+                if row_id is None:
+                    self._count("duplicate")
+                    return PutResult.DUPLICATE, None
+                self._store_ok()
+                return PutResult.QUEUED, row_id
+        with self._lock:
+            if len(self._journaled) >= self._config.journal_capacity:
+                self.counts["journal_full"] += 1
+                return PutResult.JOURNAL_FULL, None
+            key = new.image_path or f"skipped:{uuid.uuid4().hex}"
+            entry = JournalEntry(key=key, seq=time.time_ns(), new=new, outcome=outcome)
+            self._journaled[key] = entry
+            self._journal.save(entry)
+            self._publish()
+        self._start_flusher()
+        return PutResult.JOURNALED, None
+
+    def _unwritable(self, new: NewCaption, exc: OSError) -> tuple[PutResult, int | None]:
+        """The frame's image could not be written: it costs this frame only, recorded as skipped with the reason."""
+        full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+        reason = "disk_full" if full else "image_write_failed"
+        result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=f"{reason}: {exc}"))
+        if result is not PutResult.DUPLICATE:
+            self._skipped(new.camera, reason)
+        if full:
+            with self._lock:
+                if self._disk_full_since is None:
+                    self._disk_full_since = time.time()
+                self.counts["disk_full"] += 1
+            metrics.DISK_FULL.set(1)
+            if self._on_disk_full is not None:
+                self._on_disk_full()  # retention frees space early when it is configured to keep some free
+        self._warn_disk(new.camera, f"camera {new.camera}: frame {new.frame_index} not saved ({reason}: {exc})")
+        return (PutResult.DISK_FULL if result is not PutResult.DUPLICATE else result), row_id
+
+    def _warn_disk(self, camera: str, message: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._disk_warned.get(camera, -DISK_WARN_EVERY_S) < DISK_WARN_EVERY_S:
+                return
+            self._disk_warned[camera] = now
+        log.warning("%s; further frames of this camera that cannot be saved are counted, not logged, for %.0f s",
+                    message, DISK_WARN_EVERY_S)  # fmt: skip
+
+    def _skipped(self, camera: str, reason: str) -> None:
+        self._count("skipped")
+        metrics.FRAMES_SKIPPED.labels(camera, reason).inc()
 
     def _count(self, outcome: str) -> None:
         with self._lock:
@@ -166,26 +325,35 @@ class Outbox:
         # Unique even for a duplicate of a stored instant, whose file is removed again without touching the original.
         relative = Path("frames") / new.camera / f"{stamp}_{new.frame_index}_{uuid.uuid4().hex[:8]}.jpg"
         target = self._data_dir / relative
-        target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_suffix(".part")
         # Written, flushed to disk and renamed before the row exists: a pending row always has its image.
-        with partial.open("wb") as handle:
-            handle.write(jpeg)
-            handle.flush()
-            os.fsync(handle.fileno())
-        partial.replace(target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with partial.open("wb") as handle:
+                handle.write(jpeg)
+                handle.flush()
+                os.fsync(handle.fileno())
+            partial.replace(target)
+        except OSError:
+            partial.unlink(missing_ok=True)  # half a picture on a full disk only takes the space others need
+            raise
+        if self._disk_full_since is not None:
+            with self._lock:
+                self._disk_full_since = None
+            metrics.DISK_FULL.set(0)
+            log.info("disk: frames are saved again")
         return relative
 
     def _enqueue(self, item: OutboxItem) -> None:
-        self._queued[item.id] = item
-        self._by_event[item.event_key] = item.id
+        self._queued[item.key] = item
+        self._by_event[item.event_key] = item.key
         heapq.heappush(self._heap, item)
         metrics.OUTBOX_DEPTH.set(len(self._queued) + len(self._in_flight))
 
-    def _dequeue(self, item_id: int) -> OutboxItem:
+    def _dequeue(self, key: str) -> OutboxItem:
         # The heap entry stays and is skipped when it surfaces: removal from the middle of a heap is O(n).
-        item = self._queued.pop(item_id)
-        if self._by_event.get(item.event_key) == item_id:
+        item = self._queued.pop(key)
+        if self._by_event.get(item.event_key) == key:
             del self._by_event[item.event_key]
         return item
 
@@ -196,13 +364,13 @@ class Outbox:
         deadline = None if timeout is None else self._clock() + timeout
         with self._lock:
             while True:
-                while self._heap and self._queued.get(self._heap[0].id) is not self._heap[0]:
+                while self._heap and self._queued.get(self._heap[0].key) is not self._heap[0]:
                     heapq.heappop(self._heap)
                 now = self._clock()
                 if self._heap and self._heap[0].due <= now:
                     item = heapq.heappop(self._heap)
-                    self._dequeue(item.id)
-                    self._in_flight[item.id] = item
+                    self._dequeue(item.key)
+                    self._in_flight[item.key] = item
                     return item
                 if self._closed:
                     return None
@@ -215,31 +383,30 @@ class Outbox:
                 self._lock.wait(wait)
 
     def complete(self, item: OutboxItem, caption: Caption) -> None:
-        self._store.mark_captioned(item.id, caption, attempts=item.attempts + 1)
+        self._settle(item, Outcome(CaptionStatus.CAPTIONED, item.attempts + 1, caption=caption))
         self._count("captioned")
         self._finish(item)
 
     def fail(self, item: OutboxItem, error: str) -> None:
-        self._store.mark_failed(item.id, error, attempts=item.attempts + 1)
+        self._settle(item, Outcome(CaptionStatus.FAILED, item.attempts + 1, error=error))
         self._count("failed")
         metrics.CAPTION_FAILURES.labels(item.camera, "permanent").inc()
         self._finish(item)
 
     def skip(self, item: OutboxItem, reason: str) -> None:
         """Never captioned, on purpose (e.g. too old by the time the VLM had room): recorded with the reason."""
-        self._store.mark_skipped(item.id, reason)
-        self._count("skipped")
-        metrics.FRAMES_SKIPPED.labels(item.camera, reason.split(":")[0]).inc()
+        self._settle(item, Outcome(CaptionStatus.SKIPPED, item.attempts, error=reason))
+        self._skipped(item.camera, reason.split(":")[0])
         self._finish(item)
 
     def retry(self, item: OutboxItem, error: str) -> float:
         """Back into the queue after a transient failure; returns the backoff in seconds."""
         attempts = item.attempts + 1
-        self._store.mark_retrying(item.id, error, attempts=attempts)
+        self._settle(item, Outcome(CaptionStatus.PENDING, attempts, error=error))
         metrics.CAPTION_FAILURES.labels(item.camera, "transient").inc()
         delay = min(self._config.retry_max_s, self._config.retry_initial_s * 2 ** (attempts - 1))
         with self._lock:
-            self._in_flight.pop(item.id, None)
+            self._in_flight.pop(item.key, None)
             again = replace(item, due=self._clock() + delay, seq=next(self._seq), attempts=attempts)
             self._enqueue(again)
             self._lock.notify_all()
@@ -247,7 +414,7 @@ class Outbox:
 
     def _finish(self, item: OutboxItem) -> None:
         with self._lock:
-            self._in_flight.pop(item.id, None)
+            self._in_flight.pop(item.key, None)
             metrics.OUTBOX_DEPTH.set(len(self._queued) + len(self._in_flight))
             self._lock.notify_all()
 
@@ -262,8 +429,237 @@ class Outbox:
                 self._lock.wait(remaining)
             return True
 
-    def close(self) -> None:
-        """Wake every worker; `take` returns None once nothing is due."""
+    def close(self, flush_timeout_s: float = 10.0) -> None:
+        """Wake every worker (`take` returns None once nothing is due) and give the flusher up to `flush_timeout_s`
+        to write the journal; what it could not write stays on disk for the next run."""
         with self._lock:
             self._closed = True
             self._lock.notify_all()
+            flusher = self._flusher
+        if flusher is not None:
+            flusher.join(flush_timeout_s)
+
+    # -- storage: the database, or the journal while it is away ------------------------------------
+
+    @property
+    def journaled(self) -> int:
+        """Entries the database has not taken yet."""
+        with self._lock:
+            return len(self._journaled)
+
+    def health(self) -> StorageHealth:
+        with self._lock:
+            return StorageHealth(
+                database_ok=self._down_since is None,
+                database_down_since=self._down_since,
+                database_error=self._down_error,
+                journal_entries=len(self._journaled),
+                disk_ok=self._disk_full_since is None,
+                disk_full_since=self._disk_full_since,
+                disk_full_frames=self.counts["disk_full"],
+            )
+
+    def wait_journal_empty(self, timeout: float) -> bool:
+        """True once the database has taken every journal entry; False when the timeout passes first."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._journaled:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._lock.wait(remaining)
+            return True
+
+    def _settle(self, item: OutboxItem, outcome: Outcome) -> None:
+        """Record what became of a frame: in its row now, or in the journal until the database is back. Never
+        raises for the database's sake: the worker that calls it holds an answer that must not be asked for again.
+        """
+        with self._lock:
+            entry = self._journaled.get(item.key)
+            if entry is not None or self._down_since is not None:
+                self._journal_outcome(item, outcome, entry)
+                return
+            row_id = item.id
+        if row_id is None:
+            return  # its journaled row turned out to be a duplicate of a stored instant: nothing to record
+        try:
+            self._apply(row_id, outcome)
+        except Exception as exc:
+            if is_unavailable(exc):
+                self._store_failed(exc)
+                with self._lock:
+                    self._journal_outcome(item, outcome, self._journaled.get(item.key))
+                return
+            self._unstorable(row_id, outcome, exc)
+        else:
+            self._store_ok()
+
+    def _journal_outcome(self, item: OutboxItem, outcome: Outcome, entry: JournalEntry | None) -> None:
+        """(Under the lock.) The newest outcome replaces any older one: the row needs only its last state."""
+        if entry is None:
+            entry = JournalEntry(key=item.key, seq=time.time_ns(), row_id=item.id)
+            self._journaled[item.key] = entry
+        entry.outcome = outcome
+        entry.version += 1
+        self._journal.save(entry)
+        self._publish()
+        self._lock.notify_all()
+        if self._flusher is None:
+            self._start_flusher_locked()
+
+    def _apply(self, row_id: int, outcome: Outcome) -> None:
+        match outcome.status:
+            case CaptionStatus.CAPTIONED:
+                assert outcome.caption is not None
+                self._store.mark_captioned(row_id, outcome.caption, attempts=outcome.attempts)
+            case CaptionStatus.FAILED:
+                self._store.mark_failed(row_id, outcome.error or "", attempts=outcome.attempts)
+            case CaptionStatus.SKIPPED:
+                self._store.mark_skipped(row_id, outcome.error or "", image_removed=outcome.image_removed)
+            case CaptionStatus.PENDING:
+                self._store.mark_retrying(row_id, outcome.error or "", attempts=outcome.attempts)
+
+    def _unstorable(self, row_id: int, outcome: Outcome, exc: BaseException) -> None:
+        """The database refuses this write for good: the row is marked failed with the reason (never retried, so a
+        restart does not ask the VLM again), or, if even that is refused, the error is logged."""
+        reason = f"unstorable {outcome.status.value} result: {describe(exc)}"
+        log.error("frame #%d: %s", row_id, reason)
+        if outcome.status is CaptionStatus.FAILED:
+            return
+        try:
+            self._store.mark_failed(row_id, reason, attempts=outcome.attempts)
+        except Exception as again:
+            log.error("frame #%d: cannot record the failure either (%s)", row_id, describe(again))
+
+    def _store_failed(self, exc: BaseException) -> None:
+        with self._lock:
+            first = self._down_since is None
+            if first:
+                self._down_since = time.time()
+            self._down_error = describe(exc)
+            self._lock.notify_all()
+        metrics.STORE_AVAILABLE.set(0)
+        metrics.STORE_ERRORS.inc()
+        self._start_flusher()  # it probes the database while nothing is journaled
+        if first:
+            log.warning("database unavailable (%s): frames and captions are kept in %s until it is back",
+                        self._down_error, self._journal.root)  # fmt: skip
+
+    def _store_ok(self) -> None:
+        with self._lock:
+            if self._down_since is None:
+                return
+            since, self._down_since, self._down_error = self._down_since, None, None
+        metrics.STORE_AVAILABLE.set(1)
+        log.info("database available again after %.0f s", time.time() - since)
+
+    def _publish(self) -> None:
+        metrics.JOURNAL_ENTRIES.set(len(self._journaled))
+
+    def _start_flusher(self) -> None:
+        with self._lock:
+            if self._flusher is None:
+                self._start_flusher_locked()
+
+    def _start_flusher_locked(self) -> None:
+        self._flusher = threading.Thread(target=self._flush_loop, name="outbox-journal", daemon=True)
+        self._flusher.start()
+
+    def _flush_loop(self) -> None:
+        """Writes the journal to the database, oldest first, retrying with backoff while it is away."""
+        delay = STORE_RETRY_INITIAL_S
+        while True:
+            with self._lock:
+                while not self._journaled and self._down_since is None and not self._closed:
+                    self._lock.wait()
+                if not self._journaled and (self._closed or self._down_since is None):
+                    self._flusher = None
+                    return
+                batch = sorted(self._journaled.values(), key=lambda entry: entry.seq)
+            # Nothing to write but the database was seen away: ask it, so that `recover` and `put` use it again.
+            if all(self._replay(entry) for entry in batch) and (batch or self._probe()):
+                delay = STORE_RETRY_INITIAL_S
+                continue
+            with self._lock:
+                if self._closed:  # the run is over: what is left is on disk for the next one
+                    self._flusher = None
+                    return
+                self._lock.wait(delay)
+            delay = min(self._config.store_retry_max_s, delay * 2)
+
+    def _replay(self, entry: JournalEntry) -> bool:
+        """Write one entry; False while the database is away (the entry stays)."""
+        with self._lock:
+            if self._journaled.get(entry.key) is not entry:
+                return True
+            version, row_id, new, outcome = entry.version, entry.row_id, entry.new, entry.outcome
+        try:
+            if row_id is None:
+                assert new is not None
+                final = _inserted_final(new, outcome)
+                row_id = self._insert(new, outcome if final else None)
+                if row_id is None:
+                    self._drop_duplicate(entry)
+                    return True
+                if final:
+                    outcome = None
+            if outcome is not None:
+                self._apply(row_id, outcome)
+        except Exception as exc:
+            if is_unavailable(exc):
+                self._store_failed(exc)
+                return False
+            if row_id is not None and outcome is not None:
+                self._unstorable(row_id, outcome, exc)
+            else:
+                log.error("journal: frame %s cannot be stored (%s); dropped", entry.key, describe(exc))
+        self._store_ok()
+        with self._lock:
+            for held in (self._queued.get(entry.key), self._in_flight.get(entry.key)):
+                if held is not None:
+                    held.id = row_id
+            if entry.version == version:
+                del self._journaled[entry.key]
+                self._journal.remove(entry.key)
+            else:  # a worker recorded a newer outcome meanwhile: keep it, against the row that now exists
+                entry.row_id, entry.new = row_id, None
+                self._journal.save(entry)
+            self._publish()
+            self._lock.notify_all()
+        return True
+
+    def _probe(self) -> bool:
+        try:
+            self._store.ping()
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            self._store_failed(exc)
+            return False
+        self._store_ok()
+        return True
+
+    def _insert(self, new: NewCaption, final: Outcome | None) -> int | None:
+        """Insert the row (as pending, or in its `final` state); returns its id, the existing row's id when an
+        earlier attempt committed but its answer was lost, or None for a duplicate of a stored instant."""
+        status = final.status if final is not None else CaptionStatus.PENDING
+        row_id = self._store.add(new, status=status, error=final.error if final is not None else None)
+        if row_id is not None:
+            return row_id
+        found = self._store.find_instant(new.camera, new.captured_at)
+        # The image path is unique per selected frame; a frame without one (skipped) matches a row without one.
+        if found is not None and found[1] == new.image_path:
+            return found[0]
+        return None
+
+    def _drop_duplicate(self, entry: JournalEntry) -> None:
+        self._count("duplicate")
+        with self._lock:
+            del self._journaled[entry.key]
+            self._journal.remove(entry.key)
+            if entry.key in self._queued:
+                self._dequeue(entry.key)
+            self._publish()
+            self._lock.notify_all()
+        if entry.new is not None and entry.new.image_path:
+            (self._data_dir / entry.new.image_path).unlink(missing_ok=True)

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
 from visioncap.frames import Detection, Frame, SelectedFrame
 from visioncap.pipeline.hub import FrameHub
-from visioncap.pipeline.outbox import Outbox, PutResult
+from visioncap.pipeline.outbox import CAPTIONING, Outbox
 from visioncap.pipeline.workers import CaptionWorkers
 from visioncap.select.events import EventSelector
 from visioncap.sources.factory import analyse_rate, open_source, time_anchor
@@ -73,6 +74,7 @@ class RunSummary:
     skipped: int = 0
     duplicates: int = 0
     pending: int = 0
+    journaled: int = 0  # rows and outcomes still in the local journal (the database was away at the end)
     stopped: bool = False
     elapsed_s: float = 0.0
 
@@ -84,7 +86,7 @@ class RunSummary:
     def ok(self) -> bool:
         # Pending frames are durable: after a requested stop they are expected and the next run takes them;
         # when sources ended by themselves, the drain timed out, which means the VLM could not be reached.
-        return not self.failed and not self.source_errors and (self.stopped or not self.pending)
+        return not self.failed and not self.source_errors and (self.stopped or not (self.pending or self.journaled))
 
     def line(self) -> str:
         cams = self.cameras.values()
@@ -93,6 +95,7 @@ class RunSummary:
             f"{sum(c.person_frames for c in cams)} person frames, {sum(c.events for c in cams)} events, "
             f"{self.captions} captions, {self.skipped} skipped, {self.pending} pending, "
             f"{self.failed + len(self.source_errors)} errors in {self.elapsed_s:.1f} s"
+            + (f" ({self.journaled} journaled until the database is back)" if self.journaled else "")
         )
 
 
@@ -121,6 +124,7 @@ class PipelineRunner:
         captioner: VlmCaptioner,
         store: CaptionStore,
         data_dir: Path,
+        on_disk_full: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
         self._detector = detector
@@ -128,7 +132,7 @@ class PipelineRunner:
         self._store = store
         self._data_dir = data_dir
         self._stop = threading.Event()
-        self.outbox = Outbox(store, data_dir, config.outbox, pipeline=config.name)
+        self.outbox = Outbox(store, data_dir, config.outbox, pipeline=config.name, on_disk_full=on_disk_full)
         self._cameras: dict[str, _Camera] = {}
         for source in config.sources:
             self._cameras[source.camera] = _Camera(
@@ -146,6 +150,28 @@ class PipelineRunner:
         self._camera_states = CameraStateRecorder(
             store.engine, config.name, {c: _source_text(cam.config) for c, cam in self._cameras.items()}
         )
+
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        """For `/readyz`: not ready while captions cannot reach the database or frames cannot be saved."""
+        health = self.outbox.health()
+        with self._lock:
+            cameras = {camera: stats.state for camera, stats in self.summary.cameras.items()}
+        details: dict[str, object] = {
+            "database": {
+                "ok": health.database_ok,
+                "down_since": health.database_down_since,
+                "error": health.database_error,
+                "journal_entries": health.journal_entries,
+            },
+            "disk": {
+                "ok": health.disk_ok,
+                "full_since": health.disk_full_since,
+                "frames_skipped": health.disk_full_frames,
+            },
+            "outbox_depth": self.outbox.depth,
+            "cameras": cameras,
+        }
+        return health.database_ok and health.disk_ok, details
 
     def stop(self) -> None:
         """Ask the run to end: sources stop, what is pending stays pending for the next run."""
@@ -189,8 +215,11 @@ class PipelineRunner:
                 for selected in camera.selector.flush():
                     self._submit(camera, selected)
             drain = 0.0 if self._stop.is_set() else self._config.outbox.drain_timeout_s
+            deadline = time.monotonic() + drain
             if not self.outbox.wait_drained(drain) and drain:
                 log.warning("outbox: captions still pending after %.0f s; the next run captions them first", drain)
+            elif drain and not self.outbox.wait_journal_empty(max(0.0, deadline - time.monotonic())):
+                log.warning("outbox: the database did not come back in time; the next run writes the journal")
             self.outbox.close()
             workers.join(timeout=self._config.vlm.timeout_s + 5)
         summary.frames = sum(getattr(c.source, "frames_read", 0) for c in self._cameras.values())
@@ -198,6 +227,7 @@ class PipelineRunner:
         summary.captions, summary.failed = counts["captioned"], counts["failed"]
         summary.skipped, summary.duplicates = counts["skipped"], counts["duplicate"]
         summary.pending = self.outbox.depth
+        summary.journaled = self.outbox.journaled
         summary.stopped = self._stop.is_set()
         summary.elapsed_s = time.perf_counter() - started
         return summary
@@ -279,6 +309,6 @@ class PipelineRunner:
         result, row_id = self.outbox.put(new, image.jpeg)
         camera.stats.selected += 1
         metrics.FRAMES_SELECTED.labels(frame.camera, selected.reason).inc()
-        if result in (PutResult.QUEUED, PutResult.REPLACED):
+        if result in CAPTIONING:
             metrics.IMAGE_TOKENS.labels(frame.camera).inc(image.image_tokens)
         log.debug("camera %s frame %d: %s -> %s (#%s)", frame.camera, frame.index, selected.reason, result, row_id)

@@ -8,6 +8,7 @@ import time
 
 from visioncap import metrics
 from visioncap.caption.client import CaptionError, SkippedCaptionError, TransientCaptionError, VlmCaptioner
+from visioncap.frames import Caption
 from visioncap.pipeline.outbox import Outbox, OutboxItem
 
 log = logging.getLogger(__name__)
@@ -36,36 +37,40 @@ class CaptionWorkers:
     def _loop(self) -> None:
         while (item := self._outbox.take()) is not None:
             try:
-                self._handle(item)
+                caption = self._ask(item)
             except Exception as exc:
-                # A worker must survive anything one frame throws at it (a missing file, a database error):
-                # the frame goes back to the queue instead of vanishing with the thread.
-                log.exception("caption worker: frame #%d: unexpected error", item.id)
+                # A worker must survive anything one frame throws at it (a missing file, a bug): the frame goes
+                # back to the queue instead of vanishing with the thread. No answer was received, so none is lost.
+                log.exception("caption worker: frame %s: unexpected error", item.id or item.key)
                 self._outbox.retry(item, f"{type(exc).__name__}: {exc}")
+                continue
+            if caption is None:
+                continue
+            # Recorded in the database or, while it is away, in the journal: an answer is never asked for twice.
+            self._outbox.complete(item, caption)
+            metrics.CAPTIONS.labels(item.camera).inc()
+            metrics.CAPTION_LATENCY.observe(caption.latency_s)
+            log.info("camera %s frame %s: %s", item.camera, item.id or item.key, caption.text[:120])
 
-    def _handle(self, item: OutboxItem) -> None:
+    def _ask(self, item: OutboxItem) -> Caption | None:
+        """The VLM's caption, or None when the frame's outcome is already recorded (retry, skip, failure)."""
         if item.image_path is None or not item.image_path.is_file():
             self._outbox.fail(item, f"image file {item.image_path} is missing")
-            return
+            return None
         jpeg = item.image_path.read_bytes()
         try:
-            caption = self._captioner.caption(jpeg, camera=item.camera)
+            return self._captioner.caption(jpeg, camera=item.camera)
         except TransientCaptionError as exc:
             delay = self._outbox.retry(item, str(exc))
-            self._warn(f"caption of frame #{item.id} failed ({exc}); attempt {item.attempts + 2} in {delay:.1f} s")
-            return
+            self._warn(f"caption of frame {item.id or item.key} failed ({exc}); attempt {item.attempts + 2} "
+                       f"in {delay:.1f} s")  # fmt: skip
         except SkippedCaptionError as exc:
-            log.info("frame #%d skipped: %s", item.id, exc)
+            log.info("frame %s skipped: %s", item.id or item.key, exc)
             self._outbox.skip(item, str(exc))
-            return
         except CaptionError as exc:
-            log.error("caption of frame #%d refused: %s", item.id, exc)
+            log.error("caption of frame %s refused: %s", item.id or item.key, exc)
             self._outbox.fail(item, str(exc))
-            return
-        self._outbox.complete(item, caption)
-        metrics.CAPTIONS.labels(item.camera).inc()
-        metrics.CAPTION_LATENCY.observe(caption.latency_s)
-        log.info("camera %s frame #%d: %s", item.camera, item.id, caption.text[:120])
+        return None
 
     def _warn(self, message: str) -> None:
         with self._warn_lock:

@@ -12,6 +12,7 @@ from sqlalchemy.orm import sessionmaker
 
 from visioncap.frames import Caption
 from visioncap.store.records import CaptionRecord, CaptionStatus
+from visioncap.store.safety import MAX_ERROR_CHARS, clean_json, clean_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +54,11 @@ class PendingRow:
 
 
 class CaptionStore:
-    """Writes rows through their outbox states and reads them back; each write is its own transaction."""
+    """Writes rows through their outbox states and reads them back; each write is its own transaction.
+
+    Text that came from a model or an exception is made storable here, on the way in, whatever wrote it: a NUL
+    byte in a caption is refused by PostgreSQL, and a write that can never succeed must not be retried forever.
+    """
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -73,7 +78,12 @@ class CaptionStore:
         self, new: NewCaption, status: CaptionStatus = CaptionStatus.PENDING, error: str | None = None
     ) -> int | None:
         """Insert a row; None when this camera already has a row for this instant (a re-run of a file)."""
-        record = CaptionRecord(**asdict(new), people_count=len(new.people), status=status, error=error)
+        record = CaptionRecord(
+            **asdict(new),
+            people_count=len(new.people),
+            status=status,
+            error=None if error is None else clean_text(error, MAX_ERROR_CHARS),
+        )
         try:
             with self._sessions.begin() as session:
                 session.add(record)
@@ -81,7 +91,31 @@ class CaptionStore:
             return None
         return record.id
 
+    def ping(self) -> None:
+        """Raises when the database does not answer."""
+        with self._engine.connect() as conn:
+            conn.execute(select(1))
+
+    def find_instant(self, camera: str, captured_at: datetime) -> tuple[int, str | None] | None:
+        """The id and image path of the camera's row for this instant, if there is one.
+
+        A write whose commit reached the database but whose answer was lost looks like a failure; written again it
+        meets this row, and the image path (unique per selected frame) tells whether it is the same frame.
+        """
+        query = select(CaptionRecord.id, CaptionRecord.image_path).where(
+            CaptionRecord.camera == camera, CaptionRecord.captured_at == captured_at
+        )
+        with self._sessions() as session:
+            row = session.execute(query).first()
+        return None if row is None else (row[0], row[1])
+
     def _update(self, caption_id: int, **values: Any) -> None:
+        if isinstance(values.get("caption"), str):
+            values["caption"] = clean_text(values["caption"])
+        if isinstance(values.get("error"), str):
+            values["error"] = clean_text(values["error"], MAX_ERROR_CHARS)
+        if values.get("structured") is not None:
+            values["structured"] = clean_json(values["structured"])
         with self._sessions.begin() as session:
             session.execute(update(CaptionRecord).where(CaptionRecord.id == caption_id).values(**values))
 

@@ -11,6 +11,8 @@ from sqlalchemy.engine import make_url
 
 from visioncap.errors import ConfigError
 
+CONNECT_TIMEOUT_S = 5
+
 
 def create_db_engine(url: str) -> Engine:
     """An engine for `url`; SQLite gets WAL so readers never block the pipeline's writes."""
@@ -21,6 +23,10 @@ def create_db_engine(url: str) -> Engine:
     # JSON columns (boxes, track ids) are decoded on every read of a page: pydantic-core's parser is several
     # times faster than the json module's, and it is already installed.
     json_options: dict[str, Any] = {"json_deserializer": from_json}
+    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
+        # libpq waits for the operating system's TCP timeout (minutes) on a host that does not answer; the
+        # pipeline must learn within seconds that its database is away and keep its frames on local disk meanwhile.
+        json_options["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **json_options)
     if parsed.database and parsed.database != ":memory:":

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
+from visioncap.api.errors import RETRY_AFTER_S
 from visioncap.api.protocol import Health, Readiness
 from visioncap.api.routers.common import ERRORS, SECURED, service
 from visioncap.api.serving import ApiService
@@ -31,7 +32,9 @@ async def healthz() -> Health:
 )
 async def readyz(api: Annotated[ApiService, Depends(service)]) -> Response:
     readiness = await api.readiness()
-    return JSONResponse(readiness.model_dump(mode="json"), status_code=200 if readiness.status == "ready" else 503)
+    if readiness.status == "ready":
+        return JSONResponse(readiness.model_dump(mode="json"))
+    return JSONResponse(readiness.model_dump(mode="json"), status_code=503, headers={"Retry-After": RETRY_AFTER_S})
 
 
 @router.get(

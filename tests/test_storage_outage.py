@@ -1,0 +1,253 @@
+"""Storage faults produced for real: a PostgreSQL server stopped and started under the outbox, a running pipeline
+and the API; a full disk (a small tmpfs) under the outbox and a pipeline; model output PostgreSQL cannot store."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from helpers import on_ci
+from pg import PostgresCluster, fresh_database, postgres_bin
+
+from visioncap.config.outbox import OutboxConfig
+from visioncap.frames import Caption
+from visioncap.pipeline.outbox import Outbox, PutResult
+from visioncap.store import CaptionStore, NewCaption, create_db_engine
+
+T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+JPEG = b"\xff\xd8" + bytes(range(256)) * 8 + b"\xff\xd9"  # 2 KB: the outbox does not look inside
+CAPTION = Caption("a person at the door", "tiny", 300, 8, 0.1)
+
+
+def frame(index: int, camera: str = "cam", event: str | None = None) -> NewCaption:
+    return NewCaption(
+        pipeline="p",
+        camera=camera,
+        source="rtsp://cam/stream",
+        frame_index=index,
+        offset_s=index / 10,
+        captured_at=T0 + timedelta(seconds=index),
+        reason="new-event",
+        people=[],
+        image_width=64,
+        image_height=48,
+        model="tiny",
+        event_key=f"{camera}:{event or index}",
+        score=0.5,
+    )
+
+
+@pytest.fixture
+def cluster() -> Iterator[PostgresCluster]:
+    """A PostgreSQL cluster of this test's own, so that stopping it disturbs no other test."""
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        message = "PostgreSQL is not installed (apt-get install -y postgresql)"
+        if on_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    cluster = PostgresCluster(bin_dir)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+def rows_by_index(store: CaptionStore) -> dict[int, list]:
+    found: dict[int, list] = {}
+    for row in store.list(limit=1000):
+        found.setdefault(row.frame_index, []).append(row)
+    return found
+
+
+def test_outbox_keeps_frames_and_answers_through_an_outage_and_a_restart(
+    cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    store = CaptionStore(create_db_engine(fresh_database(cluster.base_url)))
+    store.create_schema()
+    config = OutboxConfig(store_retry_max_s=0.5)
+    box = Outbox(store, tmp_path, config, pipeline="p")
+    before = box.put(frame(1), JPEG)
+    in_flight = box.take(timeout=0)  # a worker is asking the VLM about frame 1 when the database goes
+    assert before[0] is PutResult.QUEUED and in_flight is not None and in_flight.id == before[1]
+
+    cluster.stop()
+    during = [box.put(frame(i), JPEG) for i in (2, 3, 4)]
+    assert [result for result, _ in during] == [PutResult.JOURNALED] * 3, "selection goes on without a database"
+    box.complete(in_flight, CAPTION)  # the answer arrives while the database is away
+    second = box.take(timeout=0)
+    assert second is not None and second.id is None  # frame 2: captioned from its image, its row still unwritten
+    box.complete(second, CAPTION)
+    health = box.health()
+    assert not health.database_ok and health.database_error and health.journal_entries == 4
+    assert len(list((tmp_path / "journal").rglob("*.json"))) == 4, "every entry is on disk, not only in memory"
+
+    # The process dies here (nothing is closed); a new one starts while the database is still away.
+    again = Outbox(store, tmp_path, config, pipeline="p")
+    assert again.recover() == 2, "frames 3 and 4 still need captions; 1 and 2 have theirs in the journal"
+    taken = [again.take(timeout=0) for _ in range(3)]
+    assert taken[2] is None
+    # Image names are TIME_MICROS_FRAMEINDEX_UNIQUE.jpg.
+    assert sorted(Path(item.key).name.split("_")[2] for item in taken[:2] if item) == ["3", "4"]
+    for item in taken[:2]:
+        assert item is not None
+        again.complete(item, CAPTION)
+
+    cluster.start()
+    assert again.wait_journal_empty(60), "the journal is written once the database is back"
+    assert again.health().database_ok
+    rows = rows_by_index(store)
+    assert sorted(rows) == [1, 2, 3, 4] and all(len(found) == 1 for found in rows.values()), "each frame once"
+    assert {found[0].status for found in rows.values()} == {"captioned"}
+    assert rows[1][0].id == before[1] and rows[1][0].caption == CAPTION.text
+    assert again.recover() == 0, "no frame is asked for again"
+    assert not list((tmp_path / "journal").rglob("*.json"))
+    again.close()
+    box.close(flush_timeout_s=0)
+
+
+def test_a_write_that_committed_but_lost_its_answer_is_not_stored_twice(
+    cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """A lost commit acknowledgement cannot be produced on demand, so the journal entry such a loss leaves behind
+    (the frame's row is in the database, the outbox did not hear so) is made by recording it before the outage."""
+    store = CaptionStore(create_db_engine(fresh_database(cluster.base_url)))
+    store.create_schema()
+    box = Outbox(store, tmp_path, OutboxConfig(store_retry_max_s=0.5), pipeline="p")
+    _, row_id = box.put(frame(7), JPEG)
+    item = box.take(timeout=0)
+    assert item is not None and row_id is not None
+    stored = store.get(row_id)
+    assert stored is not None
+    entry_new = replace(frame(7), image_path=stored.image_path)
+    cluster.stop()
+    box.put(frame(8), JPEG)  # the database is seen away
+    with box._lock:  # the entry a lost answer leaves: the row to insert, and the caption that followed
+        from visioncap.pipeline.journal import JournalEntry, Outcome
+        from visioncap.store import CaptionStatus
+
+        box._journaled[item.key] = JournalEntry(
+            key=item.key, seq=0, new=entry_new, outcome=Outcome(CaptionStatus.CAPTIONED, 1, caption=CAPTION)
+        )
+    cluster.start()
+    assert box.wait_journal_empty(60)
+    rows = rows_by_index(store)
+    assert len(rows[7]) == 1 and rows[7][0].id == row_id and rows[7][0].status == "captioned"
+    assert len(rows[8]) == 1
+    box.close()
+
+
+def test_model_output_postgres_cannot_store_is_cleaned_or_marked_failed_never_retried(
+    cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    store = CaptionStore(create_db_engine(fresh_database(cluster.base_url)))
+    store.create_schema()
+    box = Outbox(store, tmp_path, OutboxConfig(), pipeline="p")
+    box.put(frame(1), JPEG)
+    box.put(frame(2), JPEG)
+    noisy = Caption("a\x00 person\x07 waves\ud800\n", "tiny", 300, 8, 0.1, structured={"summary\x00": ["x\x00y"]})
+    first = box.take(timeout=0)
+    assert first is not None
+    box.complete(first, noisy)  # PostgreSQL refuses NUL in text: stored without it, not retried
+    row = store.get(first.id)  # type: ignore[arg-type]
+    assert row is not None and row.status == "captioned"
+    assert row.caption == "a person waves\n" and row.structured == {"summary": ["xy"]}
+
+    # A value no retry can store (PostgreSQL's INTEGER): the row is failed with the reason, once.
+    second = box.take(timeout=0)
+    assert second is not None
+    box.complete(second, replace(CAPTION, prompt_tokens=2**40))
+    row = store.get(second.id)  # type: ignore[arg-type]
+    assert row is not None and row.status == "failed" and row.error.startswith("unstorable captioned result")
+    assert box.health().database_ok, "a refused value is not an outage"
+    assert box.recover() == 0 and box.take(timeout=0) is None, "the VLM is not asked again"
+    assert not list((tmp_path / "journal").rglob("*.json"))
+    box.close()
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 120 KB tmpfs: a real file system that runs out of space."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(mount)], capture_output=True)
+    if done.returncode != 0:
+        message = f"cannot mount a tmpfs here (root needed): {done.stderr.decode().strip()}"
+        if on_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_costs_only_the_frames_that_cannot_be_written(
+    small_disk: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = CaptionStore(create_db_engine(f"sqlite:///{tmp_path / 'c.db'}"))  # the database lives elsewhere
+    store.create_schema()
+    wakes: list[int] = []
+    box = Outbox(store, small_disk, OutboxConfig(capacity=100), on_disk_full=lambda: wakes.append(1))
+    big = b"\xff\xd8" + b"\x00" * 30_000 + b"\xff\xd9"
+    caplog.set_level(logging.WARNING, "visioncap.pipeline.outbox")
+    results = [box.put(frame(i, camera="a" if i % 2 else "b"), big)[0] for i in range(12)]
+    assert PutResult.QUEUED in results and PutResult.DISK_FULL in results
+    full = results.count(PutResult.DISK_FULL)
+    assert box.counts["disk_full"] == full and box.counts["skipped"] == full
+    assert not box.health().disk_ok and wakes, "retention is asked to free space"
+    skipped = [r for r in store.list(limit=100) if r.status == "skipped"]
+    assert len(skipped) == full and all(r.error.startswith("disk_full") and r.image_path is None for r in skipped)
+    warnings = [r for r in caplog.records if "not saved (disk_full" in r.getMessage()]
+    assert len(warnings) == 2, "one line per camera per minute, however many frames"
+    assert not list(small_disk.rglob("*.part")), "no half-written pictures left taking space"
+
+    # Space comes back (retention or a person removes files): the next frame is saved and the state clears.
+    item = box.take(timeout=0)
+    assert item is not None and item.image_path is not None
+    box.complete(item, CAPTION)
+    for picture in list(small_disk.rglob("*.jpg")):
+        picture.unlink()
+    assert box.put(frame(100), big)[0] is PutResult.QUEUED
+    assert box.health().disk_ok
+    box.close()
+
+
+# -- the API while its database is away ---------------------------------------------------------------
+
+
+def test_api_answers_503_with_retry_after_while_its_database_is_away(cluster: PostgresCluster, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from visioncap.api.app import create_app
+    from visioncap.api.settings import ApiKey, ApiSettings, hash_key
+
+    key = "test-read-key-0123456789"
+    settings = ApiSettings(
+        _env_file=None,  # type: ignore[call-arg]
+        database_url=fresh_database(cluster.base_url),
+        data_dir=tmp_path,
+        api_keys=[ApiKey(name="reader", sha256=hash_key(key), scopes={"read"})],
+        api_ready_check_vlm=False,
+    )
+    headers = {"Authorization": f"Bearer {key}"}
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/v1/captions", headers=headers).status_code == 200
+        cluster.stop()
+        for path in ("/v1/captions", "/v1/cameras", "/v1/captions/1", "/readyz"):
+            answer = client.get(path, headers=headers)
+            assert answer.status_code == 503, (path, answer.text)
+            assert int(answer.headers["Retry-After"]) > 0, path
+        assert client.get("/healthz").status_code == 200, "the process itself is alive"
+        cluster.start()
+        assert client.get("/v1/captions", headers=headers).status_code == 200
+        assert client.get("/v1/cameras", headers=headers).status_code == 200
