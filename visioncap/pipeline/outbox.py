@@ -127,6 +127,7 @@ class Outbox:
         self._down_error: str | None = None
         self._disk_full_since: float | None = None
         self._disk_warned: dict[str, float] = {}  # camera -> when its last disk warning was logged
+        self._finished_during_read: set[str] | None = None  # while `recover` reads pending rows
         metrics.STORE_AVAILABLE.set(1)
 
     # -- producer side ---------------------------------------------------------------------------
@@ -142,9 +143,13 @@ class Outbox:
         with self._lock:
             if self._down_since is not None:
                 return added
+            # Frames finished while the rows are read were pending when read: they must not come back.
+            self._finished_during_read = set()
         try:
             rows = self._store.pending(self._pipeline)
         except Exception as exc:
+            with self._lock:
+                self._finished_during_read = None
             if not is_unavailable(exc):
                 raise
             self._store_failed(exc)
@@ -152,7 +157,8 @@ class Outbox:
         with self._lock:
             # A journaled outcome that is final must not be captioned again, though its row is still pending.
             settled = {key for key, entry in self._journaled.items() if not _needs_caption(entry)}
-            held = self._queued.keys() | self._in_flight.keys() | settled
+            held = self._queued.keys() | self._in_flight.keys() | settled | (self._finished_during_read or set())
+            self._finished_during_read = None
             rows = [r for r in rows if (r.image_path or f"#{r.id}") not in held]
             for row in rows:
                 self._enqueue(
@@ -415,6 +421,8 @@ class Outbox:
     def _finish(self, item: OutboxItem) -> None:
         with self._lock:
             self._in_flight.pop(item.key, None)
+            if self._finished_during_read is not None:
+                self._finished_during_read.add(item.key)
             metrics.OUTBOX_DEPTH.set(len(self._queued) + len(self._in_flight))
             self._lock.notify_all()
 
