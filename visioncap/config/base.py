@@ -8,4 +8,5 @@ from pydantic import BaseModel, ConfigDict
 class StrictModel(BaseModel):
     """A config section: every field described, extra keys refused, immutable once loaded."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan: `.inf` or "nan" for a timeout or rate is a typo that would fail only deep inside a run.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -2,14 +2,64 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationInfo, field_validator
 
 from visioncap.config.base import StrictModel
 
 CAMERA_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+# URL schemes each stream kind opens: FFmpeg's rtsp demuxer takes rtsp and rtsps (RTSP over TLS), its http
+# protocol http and https; anything else (ftp, rtmp, udp, file) is a mistake or another kind of source.
+STREAM_SCHEMES: dict[str, tuple[str, ...]] = {"rtsp": ("rtsp", "rtsps"), "http": ("http", "https")}
+# A webcam is an OpenCV device index or a V4L2 device path.
+_WEBCAM = re.compile(r"[0-9]{1,4}|/dev/\S+")
+
+
+def url_problem(url: str, schemes: tuple[str, ...], user: str = "here") -> str | None:
+    """Why `url` is not a usable URL with one of `schemes` and a host, or None; `user` ("for kind rtsp") says
+    who refuses another scheme.
+
+    Messages never repeat the URL: it may hold a password.
+    """
+    wanted = " or ".join(f"{scheme}://" for scheme in schemes)
+    if any(char.isspace() or ord(char) < 32 or ord(char) == 127 for char in url):
+        return "contains spaces or control characters (percent-encode them: a space is %20)"
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "is not a valid URL (unbalanced [ ] around an IPv6 address)"
+    if "://" not in url or not parts.scheme:
+        return f"is not a URL; expected {wanted}, as in {schemes[0]}://host/path"
+    if parts.scheme not in schemes:
+        other = [kind for kind, accepted in STREAM_SCHEMES.items() if parts.scheme in accepted]
+        hint = f" (for {parts.scheme}:// use `kind: {other[0]}`)" if other else ""
+        return f"scheme {parts.scheme}:// is not accepted {user}, expected {wanted}{hint}"
+    try:
+        port = parts.port  # urlsplit checks the port only when asked
+    except ValueError:
+        port = 0
+    if port == 0:
+        return "has an invalid port (must be 1-65535; percent-encode @ : / ? # in a user name or password)"
+    if not parts.hostname:
+        return "has no host name"
+    return None
+
+
+def _path_not_blank(value: Any) -> Any:
+    # Path("") is ".", which would quietly mean the pipeline file's own folder.
+    if isinstance(value, str) and not value.strip():
+        raise ValueError("must not be empty")
+    if "\0" in str(value):
+        raise ValueError("contains a NUL character")
+    return value
+
+
+SourcePath = Annotated[Path, BeforeValidator(_path_not_blank)]
 
 
 class _SourceBase(StrictModel):
@@ -29,14 +79,15 @@ class FileSourceConfig(_SourceBase):
     """A video file read with OpenCV from start to end; every due frame is analysed, none dropped."""
 
     kind: Literal["file"] = Field(default="file", description="Source type; `file` reads a video file.")
-    path: Path = Field(description="Video file; a relative path is taken from the pipeline file's folder.")
+    path: SourcePath = Field(description="Video file; a relative path is taken from the pipeline file's folder.")
 
 
 class StreamSourceConfig(_SourceBase):
     """A live camera: only the newest frame matters, stale frames are dropped, and a lost stream is reopened."""
 
     kind: Literal["rtsp", "http", "webcam"] = Field(
-        description="`rtsp` (rtsp:// URL), `http` (MJPEG or what FFmpeg opens over HTTP), `webcam` (a device index)."
+        description="`rtsp` (rtsp:// or rtsps:// URL), `http` (http:// or https://: MJPEG or what FFmpeg opens over "
+        "HTTP), `webcam` (a device index such as 0, or a device path such as /dev/video0)."
     )
     url: str = Field(
         min_length=1,
@@ -52,12 +103,32 @@ class StreamSourceConfig(_SourceBase):
         default="tcp", description="RTSP transport; TCP survives packet loss without smeared frames."
     )
 
+    @field_validator("url")
+    @classmethod
+    def _url_fits_kind(cls, url: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if kind == "webcam":
+            if not _WEBCAM.fullmatch(url.strip()):
+                raise ValueError(
+                    "a webcam is a device index such as 0 or a device path such as /dev/video0; "
+                    "a network camera needs `kind: rtsp` or `kind: http`"
+                )
+            return url
+        if kind not in STREAM_SCHEMES:
+            return url  # kind itself failed validation and is reported on its own
+        problem = url_problem(url, STREAM_SCHEMES[kind], user=f"for kind {kind}")
+        if problem:
+            raise ValueError(problem)
+        # FFmpeg matches protocol names case-sensitively: RTSP://cam/x would fail only when opened.
+        scheme = urlsplit(url).scheme
+        return scheme + url[len(scheme) :]
+
 
 class FolderSourceConfig(_SourceBase):
     """A folder of images, analysed in file-name order as if they were frames of a video."""
 
     kind: Literal["folder"] = Field(description="Source type; `folder` reads the images in a folder.")
-    path: Path = Field(description="Folder of .jpg/.jpeg/.png/.bmp/.webp images; relative to the pipeline file.")
+    path: SourcePath = Field(description="Folder of .jpg/.jpeg/.png/.bmp/.webp images; relative to the pipeline file.")
     fps: float = Field(default=1.0, gt=0, description="Frame rate the images stand for (sets their timestamps).")
 
 
