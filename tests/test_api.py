@@ -6,6 +6,7 @@ concurrent-writer test use real sockets (uvicorn in a thread, `ApiThread`) and a
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 import socket
@@ -16,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import fastapi_offline
 import httpx
 import pytest
 import uvicorn
@@ -27,6 +30,7 @@ from PIL import Image
 
 from visioncap.api import create_app
 from visioncap.api.protocol import CaptionPage
+from visioncap.api.serving import static_dir
 from visioncap.api.settings import ApiKey, ApiSettings, generate_key, hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
@@ -533,8 +537,6 @@ def test_odd_but_valid_input_never_gives_500(client: TestClient) -> None:
         ("/v1/captions", {"unknown": "ignored"}),
         ("/v1/captions/2147483647", {}),
         ("/v1/captions/2147483647/image", {"boxes": "1"}),
-        ("/v1/../etc/passwd", {}),
-        ("/static/../visioncap.db", {}),
     ]
     for path, params in odd:
         response = client.get(path, params=params)
@@ -593,6 +595,53 @@ class ApiThread:
     def __exit__(self, *_exc: object) -> None:
         self.server.should_exit = True
         self._thread.join(TIMEOUT)
+
+
+def raw_get(url: str, target: str) -> tuple[int, bytes]:
+    """GET with the request target sent as written: httpx (and so TestClient) removes `..` segments before sending,
+    so a traversal test through it never reaches the server."""
+    address = urlsplit(url)
+    connection = http.client.HTTPConnection(address.hostname or "127.0.0.1", address.port, timeout=TIMEOUT)
+    try:
+        connection.request("GET", target, headers={"X-Api-Key": READ_KEY})
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def test_dot_dot_paths_never_leave_the_static_directories(data_dir: Path) -> None:
+    """`..` in the request target, plain and percent-encoded, reaches the app (uvicorn decodes but never resolves
+    it) and must not let the two file-serving mounts, /static and /static/docs, read outside their folders."""
+    data_dir.mkdir(parents=True)
+    database = data_dir / "visioncap.db"
+    app = create_app(settings_for(data_dir, database_url=f"sqlite:///{database}"))
+    static = static_dir().resolve()
+    docs_package = Path(fastapi_offline.__file__).resolve().parent  # /static/docs serves its static/ folder
+    # From /static up past the file system's root (extra `..` stop there), then down to the caption database.
+    to_root = "../" * len(static.parts)
+    database_below_root = database.resolve().relative_to("/")
+    targets = {
+        "/static/../app.py": static.parent / "app.py",
+        "/static/%2e%2e/app.py": static.parent / "app.py",
+        "/static/%2E%2E/app.py": static.parent / "app.py",
+        "/static/..%2fapp.py": static.parent / "app.py",
+        "/static/%2e%2e%2fapp.py": static.parent / "app.py",
+        "/static/./../app.py": static.parent / "app.py",
+        "/static/docs/../__init__.py": docs_package / "__init__.py",
+        "/static/docs/%2e%2e/__init__.py": docs_package / "__init__.py",
+        f"/static/{to_root}{database_below_root}": database,
+        f"/static/{to_root.replace('..', '%2e%2e')}{database_below_root}": database,
+    }
+    with ApiThread(app) as api:
+        # The mounts serve over this very client: a 404 below is the guard, not a path that never got there.
+        status, body = raw_get(api.url, "/static/app.js")
+        assert status == 200 and body == (static / "app.js").read_bytes()
+        for target, outside in targets.items():
+            assert outside.is_file(), outside  # a file that exists, so only the guard stands in the way
+            status, body = raw_get(api.url, target)
+            assert status == 404, (target, status, body[:200])
+            assert outside.read_bytes()[:64] not in body, target
 
 
 def test_readiness_needs_the_database_and_the_vlm(seed: Seed, data_dir: Path, vllm_server: VllmServer) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import socket
 import subprocess
 import threading
@@ -16,7 +15,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from helpers import ARTIFACTS, CHROMIUM_FLAGS
+from helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 
 from visioncap.api import create_app
 from visioncap.api.settings import ApiKey, ApiSettings, hash_key
@@ -87,11 +86,8 @@ def api_url(tmp_path: Path) -> Iterator[str]:
 
 
 def test_swagger_ui_renders_in_headless_chromium_without_any_other_host(api_url: str, tmp_path: Path) -> None:
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("Chromium is not installed (apt-get install -y chromium)")
     command = [
-        chromium,
+        chromium(),
         "--headless",
         *CHROMIUM_FLAGS,
         f"--user-data-dir={tmp_path / 'chromium'}",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import cv2
 import pytest
-from helpers import PERSON_DETECTOR
+from helpers import PERSON_DETECTOR, require_module
 
 from visioncap.config.detector import DetectorConfig
 from visioncap.demo_video import SEGMENTS
@@ -17,7 +17,8 @@ from visioncap.frames import Frame
 
 @pytest.fixture(scope="module")
 def onnx_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("onnx")
+    # Ultralytics' ONNX export needs the onnx package (a dev dependency of this project).
+    require_module("onnx", "pip install -e '.[dev]'")
     from ultralytics import YOLO
 
     # Export writes beside the weights: work on a copy, never inside the installed package.

@@ -4,19 +4,26 @@ and the API; a full disk (a small tmpfs) under the outbox and a pipeline; model 
 from __future__ import annotations
 
 import logging
+import re
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import httpx
 import pytest
-from helpers import on_ci
+from helpers import missing, pipeline_dict, scrape_metric, start_cli, wait_for, write_pipeline
 from pg import PostgresCluster, fresh_database, postgres_bin
+from streams import RtspServer, skip_unless_gstreamer
+from videos import make_event_video
 
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.outbox import Outbox, PutResult
+from visioncap.serve import VllmServer, free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -47,10 +54,7 @@ def cluster() -> Iterator[PostgresCluster]:
     """A PostgreSQL cluster of this test's own, so that stopping it disturbs no other test."""
     bin_dir = postgres_bin()
     if bin_dir is None:
-        message = "PostgreSQL is not installed (apt-get install -y postgresql)"
-        if on_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        missing("PostgreSQL", "apt-get install -y postgresql")
     cluster = PostgresCluster(bin_dir)
     cluster.start()
     try:
@@ -181,10 +185,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
-        message = f"cannot mount a tmpfs here (root needed): {done.stderr.decode().strip()}"
-        if on_ci():
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+        missing(f"a tmpfs mount ({done.stderr.decode().strip()})", "run the tests as root, as CI does")
     try:
         yield mount
     finally:
@@ -251,3 +252,98 @@ def test_api_answers_503_with_retry_after_while_its_database_is_away(cluster: Po
         cluster.start()
         assert client.get("/v1/captions", headers=headers).status_code == 200
         assert client.get("/v1/cameras", headers=headers).status_code == 200
+
+
+# -- a running pipeline: two live cameras, PostgreSQL stopped for 30 s -------------------------------------
+
+OUTAGE_S = 30.0  # the length of the outage the test produces, not a wait for something to happen
+
+
+def readiness(root_url: str) -> dict:
+    try:
+        answer = httpx.get(f"{root_url}/readyz", timeout=5)
+    except httpx.HTTPError:
+        return {}
+    return {"code": answer.status_code, **answer.json()}
+
+
+def test_pipeline_keeps_going_through_a_postgres_outage_and_loses_nothing(
+    cluster: PostgresCluster, tmp_path: Path, vllm_server: VllmServer
+) -> None:
+    skip_unless_gstreamer()
+    videos = []
+    for name, person in (("door", "zidane-right"), ("yard", "bus-right")):
+        video = tmp_path / f"{name}.mp4"
+        # Looped by the server: someone comes into view every 6 s and leaves again.
+        make_event_video(video, [(None, 1), (person, 3), (None, 2)])
+        videos.append((name, video))
+    url = fresh_database(cluster.base_url)
+    store = CaptionStore(create_db_engine(url))
+    store.create_schema()
+    with RtspServer(videos[0][1]) as door, RtspServer(videos[1][1]) as yard:
+        data = pipeline_dict(videos[0][1])
+        data["sources"] = [
+            {"camera": name, "kind": "rtsp", "url": server.url, "analyze_fps": 4, "read_timeout_s": 5}
+            for (name, _), server in zip(videos, (door, yard), strict=True)
+        ]
+        data["selection"] = {**data["selection"], "event_end_s": 1.0, "recaption_interval_s": None}
+        data["outbox"] = {"store_retry_max_s": 1.0}
+        pipeline = write_pipeline(tmp_path, data)
+        env = {
+            "VISIONCAP_DATABASE_URL": url,
+            "VISIONCAP_DATA_DIR": str(tmp_path / "data"),
+            "VISIONCAP_VLM_BASE_URL": vllm_server.base_url,
+        }
+        port = free_port()
+        root = f"http://127.0.0.1:{port}"
+        run = start_cli("run", str(pipeline), "--progress", "log", "--metrics-port", str(port), env=env)
+        try:
+            wait_for(lambda: store.count(status="captioned") >= 2, 180, "captions from the live cameras")
+            assert readiness(root).get("code") == 200
+
+            cluster.stop()
+            stopped_at = datetime.now(UTC)
+            outage_started = time.monotonic()
+            wait_for(lambda: readiness(root).get("code") == 503, 60, "/readyz to report the database away")
+            wait_for(
+                lambda: (
+                    readiness(root)["database"]["journal_entries"] >= 2
+                    and time.monotonic() - outage_started >= OUTAGE_S
+                ),
+                180,
+                "frames selected during the outage to be journaled",
+            )
+            assert run.poll() is None, "the pipeline survives its database going away"
+            assert scrape_metric(root, "visioncap_store_available") == 0
+            cluster.start()
+            restarted_at = datetime.now(UTC)
+            wait_for(
+                lambda: (ready := readiness(root)).get("code") == 200 and ready["database"]["journal_entries"] == 0,
+                120,
+                "the journal to be written to the database",
+            )
+            wait_for(
+                lambda: any(r.captured_at > restarted_at for r in store.list(status="captioned", limit=50)),
+                180,
+                "a caption of a frame seen after the database came back",
+            )
+            run.send_signal(signal.SIGTERM)
+            out, errors = run.communicate(timeout=120)
+        finally:
+            if run.poll() is None:
+                run.kill()
+    assert run.returncode == 0, errors[-3000:]
+    assert "Traceback" not in errors
+    assert "database unavailable" in errors and "database available again" in errors
+    summary = re.search(r"(\d+) captions, (\d+) skipped, (\d+) pending, (\d+) errors", out)
+    assert summary is not None, out
+    captions, skipped, pending, failed = map(int, summary.groups())
+    rows = store.list(limit=5000)
+    assert len(rows) == captions + skipped + pending + failed, "every selected frame has exactly one row"
+    assert failed == 0 and {r.status for r in rows} <= {"captioned", "pending", "skipped"}
+    images = [r.image_path for r in rows if r.image_path]
+    assert len(images) == len(set(images)), "no frame stored twice"
+    during = [r for r in rows if stopped_at < r.captured_at < restarted_at]
+    assert during and {r.camera for r in during} == {"door", "yard"}, "frames selected during the outage are kept"
+    assert any(r.status == "captioned" for r in during), "and captioned"
+    assert not list((tmp_path / "data" / "journal").rglob("*.json"))

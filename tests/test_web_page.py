@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import json
 import re
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ARTIFACTS, CHROMIUM_FLAGS, start_cli, wait_for
+from helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium, start_cli, wait_for
 from PIL import Image, ImageDraw
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
@@ -31,7 +30,6 @@ from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 
-CHROMIUM = Path("/usr/bin/chromium")
 KEY = "web-page-read-key"
 TIMEOUT_S = 30  # a bound on a broken test, never a measurement
 T0 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
@@ -133,15 +131,14 @@ def site(tmp_path: Path) -> Iterator[tuple[str, Writer]]:
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
-    if not CHROMIUM.is_file() or shutil.which(str(CHROMIUM)) is None:
-        pytest.skip("Chromium is not installed (apt-get install -y --no-install-recommends chromium)")
+    executable = chromium()
     with sync_playwright() as playwright:
         # Debian's Chromium, never a browser Playwright downloads; Playwright adds a fresh profile itself.
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS)
+        launched = playwright.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS)
         try:
-            yield chromium
+            yield launched
         finally:
-            chromium.close()
+            launched.close()
 
 
 def card_texts(page: Page) -> list[str]:
