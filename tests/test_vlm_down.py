@@ -34,17 +34,18 @@ def test_run_against_a_dead_endpoint_exits_with_a_clear_error(tmp_path: Path, de
     video, _ = demo_video
     dead = f"http://127.0.0.1:{free_port()}/v1"
     database = f"sqlite:///{tmp_path / 'c.db'}"
-    started = time.monotonic()
+    # Without the readiness check the run would keep its frames pending for the 600 s drain: run_cli's timeout
+    # fails the test then. Nothing tighter, since starting the CLI alone (torch, Ultralytics) takes 20 s on a loaded
+    # 2-core machine.
     result = run_cli(
         "run",
         str(write_pipeline(tmp_path, pipeline_dict(video))),
         env={"VISIONCAP_DATABASE_URL": database, "VISIONCAP_VLM_BASE_URL": dead},
-        timeout=60,
+        timeout=180,
     )
     assert result.returncode == 1
     assert f"error: VLM endpoint {dead} is unreachable" in result.stderr
     assert "Traceback" not in result.stderr
-    assert time.monotonic() - started < 30
     assert CaptionStore(create_db_engine(database)).count() == 0
 
 
