@@ -92,7 +92,11 @@ def test_frames_are_unique_camera_sized_and_never_sent_twice() -> None:
 
 
 def test_phase_summary_counts_only_the_measured_window() -> None:
-    chats = [ChatResult(0, 1.0, 200, 0.1, [0.01, 0.02], 3, 50, 3), ChatResult(1, 2.0, 500, error="boom")]
+    # Three tokens in two reads: the first alone, then two together (their gaps are already per token).
+    chats = [
+        ChatResult(0, 1.0, 200, 0.1, [0.01, 0.01], 3, 50, 3, tokens=3, arrivals=2),
+        ChatResult(1, 2.0, 500, error="boom"),
+    ]
     captions = [
         CaptionResult(0, "cam-1", 0.0, 200, done_at=1.0),  # before the window
         CaptionResult(1, "cam-2", 1.0, 200, done_at=5.0),
@@ -105,6 +109,9 @@ def test_phase_summary_counts_only_the_measured_window() -> None:
     assert summary["chat"]["ok"] == 1 and summary["chat"]["failed"] == 1 and summary["chat"]["no_text"] == 1
     assert summary["chat"]["ttft_ms"]["p50"] == pytest.approx(100.0)
     assert summary["chat"]["itl_ms"]["n"] == 2
+    assert summary["chat"]["itl_ms"]["p50"] == pytest.approx(10.0)
+    assert summary["chat"]["tokens_per_arrival"] == pytest.approx(1.5)
+    assert summary["chat"]["chunks_per_token"] == pytest.approx(1.0)
     assert summary["captions"]["completed_in_window"] == 2
     assert summary["captions"]["throughput_per_s"] == pytest.approx(2 / 8)
     assert summary["captions"]["latency_ms"]["p50"] == pytest.approx(4500.0)

@@ -860,8 +860,9 @@ def test_gateway_metrics(gateway: GatewayThread) -> None:
         return metric(after, name, **labels) - metric(before, name, **labels)
 
     assert grew("visioncap_gateway_ttft_seconds_count", traffic_class="interactive") == 1
-    # One gap per output chunk after the first (vLLM may merge tokens into a chunk on a busy machine).
-    assert grew("visioncap_gateway_inter_token_seconds_count", traffic_class="interactive") == len(chunks) - 1
+    # One gap per token after those of the gateway's first read (here one token per chunk: no token ids); chunks
+    # the gateway read together share their gap (visioncap.gateway.sse).
+    assert 1 <= grew("visioncap_gateway_inter_token_seconds_count", traffic_class="interactive") <= len(chunks) - 1
     assert grew("visioncap_gateway_requests_total", traffic_class="interactive", status="200") == 1
     assert grew("visioncap_gateway_rejections_total", traffic_class="unknown", reason="unauthorized") == 1
     for gauge in (

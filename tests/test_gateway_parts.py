@@ -231,7 +231,7 @@ def test_stream_observer_times_output_chunks_only() -> None:
     observer.feed(token + token)  # t=1.8: two events in one read, one time stamp
     observer.feed(b'data: {"choices":[],"usage":{"completion_tokens":3}}\n\ndata: [DONE]\n\n')  # t=2.0
     assert firsts == [pytest.approx(0.6)]
-    assert gaps == [pytest.approx(0.3), pytest.approx(0.0)]
+    assert gaps == [pytest.approx(0.15), pytest.approx(0.15)]  # two tokens in one read share its gap
     assert observer.chunks == 3
     assert observer.error is None
 

@@ -6,7 +6,6 @@ sized so that an image prompt costs clearly more than a decode step; this record
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from typing import Any
@@ -15,6 +14,7 @@ import httpx
 
 from visioncap.bench.stats import percentile
 from visioncap.bench.workload import camera_frame, caption_body, chat_text, data_uri
+from visioncap.gateway.sse import StreamObserver, SyncCountingTransport, network_reads
 
 
 def tokens_per_word(client: httpx.Client, root_url: str, model: str, seed: int = 0) -> float:
@@ -26,34 +26,24 @@ def tokens_per_word(client: httpx.Client, root_url: str, model: str, seed: int =
 
 
 def _stream(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, list[float], int]:
-    """(TTFT s, chunk gaps s, prompt tokens) of one streamed request."""
-    started = time.perf_counter()
-    first: float | None = None
-    last = started
+    """(TTFT s, inter-token gaps s, prompt tokens) of one streamed request, timed as the load generator does."""
+    ttft: list[float] = []
     gaps: list[float] = []
-    prompt_tokens = 0
-    with client.stream("POST", url, json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+    started = time.perf_counter()
+    payload = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with client.stream("POST", url, json=payload, headers={"accept-encoding": "identity"}) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            if event.get("usage"):
-                prompt_tokens = event["usage"]["prompt_tokens"]
-            choices = event.get("choices") or []
-            if not any(_carries_output(c) for c in choices):
-                continue
-            now = time.perf_counter()
-            if first is None:
-                first = now
-            else:
-                gaps.append(now - last)
-            last = now
-    return (first or last) - started, gaps, prompt_tokens
-
-
-def _carries_output(choice: dict[str, Any]) -> bool:
-    return bool((choice.get("delta") or {}).get("content") or choice.get("token_ids"))
+        observer = StreamObserver(
+            started,
+            time.perf_counter,
+            on_first=lambda _at, seconds: ttft.append(seconds),
+            on_gap=lambda _at, seconds: gaps.append(seconds),
+            reads=network_reads(r),
+        )
+        for data in r.iter_raw():
+            observer.feed(data)
+        observer.close()
+    return (ttft[0] if ttft else 0.0), gaps, int((observer.usage or {}).get("prompt_tokens") or 0)
 
 
 def calibrate(base_url: str, model: str, repeats: int = 5, seed: int = 0) -> dict[str, Any]:
@@ -61,7 +51,7 @@ def calibrate(base_url: str, model: str, repeats: int = 5, seed: int = 0) -> dic
     rng = random.Random(f"{seed}:calibrate")
     url = f"{base_url}/chat/completions"
     root = base_url.removesuffix("/v1")
-    with httpx.Client(timeout=120) as client:
+    with httpx.Client(timeout=120, transport=SyncCountingTransport()) as client:
         per_word = tokens_per_word(client, root, model, seed)
         short: dict[str, Any] = {
             "model": model,

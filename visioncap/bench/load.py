@@ -1,8 +1,9 @@
 """The load generator: streaming chat users and a caption flood, timed from the client's side.
 
 One asyncio loop sends both kinds of traffic; every request body is made before the phase starts, so the
-loop only sends, reads and stamps times. Chat latency is what a user sees: time to the first chunk that
-carries text, then the gaps between such chunks. Captions are timed from send to the whole answer.
+loop only sends, reads and stamps times. Chat latency is what a user sees: time to the first network read that
+brings output, then inter-token gaps as `visioncap.gateway.sse` defines them (the gateway's own definition:
+chunks read together share their gap). Captions are timed from send to the whole answer.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import httpx
 
 from visioncap.bench.stats import percentile, summarize
 from visioncap.bench.workload import ChatTurn
+from visioncap.gateway.sse import CountingTransport, StreamObserver, network_reads
 
 READ_TIMEOUT_S = 300.0
 
@@ -36,12 +38,14 @@ class ChatResult:
     sent_at: float  # seconds from the phase start
     status: int = 0
     ttft_s: float | None = None
-    gaps_s: list[float] = field(default_factory=list)
-    chunks: int = 0
+    gaps_s: list[float] = field(default_factory=list)  # one per output token after the first arrival's
+    chunks: int = 0  # output chunks (SSE events)
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     finished_at: float | None = None
     error: str | None = None
+    tokens: int = 0  # output tokens counted from the chunks (token ids with return_token_ids)
+    arrivals: int = 0  # network reads that brought output
 
 
 @dataclass
@@ -117,11 +121,11 @@ class PhaseResult:
                 "itl_ms": summarize(gaps, 1000),
                 "prompt_tokens_mean": _mean([c.prompt_tokens for c in ok_chats]),
                 "completion_tokens_mean": _mean([c.completion_tokens for c in ok_chats]),
-                # Gaps under 1 ms: two chunks read together (the server sent them in one burst).
-                "itl_under_1ms_fraction": sum(1 for g in gaps if g < 0.001) / len(gaps) if gaps else None,
                 "chunks_per_token": _ratio_sum(
                     [c.chunks for c in ok_chats], [c.completion_tokens or 0 for c in ok_chats]
                 ),
+                # Above 1: tokens reached the client together (one read) and shared their gap.
+                "tokens_per_arrival": _ratio_sum([c.tokens for c in ok_chats], [c.arrivals for c in ok_chats]),
             }
         captions = None
         if self.captions:
@@ -225,8 +229,9 @@ class _Phase:
         result = ChatResult(turn.index, self.now())
         self.chats.append(result)
         started = time.perf_counter()
-        last = started
-        headers = {**spec.chat.headers, "content-type": "application/json"}
+        # Raw bytes, not lines: the observer needs them as read, and vLLM does not compress event streams.
+        headers = {**spec.chat.headers, "content-type": "application/json", "accept-encoding": "identity"}
+        observer: StreamObserver | None = None
         try:
             async with self.client.stream(
                 "POST", f"{spec.chat.base_url}/chat/completions", content=body, headers=headers
@@ -235,33 +240,16 @@ class _Phase:
                 if response.status_code != 200:
                     result.error = (await response.aread()).decode("utf-8", "replace")[:300]
                     return
-                async for line in response.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    now = time.perf_counter()
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        continue
-                    event = json.loads(payload)
-                    if "error" in event:
-                        result.error = str(event["error"])[:300]
-                        continue
-                    usage = event.get("usage")
-                    if usage:
-                        result.prompt_tokens = usage.get("prompt_tokens")
-                        result.completion_tokens = usage.get("completion_tokens")
-                    # A chunk carries output when it has text or, with return_token_ids, tokens (some have no text).
-                    if not any(
-                        (choice.get("delta") or {}).get("content") or choice.get("token_ids")
-                        for choice in event.get("choices") or ()
-                    ):
-                        continue
-                    result.chunks += 1
-                    if result.ttft_s is None:
-                        result.ttft_s = now - started
-                    else:
-                        result.gaps_s.append(now - last)
-                    last = now
+                observer = StreamObserver(
+                    started,
+                    time.perf_counter,
+                    on_first=lambda _at, seconds: setattr(result, "ttft_s", seconds),
+                    on_gap=lambda _at, seconds: result.gaps_s.append(seconds),
+                    reads=network_reads(response),
+                )
+                async for data in response.aiter_raw():
+                    observer.feed(data)
+                observer.close()
         except asyncio.CancelledError:
             result.error = "cancelled (still streaming after the grace period)"
             raise
@@ -269,6 +257,13 @@ class _Phase:
             result.error = f"{type(exc).__name__}: {exc}"
         finally:
             result.finished_at = self.now()
+            if observer is not None:
+                result.chunks, result.tokens, result.arrivals = observer.chunks, observer.tokens, observer.arrivals
+                usage = observer.usage or {}
+                result.prompt_tokens = usage.get("prompt_tokens")
+                result.completion_tokens = usage.get("completion_tokens")
+                if observer.error is not None and result.error is None:
+                    result.error = observer.error[:300]
 
     async def _flood(self, tasks: set[asyncio.Task[None]]) -> None:
         spec = self.spec
@@ -350,7 +345,10 @@ def new_client() -> httpx.AsyncClient:
     return httpx.AsyncClient(
         timeout=httpx.Timeout(READ_TIMEOUT_S, connect=10.0, pool=None),
         # Idle connections are closed before vLLM's 5 s keep-alive timeout would close them under a request.
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=4),
+        # Counted reads: chat gaps are measured per network read (visioncap.gateway.sse).
+        transport=CountingTransport(
+            httpx.Limits(max_connections=None, max_keepalive_connections=64, keepalive_expiry=4)
+        ),
     )
 
 

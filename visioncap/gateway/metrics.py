@@ -50,14 +50,15 @@ class GatewayMetrics:
         )
         self.ttft = Histogram(
             "visioncap_gateway_ttft_seconds",
-            "Time from the request reaching the gateway to the first streamed output chunk.",
+            "Time from the request reaching the gateway to the first network read that brought streamed output.",
             ["traffic_class"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.itl = Histogram(
             "visioncap_gateway_inter_token_seconds",
-            "Gap between two streamed output chunks.",
+            "Inter-token gap of streamed output: the time between two network reads that brought output, shared "
+            "equally by the tokens of the later one (visioncap.gateway.sse); one observation per token.",
             ["traffic_class"],
             buckets=GAP_BUCKETS,
             registry=r,

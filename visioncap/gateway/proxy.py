@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from visioncap.config.gateway import UpstreamConfig
 from visioncap.gateway.errors import GatewayError
-from visioncap.gateway.sse import StreamObserver
+from visioncap.gateway.sse import CountingTransport, StreamObserver
 
 # Headers of vLLM's answer that are not about the body, or that uvicorn sets itself.
 DROPPED_RESPONSE_HEADERS = {"connection", "keep-alive", "transfer-encoding", "date", "server"}
@@ -47,7 +47,10 @@ class Upstream:
             timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s, pool=None),
             # Idle connections are dropped before vLLM's keep-alive timeout (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s)
             # closes them, so a request never races a server-side close.
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=4),
+            # Sockets that count their reads: the stream observer times inter-token gaps per network read.
+            transport=CountingTransport(
+                httpx.Limits(max_connections=None, max_keepalive_connections=256, keepalive_expiry=4)
+            ),
         )
 
     async def aclose(self) -> None:

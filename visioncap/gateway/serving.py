@@ -30,7 +30,7 @@ from visioncap.gateway.metrics import GatewayMetrics
 from visioncap.gateway.protocol import ChatCompletionView, CompletionView, parse_body
 from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream
 from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
-from visioncap.gateway.sse import StreamObserver
+from visioncap.gateway.sse import StreamObserver, network_reads
 from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad
 
 log = logging.getLogger(__name__)
@@ -405,12 +405,12 @@ class Gateway:
                 if measure:
                     self.controller.observe_ttft(now, seconds)
 
-            def on_gap(now: float, seconds: float) -> None:
+            def on_gap(now: float, seconds: float) -> None:  # one per token: see visioncap.gateway.sse
                 itl.observe(seconds)
                 if measure:
                     self.controller.observe_itl(now, seconds)
 
-            observer = StreamObserver(started, self.clock, on_first, on_gap)
+            observer = StreamObserver(started, self.clock, on_first, on_gap, reads=network_reads(upstream))
         return ProxyResponse(upstream, finish, observer)
 
     def _refuse(self, exc: GatewayError, caller: Caller | None, endpoint: str) -> Response:

@@ -18,6 +18,7 @@ class TunedMeasurement(StrictModel):
     )
     ttft_p50_ms: float | None = Field(description="Chat time to first token, median (ms).")
     ttft_p99_ms: float | None = Field(description="Chat time to first token, 99th percentile (ms).")
+    # Inter-token latency as visioncap.gateway.sse defines it: per token, chunks read together share their gap.
     itl_p50_ms: float | None = Field(description="Chat inter-token latency, median (ms).")
     itl_p99_ms: float | None = Field(description="Chat inter-token latency, 99th percentile (ms).")
     captions_per_s: float | None = Field(description="Captions completed per second in the measured window.")
