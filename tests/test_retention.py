@@ -1,11 +1,17 @@
 """Retention on a real SQLite file and a real PostgreSQL server: old rows and their JPEGs go, counted; newer
-rows, pending rows, other cameras' (per-camera override) and files outside the data directory stay."""
+rows, pending rows, other cameras' (per-camera override) and files outside the data directory stay. Free space
+on a real 2 MiB tmpfs as the data dir: the oldest finished rows go until it is back above the minimum."""
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import os
+import queue
+import random
+import shutil
+import subprocess
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -24,7 +30,7 @@ from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.outbox import Outbox
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
-from visioncap.store.retention import RetentionJob, RetentionMetrics, RetentionPolicy, sweep
+from visioncap.store.retention import MIB, RetentionJob, RetentionMetrics, RetentionPolicy, RetentionResult, sweep
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 READ_KEY = "retention-read-key"
@@ -71,12 +77,18 @@ class Rows:
         self.count = 0
 
     def add(
-        self, camera: str, age: timedelta, status: str = "captioned", image: bool = True, now: datetime = NOW
+        self,
+        camera: str,
+        age: timedelta,
+        status: str = "captioned",
+        image: bool = True,
+        now: datetime = NOW,
+        data: bytes | None = None,
     ) -> int:
         self.count += 1
         new = new_caption(camera, now - age, self.count)
         if image:
-            _, row_id = self.outbox.put(new, jpeg(self.count % 200))
+            _, row_id = self.outbox.put(new, data or jpeg(self.count % 200))
         else:
             row_id = self.store.add(new, status=CaptionStatus.SKIPPED, error="queue-full: 8 frames already waiting")
         assert row_id is not None
@@ -312,3 +324,217 @@ def test_a_failed_sweep_is_counted_and_the_next_one_runs(tmp_path: Path) -> None
     result = job.run_once()
     assert result is not None and result.rows == 0 and job.sweeps == 1
     assert registry.get_sample_value("visioncap_retention_sweeps_total", {"outcome": "ok"}) == 1
+
+
+# -- free space ----------------------------------------------------------------------------------------------
+
+DISK = 2 * MIB  # the tmpfs
+IMAGE_SIZE = 64 * 1024  # every image fills whole pages, so the tmpfs's free space moves by exactly this much
+
+
+def big_jpeg(seed: int) -> bytes:
+    """A real JPEG of noise, padded after its end marker (decoders ignore that) to exactly IMAGE_SIZE."""
+    noise = random.Random(seed).randbytes(96 * 96 * 3)
+    out = io.BytesIO()
+    Image.frombytes("RGB", (96, 96), noise).save(out, format="JPEG", quality=90)
+    assert out.tell() < IMAGE_SIZE
+    return out.getvalue().ljust(IMAGE_SIZE, b"\0")
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MiB tmpfs mounted as the data dir (needs root, as the tests run here and in CI); unmounted after."""
+    mount_point = tmp_path / "small-disk"
+    mount_point.mkdir()
+    try:
+        mounted = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mount_point)],
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT,
+        )
+        problem = None
+        if mounted.returncode != 0:
+            problem = mounted.stderr.strip() or f"exit status {mounted.returncode}"
+    except FileNotFoundError as exc:
+        problem = str(exc)
+    if problem is not None:
+        message = f"cannot mount a tmpfs as a small data dir ({problem}); run the tests as root"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True, timeout=TIMEOUT)
+
+
+def free(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def test_below_the_minimum_the_oldest_finished_rows_go_until_space_is_back(
+    store: CaptionStore, small_disk: Path, database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    rows = Rows(store, small_disk)
+    day = timedelta(days=1)
+
+    def add(age_days: float, status: str = "captioned") -> int:
+        return rows.add("cam-1", age_days * day, status, data=big_jpeg(rows.count))
+
+    # Oldest first by capture time, not by id: rows are added out of order, the oldest pending ones among them.
+    pending = [add(100, "pending"), add(70, "pending")]
+    finished = {age: add(age, status) for age, status in [(60, "captioned"), (90, "failed"), (30, "captioned")]}
+    finished[80] = rows.add("cam-1", 80 * day, "skipped", image=False)  # costs no disk space, goes all the same
+    for age in [85, 20, 75, 40, 10, 50, 65, 5, 25, 45, 15, 35, 55, 1, 2]:
+        finished[age] = add(age, "failed" if age % 2 else "captioned")
+    before = free(small_disk)
+    assert before == DISK - 20 * IMAGE_SIZE, "the tmpfs counts whole pages of files only"
+    min_free = 1_000_000  # 12 images free now; 15 are enough, 14 not
+    assert before < min_free
+    by_age = [finished[age] for age in sorted(finished, reverse=True)]
+    # Age 90, 85, 80 (no image), 75, 65: the four oldest images and the image-less row among them.
+    gone, kept = by_age[:5], by_age[5:]
+    images = {row_id: rows.image(row_id) for row_id in pending + by_age if row_id != finished[80]}
+    policy = RetentionPolicy(min_free_bytes=min_free)  # no age limit at all
+    assert policy.enabled and not policy.ages_enabled
+
+    preview = sweep(store.engine, small_disk, policy, now=NOW, dry_run=True, batch_size=3)
+    assert (preview.rows, preview.space_rows, preview.space_files, preview.space_bytes) == (5, 5, 4, 4 * IMAGE_SIZE)
+    assert preview.free_bytes == before + 4 * IMAGE_SIZE and not preview.space_short
+    assert free(small_disk) == before and rows.ids() == set(pending + by_age), "a dry run deletes nothing"
+    megabytes = f"{min_free / MIB!r}"
+    env = {"VISIONCAP_DATABASE_URL": database_url, "VISIONCAP_DATA_DIR": str(small_disk)}
+    cli = run_cli("retention", "--dry-run", env={**env, "VISIONCAP_RETENTION_MIN_FREE_MB": megabytes})
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert f"retention policy: all cameras kept forever, at least {min_free / MIB:g} MB free" in cli.stdout
+    assert "would delete 5 rows (cam-1 5), 4 files" in cli.stdout
+    assert (
+        f"for free space: 5 rows, 4 files, {4 * IMAGE_SIZE} bytes, {before + 4 * IMAGE_SIZE} bytes free" in cli.stdout
+    )
+    assert rows.ids() == set(pending + by_age)
+
+    registry = CollectorRegistry()
+    result = sweep(store.engine, small_disk, policy, now=NOW, batch_size=3)  # two batches
+    metrics = RetentionMetrics(registry)
+    metrics.observe(result)
+    assert rows.ids() == set(pending + kept)
+    for row_id, path in images.items():
+        assert path.exists() == (row_id not in gone), row_id
+    after = free(small_disk)
+    assert after == before + 4 * IMAGE_SIZE and after >= min_free > after - IMAGE_SIZE, "no more than needed went"
+    counts = (result.rows, result.files, result.bytes, result.space_rows, result.space_files, result.space_bytes)
+    assert counts == (5, 4, 4 * IMAGE_SIZE, 5, 4, 4 * IMAGE_SIZE)
+    assert (result.free_bytes, result.min_free_bytes, result.space_short) == (after, min_free, False)
+    assert "for free space: 5 rows, 4 files" in result.line()
+    assert registry.get_sample_value("visioncap_retention_space_rows_deleted_total") == 5
+    assert registry.get_sample_value("visioncap_retention_space_bytes_deleted_total") == 4 * IMAGE_SIZE
+    assert registry.get_sample_value("visioncap_retention_rows_deleted_total", {"camera": "cam-1"}) == 5
+    assert registry.get_sample_value("visioncap_retention_free_bytes") == after
+    assert registry.get_sample_value("visioncap_retention_space_short") == 0
+    assert sweep(store.engine, small_disk, policy, now=NOW).rows == 0, "above the minimum nothing goes"
+
+    # A minimum the disk cannot reach: every finished row goes, pending rows and their images stay; one warning.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="visioncap.store.retention"):
+        short = sweep(store.engine, small_disk, RetentionPolicy(min_free_bytes=DISK), now=NOW, batch_size=4)
+    assert (short.space_rows, short.space_files, short.space_short) == (len(kept), len(kept), True)
+    assert short.free_bytes == free(small_disk) == DISK - 2 * IMAGE_SIZE
+    assert rows.ids() == set(pending) and all(images[row_id].exists() for row_id in pending)
+    warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "no finished row is left" in warnings[0].getMessage()
+    metrics.observe(short)
+    assert registry.get_sample_value("visioncap_retention_space_short") == 1
+
+
+def test_age_retention_comes_first_and_counts_apart_from_space(store: CaptionStore, small_disk: Path) -> None:
+    rows = Rows(store, small_disk)
+    day = timedelta(days=1)
+    expired = [rows.add("cam-1", (20 + n) * day, data=big_jpeg(n)) for n in range(3)]
+    young = [rows.add("cam-1", (9 - n) * day, data=big_jpeg(10 + n)) for n in range(9)]  # oldest first
+    min_free = free(small_disk) + 4 * IMAGE_SIZE  # the 3 expired images and 1 young one
+    policy = RetentionPolicy(default_days=10, min_free_bytes=min_free)
+
+    preview = sweep(store.engine, small_disk, policy, now=NOW, dry_run=True)
+    result = sweep(store.engine, small_disk, policy, now=NOW)
+    for outcome in (preview, result):
+        assert (outcome.rows, outcome.files, outcome.space_rows, outcome.space_bytes) == (4, 4, 1, IMAGE_SIZE)
+        assert outcome.free_bytes == min_free
+    assert rows.ids() == set(young[1:]) and not any(row_id in rows.ids() for row_id in expired)
+
+
+class SignallingCondition(threading.Condition):
+    """A condition that tells when a thread is about to wait on it (it releases the lock only inside wait())."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+class GatedJob(RetentionJob):
+    """Reports each sweep's result, then holds the loop inside that sweep until the test lets it go on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.results: queue.Queue[RetentionResult | None] = queue.Queue()
+        self.go_on = threading.Semaphore(0)
+        # The job's own condition, observable: a wake() made once it waits must reach it, not only one made
+        # before it looks (the job has no other sign of being idle between sweeps).
+        self.idle = SignallingCondition()
+        self._changed = self.idle
+
+    def run_once(self) -> RetentionResult | None:
+        result = super().run_once()
+        self.results.put(result)
+        assert self.go_on.acquire(timeout=TIMEOUT), "the test never let the sweep end"
+        return result
+
+    def next_result(self) -> RetentionResult:
+        result = self.results.get(timeout=TIMEOUT)
+        assert result is not None
+        return result
+
+
+def test_wake_sweeps_at_once_and_a_burst_makes_one_sweep(store: CaptionStore, small_disk: Path) -> None:
+    rows = Rows(store, small_disk)
+    min_free = DISK // 2
+    # Only a free-space minimum, no age retention: the job must run all the same. The interval is never reached.
+    job = GatedJob(store.engine, small_disk, RetentionPolicy(min_free_bytes=min_free), 3600, wake_gap_s=0)
+    assert job.enabled
+    job.start()
+    try:
+        first = job.next_result()  # the sweep at start, with free space plenty
+        assert (first.rows, first.free_bytes) == (0, DISK)
+        # While that sweep is still (as far as the job knows) running, the disk fills and writes ask for sweeps.
+        oldest = rows.add("cam-1", timedelta(days=30), data=big_jpeg(0))
+        pending = rows.add("cam-1", timedelta(days=40), "pending", data=big_jpeg(1))
+        others = [rows.add("cam-1", timedelta(days=20 - n), data=big_jpeg(2 + n)) for n in range(15)]
+        assert free(small_disk) == min_free - IMAGE_SIZE
+        for _ in range(5):
+            job.wake()
+        assert job.wake_pending
+        job.go_on.release()
+        woken = job.next_result()  # long before the interval
+        assert (woken.space_rows, woken.space_bytes, woken.free_bytes) == (1, IMAGE_SIZE, min_free)
+        assert rows.ids() == {pending, *others} and oldest not in rows.ids()
+        assert not job.wake_pending, "five calls before the sweep started make that one sweep, no more"
+        assert job.sweeps == 2 and not job.idle.waiting.is_set(), "no wait between the two sweeps"
+
+        # Idle now, waiting for the hour's interval: the disk fills again and one write asks for a sweep.
+        job.go_on.release()
+        assert job.idle.waiting.wait(TIMEOUT)
+        more = [rows.add("cam-1", timedelta(days=3 - n), data=big_jpeg(20 + n)) for n in range(2)]
+        assert free(small_disk) == min_free - 2 * IMAGE_SIZE
+        job.wake()
+        again = job.next_result()
+        assert (again.space_rows, again.space_bytes, again.free_bytes) == (2, 2 * IMAGE_SIZE, min_free)
+        assert rows.ids() == {pending, *others[2:], *more}, "the two oldest finished rows went"
+        assert job.sweeps == 3 and not job.wake_pending
+    finally:
+        job.go_on.release()  # the last sweep ends; the job then waits for the interval until stopped
+        job.stop()
+    assert job.results.empty() and job.sweeps == 3

@@ -61,15 +61,17 @@ def run(
 ) -> None:
     """Run a pipeline until its sources end (files) or until Ctrl-C/SIGTERM (live cameras)."""
     _setup_logging(log_level)
-    from visioncap.caption.client import VlmCaptioner
     from visioncap.config.pipeline import load_pipeline
+
+    # A bad file or setting is reported before the slow imports (the model client, YOLO, SQLAlchemy).
+    settings = _settings()
+    config = load_pipeline(pipeline)
+    from visioncap.caption.client import VlmCaptioner
     from visioncap.detect.yolo import PersonDetector
     from visioncap.pipeline.progress import Progress
     from visioncap.pipeline.runner import PipelineRunner
     from visioncap.store import CaptionStore, create_db_engine
 
-    settings = _settings()
-    config = load_pipeline(pipeline)
     if progress not in ("auto", "rich", "log", "none"):
         raise ConfigError(f"--progress must be auto, rich, log or none, not {progress!r}")
     mode = ("rich" if sys.stderr.isatty() else "log") if progress == "auto" else progress
@@ -90,15 +92,16 @@ def run(
         from visioncap.store.retention import RetentionJob, default_metrics
 
         # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
-        stack.enter_context(RetentionJob.from_settings(store.engine, settings, default_metrics()))
+        retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, default_metrics()))
         captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
         captioner.check_ready()
         detector = PersonDetector(config.detector, base_dir=pipeline.parent)
+        # A frame that cannot be saved for lack of space wakes retention (VISIONCAP_RETENTION_MIN_FREE_MB).
+        runner = PipelineRunner(config, detector, captioner, store, settings.data_dir, on_disk_full=retention.wake)
         if metrics_port is not None:
-            from prometheus_client import start_http_server
+            from visioncap.pipeline.health import HealthServer
 
-            start_http_server(metrics_port, addr="127.0.0.1")
-        runner = PipelineRunner(config, detector, captioner, store, settings.data_dir)
+            stack.enter_context(HealthServer(runner.readiness, port=metrics_port))
 
         def _stop(_signum: int, _frame: object) -> None:
             log.info("stopping: sources close, pending captions stay pending for the next run")
@@ -269,14 +272,18 @@ def captions(
 def retention_command(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be deleted; delete nothing.")] = False,
 ) -> None:
-    """Delete rows older than VISIONCAP_RETENTION_DAYS (per camera: ..._CAMERA_DAYS) and their images, once."""
+    """Delete rows older than VISIONCAP_RETENTION_DAYS (per camera: ..._CAMERA_DAYS) and their images, once; then
+    the oldest finished rows while free space is below VISIONCAP_RETENTION_MIN_FREE_MB."""
     from visioncap.store import CaptionStore, create_db_engine
     from visioncap.store.retention import RetentionPolicy, sweep
 
     settings = _settings()
     policy = RetentionPolicy.from_settings(settings)
     if not policy.enabled:
-        typer.echo("retention: not configured (VISIONCAP_RETENTION_DAYS, VISIONCAP_RETENTION_CAMERA_DAYS); kept all")
+        typer.echo(
+            "retention: not configured (VISIONCAP_RETENTION_DAYS, VISIONCAP_RETENTION_CAMERA_DAYS, "
+            "VISIONCAP_RETENTION_MIN_FREE_MB); kept all"
+        )
         return
     store = CaptionStore(create_db_engine(settings.resolved_database_url()))
     store.create_schema()

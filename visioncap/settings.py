@@ -51,6 +51,15 @@ class Settings(BaseSettings):
         description='Per-camera override of RETENTION_DAYS as JSON, e.g. {"dock": 30, "lobby": 3, "vault": null}; '
         "null keeps that camera's rows forever. Cameras not named follow RETENTION_DAYS.",
     )
+    retention_min_free_mb: float | None = Field(
+        default=None,
+        gt=0,
+        description="Keep at least this many MB (1 MB = 1,048,576 bytes, as `df -m` counts) free on the file "
+        "system of DATA_DIR/frames: while free space is below it, each retention sweep deletes the oldest "
+        "finished rows (captioned, failed, skipped; never pending) with their JPEGs, whatever their age, until it "
+        "is back; also without RETENTION_DAYS. A pipeline whose frame write fails for lack of space asks for a "
+        "sweep at once. Unset (the default): free space is not watched.",
+    )
     retention_interval_s: float = Field(
         default=3600,
         ge=1,

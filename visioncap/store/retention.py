@@ -14,15 +14,23 @@ Policy (process settings): `VISIONCAP_RETENTION_DAYS` for every camera, `VISIONC
   to and that are older than that camera's retention go too. They come from a crash between writing a frame and
   recording it, or from rows deleted by a process with another data directory (a shared PostgreSQL).
 
-`RetentionJob` runs sweeps on a thread every `VISIONCAP_RETENTION_INTERVAL_S` seconds (the first at start);
-`visioncap api` and `visioncap run` both start one when retention is configured, so a deployment with either
-process alone is covered, and the two together are safe (above). `visioncap retention [--dry-run]` runs one.
+- Free space: with `VISIONCAP_RETENTION_MIN_FREE_MB`, when the file system holding `DATA_DIR/frames` has less
+  free space than that (after the age-based part of the sweep), the oldest finished rows (captured first, whatever
+  their age or camera; never pending ones) go with their images, in batches sized to what is missing, until free
+  space is back at the minimum or nothing more can go (one warning then). It works without any age retention too.
+
+`RetentionJob` runs sweeps on a thread every `VISIONCAP_RETENTION_INTERVAL_S` seconds (the first at start), and
+soon after `wake()` (the outbox calls it when a write fails for lack of space); `visioncap api` and `visioncap
+run` both start one when retention is configured, so a deployment with either process alone is covered, and the
+two together are safe (above). `visioncap retention [--dry-run]` runs one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 import threading
 import time
 from collections import Counter
@@ -34,7 +42,7 @@ from types import TracebackType
 
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
-from sqlalchemy import ColumnElement, Engine, and_, delete, or_, select
+from sqlalchemy import ColumnElement, Engine, and_, delete, not_, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from visioncap.settings import Settings
@@ -43,24 +51,34 @@ from visioncap.store.records import CaptionRecord, CaptionStatus
 log = logging.getLogger(__name__)
 
 BATCH_SIZE = 500
+MIB = 1024 * 1024  # VISIONCAP_RETENTION_MIN_FREE_MB counts these, as `df -m` does
+WAKE_GAP_S = 1.0  # least time between the end of one sweep and a sweep asked for by wake()
 IMAGE_SUFFIXES = (".jpg", ".jpeg")
 ORPHAN_SUFFIXES = (*IMAGE_SUFFIXES, ".part")
 
 
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
-    """How long rows of each camera are kept; None: forever."""
+    """How long rows of each camera are kept (None: forever), and how much free space the data dir keeps."""
 
     default_days: float | None = None
     camera_days: Mapping[str, float | None] = field(default_factory=dict)
+    min_free_bytes: int | None = None  # None: free space is not watched
 
     @classmethod
     def from_settings(cls, settings: Settings) -> RetentionPolicy:
-        return cls(settings.retention_days, dict(settings.retention_camera_days))
+        min_free_mb = settings.retention_min_free_mb
+        min_free = None if min_free_mb is None else round(min_free_mb * MIB)
+        return cls(settings.retention_days, dict(settings.retention_camera_days), min_free)
+
+    @property
+    def ages_enabled(self) -> bool:
+        return self.default_days is not None or any(days is not None for days in self.camera_days.values())
 
     @property
     def enabled(self) -> bool:
-        return self.default_days is not None or any(days is not None for days in self.camera_days.values())
+        """Whether a sweep can delete anything: an age limit somewhere, or a free-space minimum."""
+        return self.ages_enabled or self.min_free_bytes is not None
 
     def days_for(self, camera: str) -> float | None:
         return self.camera_days.get(camera, self.default_days)
@@ -71,6 +89,8 @@ class RetentionPolicy:
 
         parts = [f"all cameras {days(self.default_days)}"]
         parts += [f"{camera} {days(value)}" for camera, value in sorted(self.camera_days.items())]
+        if self.min_free_bytes is not None:
+            parts.append(f"at least {self.min_free_bytes / MIB:g} MB free")
         return ", ".join(parts)
 
     def expired(self, now: datetime) -> ColumnElement[bool] | None:
@@ -101,15 +121,30 @@ class RetentionResult:
     orphan_files: int = 0
     missing_files: int = 0  # deleted rows whose image was already gone (or could not be deleted)
     by_camera: Counter[str] = field(default_factory=Counter)
+    # The part of rows, files and bytes (included in those) deleted because free space was below the minimum.
+    space_rows: int = 0
+    space_files: int = 0
+    space_bytes: int = 0
+    # Free space of the data dir's file system after the sweep (a dry run: as it would be); None: not watched.
+    free_bytes: int | None = None
+    min_free_bytes: int | None = None
+    space_short: bool = False  # free space still below the minimum: every finished row is gone already
     seconds: float = 0.0
 
     def line(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
         cameras = ", ".join(f"{camera} {count}" for camera, count in sorted(self.by_camera.items()))
-        return (
+        text = (
             f"retention: {verb} {self.rows} rows{f' ({cameras})' if cameras else ''}, {self.files} files, "
             f"{self.bytes} bytes ({self.orphan_files} files without a row) in {self.seconds:.2f} s"
         )
+        if self.free_bytes is not None and self.min_free_bytes is not None:
+            text += (
+                f"; for free space: {self.space_rows} rows, {self.space_files} files, {self.space_bytes} bytes, "
+                f"{self.free_bytes} bytes free (minimum {self.min_free_bytes})"
+                f"{', still short: nothing more to delete' if self.space_short else ''}"
+            )
+        return text
 
 
 def _inside(root: Path, relative: str) -> Path | None:
@@ -170,6 +205,97 @@ def _sweep_rows(
             else:
                 result.files += 1
                 result.bytes += size
+
+
+def _space_target(root: Path) -> Path | None:
+    """Where free space is measured: the frames folder (perhaps a mount of its own), else the data dir; None when
+    neither exists (nothing is stored there)."""
+    for path in (root / "frames", root):
+        if path.is_dir():
+            return path
+    return None
+
+
+def _sweep_for_space(
+    engine: Engine,
+    root: Path,
+    min_free: int,
+    aged: ColumnElement[bool] | None,
+    result: RetentionResult,
+    batch_size: int,
+    should_stop: Callable[[], bool],
+) -> None:
+    target = _space_target(root)
+    if target is None:
+        return
+    result.min_free_bytes = min_free
+    # A dry run frees nothing: it counts what the age-based part would have freed and walks on past each batch.
+    freed = result.bytes if result.dry_run else 0
+    after: tuple[datetime, int] | None = None
+    columns = (CaptionRecord.id, CaptionRecord.camera, CaptionRecord.image_path)
+    finished = CaptionRecord.status != CaptionStatus.PENDING  # pending rows' images are the outbox's work
+    while True:
+        free = shutil.disk_usage(target).free + freed
+        result.free_bytes = free
+        if free >= min_free or should_stop():
+            return
+        query = select(*columns, CaptionRecord.captured_at).where(finished)
+        if result.dry_run and aged is not None:
+            query = query.where(not_(aged))  # counted by the age-based part already
+        if after is not None:  # a dry run deleted nothing: go on past the rows counted
+            captured, last_id = after
+            later = or_(CaptionRecord.captured_at > captured, CaptionRecord.id > last_id)
+            query = query.where(CaptionRecord.captured_at >= captured, later)
+        query = query.order_by(CaptionRecord.captured_at, CaptionRecord.id).limit(batch_size)
+        with engine.connect() as conn:
+            candidates = conn.execute(query).all()
+        if not candidates:
+            result.space_short = True
+            log.warning(
+                "retention: %s has %d bytes free, below the minimum of %d, and no finished row is left to delete",
+                target,
+                free,
+                min_free,
+            )
+            return
+        # Take the oldest rows whose images cover what is missing, not a whole batch: rows go for space only
+        # while space is short. Rows without an image (or with one gone) count as nothing and go along.
+        chosen: list[int] = []
+        covered = 0
+        for row_id, _, image_path, _ in candidates:
+            chosen.append(row_id)
+            path = _inside(root, image_path) if image_path else None
+            if path is not None:
+                with contextlib.suppress(OSError):  # gone already: frees nothing
+                    covered += path.stat().st_size
+            if free + covered >= min_free:
+                break
+        if result.dry_run:
+            after = candidates[len(chosen) - 1][3], chosen[-1]
+        with engine.begin() as conn:
+            if result.dry_run:
+                rows = conn.execute(select(*columns).where(CaptionRecord.id.in_(chosen))).all()
+            else:
+                # Status checked again: the API may have put a row back to pending (regenerate) since the select.
+                statement = delete(CaptionRecord).where(CaptionRecord.id.in_(chosen), finished)
+                rows = conn.execute(statement.returning(*columns)).all()
+        for _, camera, image_path in rows:
+            result.rows += 1
+            result.space_rows += 1
+            result.by_camera[camera] += 1
+            path = _inside(root, image_path) if image_path else None
+            if path is None:
+                continue
+            size = _remove(path, result.dry_run)
+            if size is None:
+                result.missing_files += 1
+            else:
+                result.files += 1
+                result.space_files += 1
+                result.bytes += size
+                result.space_bytes += size
+                if result.dry_run:
+                    freed += size
 
 
 def _orphan_candidates(root: Path, policy: RetentionPolicy, now: datetime) -> Iterator[Path]:
@@ -241,7 +367,8 @@ def sweep(
     batch_size: int = BATCH_SIZE,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> RetentionResult:
-    """Delete (or, with `dry_run`, count) what `policy` says has expired at `now`."""
+    """Delete (or, with `dry_run`, count) what `policy` says has expired at `now`, then, while the data dir's file
+    system has less free space than `policy.min_free_bytes`, the oldest finished rows."""
     started = time.perf_counter()
     now = now or datetime.now(UTC)
     root = data_dir.resolve()
@@ -251,6 +378,8 @@ def sweep(
         _sweep_rows(engine, root, condition, result, batch_size, should_stop)
         if orphans:
             _sweep_orphans(engine, root, policy, now, result, batch_size, should_stop)
+    if policy.min_free_bytes is not None:
+        _sweep_for_space(engine, root, policy.min_free_bytes, condition, result, batch_size, should_stop)
     result.seconds = time.perf_counter() - started
     return result
 
@@ -271,6 +400,28 @@ class RetentionMetrics:
         self.bytes = PromCounter(
             "visioncap_retention_bytes_deleted_total", "Bytes of the files deleted by retention.", registry=registry
         )
+        self.space_rows = PromCounter(
+            "visioncap_retention_space_rows_deleted_total",
+            "Rows deleted by retention because free space was below VISIONCAP_RETENTION_MIN_FREE_MB (part of "
+            "visioncap_retention_rows_deleted_total).",
+            registry=registry,
+        )
+        self.space_bytes = PromCounter(
+            "visioncap_retention_space_bytes_deleted_total",
+            "Bytes of the images deleted by retention because free space was below the minimum (part of "
+            "visioncap_retention_bytes_deleted_total).",
+            registry=registry,
+        )
+        self.free_bytes = Gauge(
+            "visioncap_retention_free_bytes",
+            "Free bytes of the data dir's file system after the last sweep (only with a free-space minimum).",
+            registry=registry,
+        )
+        self.space_short = Gauge(
+            "visioncap_retention_space_short",
+            "1 when the last sweep left free space below the minimum with no finished row left to delete, else 0.",
+            registry=registry,
+        )
         self.sweeps = PromCounter(
             "visioncap_retention_sweeps_total",
             "Retention sweeps by outcome (ok, error).",
@@ -289,6 +440,11 @@ class RetentionMetrics:
         self.files.labels("row").inc(result.files - result.orphan_files)
         self.files.labels("orphan").inc(result.orphan_files)
         self.bytes.inc(result.bytes)
+        self.space_rows.inc(result.space_rows)
+        self.space_bytes.inc(result.space_bytes)
+        if result.free_bytes is not None:
+            self.free_bytes.set(result.free_bytes)
+            self.space_short.set(1 if result.space_short else 0)
         self.sweeps.labels("ok").inc()
         self.last_sweep.set_to_current_time()
 
@@ -307,7 +463,8 @@ def default_metrics() -> RetentionMetrics:
 
 
 class RetentionJob:
-    """Sweeps on a thread of its own, at start and then every `interval_s`; a failed sweep is logged and retried."""
+    """Sweeps on a thread of its own, at start, every `interval_s` and soon after `wake()`; a failed sweep is
+    logged and retried."""
 
     def __init__(
         self,
@@ -316,13 +473,17 @@ class RetentionJob:
         policy: RetentionPolicy,
         interval_s: float,
         metrics: RetentionMetrics | None = None,
+        wake_gap_s: float = WAKE_GAP_S,
     ) -> None:
         self._engine = engine
         self._data_dir = data_dir
         self._policy = policy
         self._interval_s = interval_s
         self._metrics = metrics
+        self._wake_gap_s = wake_gap_s
         self._stop = threading.Event()
+        self._changed = threading.Condition()  # wake() and stop() notify the loop through it
+        self._woken = False
         self._thread = threading.Thread(target=self._loop, name="retention", daemon=True)
         self.sweeps = 0
         self.last_result: RetentionResult | None = None
@@ -343,8 +504,26 @@ class RetentionJob:
         log.info("retention: %s; sweeping every %g s", self._policy.describe(), self._interval_s)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Ask for a sweep now rather than at the next interval (e.g. a write failed for lack of space). Safe from
+        any thread and cheap; calls before that sweep starts make one sweep together. A call while a sweep runs
+        makes one more after it (that sweep may have measured free space before the failure), though no sooner
+        than `wake_gap_s` after it ends, so a full disk that nothing can relieve does not make sweeps run back to
+        back. When the job is not running, no sweep follows."""
+        with self._changed:
+            self._woken = True
+            self._changed.notify_all()
+
+    @property
+    def wake_pending(self) -> bool:
+        """Whether a wake() is still to be answered by a sweep that starts after it."""
+        with self._changed:
+            return self._woken
+
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
+        with self._changed:
+            self._stop.set()
+            self._changed.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -379,5 +558,12 @@ class RetentionJob:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            with self._changed:
+                self._woken = False  # the sweep about to start answers every wake() so far
             self.run_once()
-            self._stop.wait(self._interval_s)
+            ended = time.monotonic()
+            with self._changed:
+                self._changed.wait_for(lambda: self._woken or self._stop.is_set(), self._interval_s)
+                gap = ended + self._wake_gap_s - time.monotonic()
+                if self._woken and gap > 0:
+                    self._changed.wait_for(self._stop.is_set, gap)
