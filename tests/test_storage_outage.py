@@ -9,13 +9,14 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from helpers import missing, pipeline_dict, scrape_metric, start_cli, wait_for, write_pipeline
+from helpers import missing, pipeline_dict, run_cli, scrape_metric, start_cli, wait_for, write_pipeline
 from pg import PostgresCluster, fresh_database, postgres_bin
 from streams import RtspServer, skip_unless_gstreamer
 from videos import make_event_video
@@ -178,18 +179,24 @@ def test_model_output_postgres_cannot_store_is_cleaned_or_marked_failed_never_re
 # -- a full disk ----------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 120 KB tmpfs: a real file system that runs out of space."""
-    mount = tmp_path / "small"
+@contextmanager
+def tmpfs(mount: Path, size: str) -> Iterator[Path]:
+    """A real file system of `size` that runs out of space."""
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=120k", "tmpfs", str(mount)], capture_output=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True)
     if done.returncode != 0:
         missing(f"a tmpfs mount ({done.stderr.decode().strip()})", "run the tests as root, as CI does")
     try:
         yield mount
     finally:
         subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """120 KB, the size the full-disk fault was first seen with."""
+    with tmpfs(tmp_path / "small", "120k") as mount:
+        yield mount
 
 
 def test_a_full_disk_costs_only_the_frames_that_cannot_be_written(
@@ -256,6 +263,7 @@ def test_api_answers_503_with_retry_after_while_its_database_is_away(cluster: Po
 
 # -- a running pipeline: two live cameras, PostgreSQL stopped for 30 s -------------------------------------
 
+FAST_DRAIN = {"retry_initial_s": 0.5, "retry_max_s": 2.0}
 OUTAGE_S = 30.0  # the length of the outage the test produces, not a wait for something to happen
 
 
@@ -347,3 +355,46 @@ def test_pipeline_keeps_going_through_a_postgres_outage_and_loses_nothing(
     assert during and {r.camera for r in during} == {"door", "yard"}, "frames selected during the outage are kept"
     assert any(r.status == "captioned" for r in during), "and captioned"
     assert not list((tmp_path / "data" / "journal").rglob("*.json"))
+
+
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """64 KB: two or three of the test video's pictures (6-30 KB each) fill it."""
+    with tmpfs(tmp_path / "tiny", "64k") as mount:
+        yield mount
+
+
+def test_pipeline_on_a_full_disk_skips_what_it_cannot_save_and_recovers_with_retention(
+    tiny_disk: Path, tmp_path: Path, vllm_server: VllmServer
+) -> None:
+    video = tmp_path / "people.mp4"
+    people = ["zidane-right", "bus-right", "bus-mid"] * 3  # nine events; their pictures are 6-30 KB each
+    make_event_video(video, [(None, 1)] + [step for name in people for step in ((name, 2), (None, 2.5))])
+    database = f"sqlite:///{tmp_path / 'c.db'}"  # the database is on another disk; the frames fill this one
+    env = {
+        "VISIONCAP_DATABASE_URL": database,
+        "VISIONCAP_DATA_DIR": str(tiny_disk),
+        "VISIONCAP_VLM_BASE_URL": vllm_server.base_url,
+        "VISIONCAP_RETENTION_MIN_FREE_MB": "0.04",
+    }
+    data = pipeline_dict(video, caption={"max_image_tokens": 512}, outbox=FAST_DRAIN, selection={"event_end_s": 1.0})
+    result = run_cli("run", str(write_pipeline(tmp_path, data)), "--progress", "none", env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    log = result.stderr
+    assert "Traceback" not in log
+    # Retention deletes the oldest finished rows to keep space free, the disk_full ones among them, so the run's
+    # own account is the evidence: its log in order, and its summary.
+    first_full = log.find("not saved (disk_full")
+    freed = log.find("for free space:", first_full)
+    saved_again = log.find("disk: frames are saved again", freed)
+    assert 0 <= first_full < freed < saved_again, log[-4000:]
+    assert "camera cam-1 frame" in log[saved_again:], "a frame saved after the disk was full got its caption"
+    summary = re.search(r"(\d+) captions, (\d+) skipped, (\d+) pending, (\d+) errors", result.stdout)
+    assert summary is not None, result.stdout
+    captions, skipped, pending, errors = map(int, summary.groups())
+    assert skipped >= 1 and pending == 0 and errors == 0
+    assert captions >= 3, "the run went on captioning"
+    assert log.count("not saved (disk_full") <= 2, "one warning per camera per minute, not one per frame"
+    store = CaptionStore(create_db_engine(database))
+    for row in store.list(limit=500):
+        assert row.image_path is None or (tiny_disk / row.image_path).is_file(), "no row names a deleted picture"
