@@ -34,7 +34,7 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,7 +42,7 @@ from types import TracebackType
 
 from prometheus_client import REGISTRY, CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
-from sqlalchemy import ColumnElement, Engine, and_, delete, not_, or_, select
+from sqlalchemy import ColumnElement, Engine, Row, and_, delete, not_, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from visioncap.settings import Settings
@@ -170,6 +170,31 @@ def _remove(path: Path, dry_run: bool) -> int | None:
     return size
 
 
+def _remove_images(
+    rows: Sequence[Row[tuple[int, str, str | None]]], root: Path, result: RetentionResult, for_space: bool
+) -> int:
+    """Delete (or, in a dry run, measure) the images of deleted rows, count rows, files and bytes; returns the bytes."""
+    counted = 0
+    for _, camera, image_path in rows:
+        result.rows += 1
+        result.space_rows += for_space
+        result.by_camera[camera] += 1
+        path = _inside(root, image_path) if image_path else None
+        if path is None:
+            continue
+        size = _remove(path, result.dry_run)
+        if size is None:
+            result.missing_files += 1
+            continue
+        result.files += 1
+        result.bytes += size
+        counted += size
+        if for_space:
+            result.space_files += 1
+            result.space_bytes += size
+    return counted
+
+
 def _sweep_rows(
     engine: Engine,
     root: Path,
@@ -193,18 +218,7 @@ def _sweep_rows(
         if not rows:
             return
         last_id = max(row_id for row_id, _, _ in rows) if result.dry_run else 0
-        for _, camera, image_path in rows:
-            result.rows += 1
-            result.by_camera[camera] += 1
-            path = _inside(root, image_path) if image_path else None
-            if path is None:
-                continue
-            size = _remove(path, result.dry_run)
-            if size is None:
-                result.missing_files += 1
-            else:
-                result.files += 1
-                result.bytes += size
+        _remove_images(rows, root, result, for_space=False)
 
 
 def _space_target(root: Path) -> Path | None:
@@ -279,23 +293,9 @@ def _sweep_for_space(
                 # Status checked again: the API may have put a row back to pending (regenerate) since the select.
                 statement = delete(CaptionRecord).where(CaptionRecord.id.in_(chosen), finished)
                 rows = conn.execute(statement.returning(*columns)).all()
-        for _, camera, image_path in rows:
-            result.rows += 1
-            result.space_rows += 1
-            result.by_camera[camera] += 1
-            path = _inside(root, image_path) if image_path else None
-            if path is None:
-                continue
-            size = _remove(path, result.dry_run)
-            if size is None:
-                result.missing_files += 1
-            else:
-                result.files += 1
-                result.space_files += 1
-                result.bytes += size
-                result.space_bytes += size
-                if result.dry_run:
-                    freed += size
+        counted = _remove_images(rows, root, result, for_space=True)
+        if result.dry_run:  # nothing was deleted: the next batch must know what this one would have freed
+            freed += counted
 
 
 def _orphan_candidates(root: Path, policy: RetentionPolicy, now: datetime) -> Iterator[Path]:
