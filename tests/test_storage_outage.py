@@ -173,6 +173,11 @@ def test_model_output_postgres_cannot_store_is_cleaned_or_marked_failed_never_re
     assert box.health().database_ok, "a refused value is not an outage"
     assert box.recover() == 0 and box.take(timeout=0) is None, "the VLM is not asked again"
     assert not list((tmp_path / "journal").rglob("*.json"))
+
+    # A row the database refuses for good (camera is VARCHAR(64) there) costs that frame, not the pipeline.
+    assert box.put(frame(3, camera="c" * 65), JPEG) == (PutResult.UNSTORABLE, None)
+    assert box.counts["failed"] == 1 and box.depth == 0 and box.health().database_ok
+    assert len(list((tmp_path / "frames").rglob("*.jpg"))) == 2, "its picture is not left behind"
     box.close()
 
 

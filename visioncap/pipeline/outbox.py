@@ -50,6 +50,7 @@ class PutResult(StrEnum):
     QUEUE_FULL = "queue-full"  # queue full and nothing of its event to coalesce with; recorded as skipped
     DISK_FULL = "disk_full"  # its image could not be written; recorded as skipped
     JOURNAL_FULL = "journal_full"  # neither the database nor the journal could take it; counted and logged
+    UNSTORABLE = "unstorable"  # the database refuses its row for good; counted as failed and logged
     DUPLICATE = "duplicate"  # this camera already has a row for this instant (a re-run of a file)
 
 
@@ -213,7 +214,7 @@ class Outbox:
                 else f"queue-full: {self._config.capacity} frames already waiting"
             )
             result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=reason))
-            if result is PutResult.DUPLICATE:
+            if result in (PutResult.DUPLICATE, PutResult.UNSTORABLE):
                 return result, None
             self._skipped(new.camera, "coalesced" if rival is not None else "queue-full")
             return (PutResult.COALESCED if rival is not None else PutResult.QUEUE_FULL), row_id
@@ -227,10 +228,11 @@ class Outbox:
         if result is PutResult.DUPLICATE:
             (self._data_dir / relative).unlink(missing_ok=True)
             return result, None
-        if result is PutResult.JOURNAL_FULL:
+        if result in (PutResult.JOURNAL_FULL, PutResult.UNSTORABLE):
             (self._data_dir / relative).unlink(missing_ok=True)
-            self._skipped(new.camera, "journal_full")
-            self._warn_disk(new.camera, f"camera {new.camera}: the database is away and the journal is full")
+            if result is PutResult.JOURNAL_FULL:
+                self._skipped(new.camera, "journal_full")
+                self._warn_disk(new.camera, f"camera {new.camera}: the database is away and the journal is full")
             return result, None
         item = self._item(str(relative), row_id, new, 0)
         replaced = None
@@ -271,7 +273,10 @@ class Outbox:
                 row_id = self._store.add(new, status=status, error=outcome.error if outcome else None)
             except Exception as exc:
                 if not is_unavailable(exc):
-                    raise
+                    # Refused for good (a value this database cannot hold): it costs this frame, not the pipeline.
+                    log.error("camera %s: frame %d cannot be stored: %s", new.camera, new.frame_index, describe(exc))
+                    self._count("failed")
+                    return PutResult.UNSTORABLE, None
                 self._store_failed(exc)
             else:
                 if row_id is None:
@@ -296,7 +301,7 @@ class Outbox:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         reason = "disk_full" if full else "image_write_failed"
         result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=f"{reason}: {exc}"))
-        if result is not PutResult.DUPLICATE:
+        if result not in (PutResult.DUPLICATE, PutResult.UNSTORABLE):
             self._skipped(new.camera, reason)
         if full:
             with self._lock:
