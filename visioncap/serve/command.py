@@ -12,10 +12,12 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from visioncap.serve import costmodel
 from visioncap.serve.launcher import ServerError, VllmServer
 from visioncap.serve.plan import DEFAULT_DETECTOR_GIB, DEFAULT_HEADROOM_GIB, ServingPlan, plan_serving
-from visioncap.serve.profiles import load_profile
+from visioncap.serve.profiles import ModelProfile, load_profile
 
 FORMATS = ("shell", "json")
 
@@ -49,6 +51,9 @@ def planned_server(options: ServeOptions) -> VllmServer:
         headroom_gib=options.headroom_gib,
         dry_run=options.dry_run,
     )
+    if options.dry_run:
+        # A dry run is where one sizes a deployment: say what steps, frames and chat prompts will cost there.
+        plan.report.extend(cost_report(profile, plan.gpu_class))
     return VllmServer(
         profile,
         python=options.python,
@@ -58,6 +63,24 @@ def planned_server(options: ServeOptions) -> VllmServer:
         plan=plan,
         aliases=options.aliases,
     )
+
+
+def cost_report(profile: ModelProfile, gpu_class: str) -> list[str]:
+    """The cost model's lines for the plan's report, or the one line saying why there is none."""
+    try:
+        return costmodel.report_lines(costmodel.for_profile(profile, gpu_class), profile.model)
+    except LookupError as exc:
+        return [f"cost model: none ({exc})"]
+
+
+def cost_dict(server: VllmServer) -> dict[str, Any] | None:
+    """The cost model as JSON-ready data; None where the class or the model has no figures."""
+    if server.plan is None:
+        return None
+    try:
+        return costmodel.for_profile(server.profile, server.plan.gpu_class).to_dict()
+    except LookupError:
+        return None
 
 
 def describe(server: VllmServer, output_format: str = "shell") -> str:
@@ -74,6 +97,7 @@ def describe(server: VllmServer, output_format: str = "shell") -> str:
                 "gpu_memory_utilization": plan.gpu_memory_utilization if plan else None,
                 "total_gib": plan.total_gib if plan else None,
                 "report": plan.report if plan else [],
+                "cost_model": cost_dict(server),
             },
             indent=2,
         )
