@@ -26,6 +26,7 @@ from visioncap.frames import Caption
 from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.serve import VllmServer, free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
+from visioncap.store.cameras import camera_states
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 JPEG = b"\xff\xd8" + bytes(range(256)) * 8 + b"\xff\xd9"  # 2 KB: the outbox does not look inside
@@ -339,6 +340,19 @@ def test_pipeline_keeps_going_through_a_postgres_outage_and_loses_nothing(
                 lambda: any(r.captured_at > restarted_at for r in store.list(status="captioned", limit=50)),
                 180,
                 "a caption of a frame seen after the database came back",
+            )
+            # Camera-state writes failed during the outage and are retried: both rows report after it.
+            wait_for(
+                lambda: (
+                    {
+                        camera
+                        for camera, report in camera_states(store.engine).items()
+                        if report.reported_at and report.reported_at > restarted_at and report.state == "online"
+                    }
+                    == {"door", "yard"}
+                ),
+                60,
+                "camera states written again after the outage",
             )
             run.send_signal(signal.SIGTERM)
             out, errors = run.communicate(timeout=120)
