@@ -46,7 +46,8 @@ def _setup_logging(level: str) -> None:
 
 @app.command()
 def run(
-    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML file.")],
+    # readable=False: click would refuse an unreadable file in a box of several lines; the loader says it in one.
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML file.", readable=False)],
     serve: Annotated[
         str | None,
         typer.Option(help="Start this model profile's vLLM server for the duration of the run (on a free port)."),
