@@ -148,3 +148,21 @@ def test_crop_and_boxes_modes() -> None:
     boxed = compose(frame, people, "boxes")
     assert boxed.shape == frame.shape and boxed.any() and not frame.any()
     assert compose(frame, people, "full") is frame
+
+
+@pytest.mark.parametrize("count_change", [True, False])
+def test_state_stays_bounded_however_many_people_pass(count_change: bool) -> None:
+    """Months of traffic: 300 people come and go one after another; what the selector keeps stays a handful."""
+    selector = EventSelector(
+        SelectionConfig(**{**BASE, "per_person": True, "recaption_on_count_change": count_change, "event_end_s": 0.5})
+    )
+    t = 0.0
+    for track in range(300):
+        for _ in range(6):  # in view for 0.6 s, long enough to be an event and be captioned
+            selector.offer(detection(t, person(track)))
+            t = round(t + 0.1, 3)
+        for _ in range(7):  # gone for 0.7 s, longer than event_end_s
+            selector.offer(detection(t))
+            t = round(t + 0.1, 3)
+    assert selector.events_started == 300
+    assert len(selector._tracks) <= 1 and len(selector._last_caption_ids) <= 2

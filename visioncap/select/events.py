@@ -101,6 +101,10 @@ class EventSelector:
                 track.box = None
                 if now - track.last_s > self._config.event_end_s:
                     del self._tracks[track_id]
+                    if not self._config.recaption_on_count_change:
+                        # Read only to notice people leaving: without that, a pipeline running for months would
+                        # keep every track id it ever captioned (per_person adds them up).
+                        self._last_caption_ids.discard(track_id)
                     continue
             if not track.started and track.frames >= self._config.stable_frames:
                 track.started = True
