@@ -20,6 +20,7 @@ from urllib.parse import unquote_to_bytes, urlsplit
 from PIL import Image
 
 from visioncap.config.gateway import ImagesConfig
+from visioncap.qwen_images import smart_resize
 
 # Base64 characters decoded to find the image size (54 KiB of image: JPEG headers with EXIF fit).
 HEADER_CHARS = 72 * 1024
@@ -32,20 +33,11 @@ class MediaRefusedError(Exception):
 
 
 def image_tokens(width: int, height: int, config: ImagesConfig) -> int:
-    """Image tokens for an image of this size (Qwen2-VL's smart_resize)."""
+    """Image tokens for an image of this size, as the Qwen-VL processor counts them."""
     factor = config.token_size
-    min_pixels = config.min_tokens_per_image * factor * factor
-    max_pixels = config.max_tokens_per_image * factor * factor
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
+    h_bar, w_bar = smart_resize(
+        height, width, factor, config.min_tokens_per_image * factor**2, config.max_tokens_per_image * factor**2
+    )
     return (h_bar // factor) * (w_bar // factor)
 
 

@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from visioncap.qwen_images import smart_resize
+
 if TYPE_CHECKING:
     from visioncap.serve.profiles import ModelProfile
 
@@ -388,21 +390,6 @@ def shape_for(profile: ModelProfile) -> ModelShape:
 
 
 # --- image geometry -----------------------------------------------------------------------------------------
-
-
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """Qwen2-VL's processor resize: sides rounded to multiples of `factor`, area kept within the bounds."""
-    h_bar = max(factor, round(height / factor) * factor)
-    w_bar = max(factor, round(width / factor) * factor)
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt(height * width / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
 
 
 @dataclass(frozen=True)
