@@ -39,6 +39,7 @@ from visioncap.config.gateway import GatewayConfig, TrafficClassConfig, hash_key
 from visioncap.gateway.images import data_uri_size, image_tokens
 from visioncap.gateway.scheduler import SchedulerState
 from visioncap.gateway.server import GatewayThread
+from visioncap.gateway.sse import StreamObserver
 from visioncap.serve import VllmServer, free_port
 
 INTERACTIVE_KEY = "test-interactive-key"
@@ -687,14 +688,57 @@ def test_background_stream_slot_is_given_back_when_the_caller_disconnects(vllm_s
                 requests = [
                     m
                     for m in metrics.splitlines()
-                    if m.startswith(("visioncap_gateway_requests_total{", "visioncap_gateway_upstream_errors"))
+                    if m.startswith(
+                        (
+                            "visioncap_gateway_requests_total{",
+                            "visioncap_gateway_upstream_errors",
+                            "visioncap_gateway_responses_ended_total{",
+                        )
+                    )
                 ]
                 raise AssertionError(
                     f"in_flight {state.in_flight} after the first line {first[:200]!r}; the stream then had "
                     f"{len(rest)} more lines, ending {rest[-3:]!r}; gateway counters {requests}"
                 )  # fmt: skip
         wait_queue(direct, lambda s: s.in_flight == 0)  # closed mid-stream: slot released
+        text = httpx.get(f"{direct.root_url}/metrics", timeout=TIMEOUT).text
+        ended = "visioncap_gateway_responses_ended_total"
+        assert metric(text, ended, traffic_class="background", how="caller_gone") == 1
+        assert metric(text, ended, traffic_class="background", how="completed") == 0
         assert post_chat(direct, BACKGROUND_KEY, chat_body(max_tokens=2)).status_code == 200
+        wait_queue(direct, lambda s: s.in_flight == 0)  # the end is counted before the slot is given back
+        text = httpx.get(f"{direct.root_url}/metrics", timeout=TIMEOUT).text
+        assert metric(text, ended, traffic_class="background", how="completed") == 1
+
+
+def test_a_failing_stream_observer_never_cuts_the_answer(
+    vllm_server: VllmServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Measuring is secondary: an exception in the ITL observer stops measuring, the caller gets every byte.
+
+    The fault is injected (a bug in our own parser cannot be produced by a correct vLLM on purpose).
+    """
+    body = {**chat_body(max_tokens=24, stream=True), "return_token_ids": True}
+    with httpx.stream("POST", f"{vllm_server.base_url}/chat/completions", json=body, timeout=TIMEOUT) as response:
+        direct = stream_summary(sse_events(response))
+
+    def broken(self: StreamObserver, data: bytes) -> None:
+        raise ValueError("parser bug")
+
+    monkeypatch.setattr(StreamObserver, "feed", broken)
+    with GatewayThread(config_for(vllm_server.base_url)) as gw:
+        url = f"{gw.base_url}/chat/completions"
+        with httpx.stream("POST", url, json=body, headers=auth(BACKGROUND_KEY), timeout=TIMEOUT) as response:
+            assert response.status_code == 200
+            events = sse_events(response)
+        wait_queue(gw, lambda s: s.in_flight == 0)  # the end is counted before the slot is given back
+        text = httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text
+    assert events[-1] == "[DONE]"
+    assert stream_summary(events) == direct  # every token reached the caller
+    ended = "visioncap_gateway_responses_ended_total"
+    assert metric(text, ended, traffic_class="background", how="completed") == 1
+    assert metric(text, "visioncap_gateway_upstream_errors_total", traffic_class="background") == 0
+    assert "stream observer failed" in caplog.text
 
 
 def test_a_non_streaming_caller_that_leaves_frees_its_slot_before_vllm_answers(

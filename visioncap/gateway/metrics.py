@@ -48,6 +48,13 @@ class GatewayMetrics:
             ["traffic_class"],
             registry=r,
         )
+        self.ends = Counter(
+            "visioncap_gateway_responses_ended_total",
+            "Forwarded answers by how they ended: completed (the whole body reached the caller), caller_gone (the "
+            "caller disconnected first), upstream_error (vLLM broke off or sent an error event) or gateway_error.",
+            ["traffic_class", "how"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "visioncap_gateway_ttft_seconds",
             "Time from the request reaching the gateway to the first network read that brought streamed output.",

@@ -8,6 +8,7 @@ in-flight counts are always given back.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from starlette.types import Receive, Scope, Send
 from visioncap.config.gateway import UpstreamConfig
 from visioncap.gateway.errors import GatewayError
 from visioncap.gateway.sse import CountingTransport, StreamObserver
+
+log = logging.getLogger(__name__)
 
 # Headers of vLLM's answer that are not about the body, or that uvicorn sets itself.
 DROPPED_RESPONSE_HEADERS = {"connection", "keep-alive", "transfer-encoding", "date", "server"}
@@ -34,6 +37,17 @@ class Outcome:
     completed: bool  # the whole body reached the caller
     disconnected: bool = False
     error: str | None = None
+
+    @property
+    def how(self) -> str:
+        """completed, caller_gone, upstream_error or gateway_error (a fault of the gateway's own code)."""
+        if self.completed:  # uvicorn reports a disconnect once the last byte is sent, too
+            return "completed"
+        if self.disconnected:
+            return "caller_gone"
+        if self.error is not None:
+            return "gateway_error" if self.error.startswith("gateway:") else "upstream_error"
+        return "caller_gone"
 
 
 class Upstream:
@@ -128,6 +142,10 @@ class ProxyResponse(Response):
                     # The status line is gone already: ending without the last chunk makes uvicorn drop the
                     # connection, so the caller sees a truncated body rather than a clean end.
                     outcome.error = f"upstream stream broke: {type(exc).__name__}: {exc}"
+                except Exception as exc:
+                    # A bug of ours must not pass for vLLM's fault in the metrics; the caller sees a cut body.
+                    log.exception("gateway error while streaming an answer")
+                    outcome.error = f"gateway: {type(exc).__name__}: {exc}"
                 finally:
                     group.cancel_scope.cancel()
         finally:
@@ -142,6 +160,11 @@ class ProxyResponse(Response):
         observer = self._observer
         async for chunk in self.upstream.aiter_raw():
             if observer is not None:
-                observer.feed(chunk)
+                try:
+                    observer.feed(chunk)
+                except Exception:
+                    # Measuring must never cut an answer: stop measuring this one and go on forwarding.
+                    log.exception("stream observer failed; this answer is no longer measured")
+                    observer = self._observer = None
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

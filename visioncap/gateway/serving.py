@@ -354,8 +354,10 @@ class Gateway:
             if answered:  # refusals raised from here are counted where they become responses
                 self.metrics.requests.labels(class_name, endpoint, str(outcome.status)).inc()
                 self.metrics.duration.labels(class_name).observe(now - started)
+                self.metrics.ends.labels(class_name, outcome.how).inc()
             if outcome.error:
-                self.metrics.upstream_errors.labels(class_name).inc()
+                if outcome.how != "gateway_error":  # the gateway's own faults are logged with their traceback
+                    self.metrics.upstream_errors.labels(class_name).inc()
                 log.warning("%s request (%s) ended with an error: %s", class_name, endpoint, outcome.error)
             done(outcome)
 
