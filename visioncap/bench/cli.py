@@ -78,3 +78,52 @@ def mixed_command(
     typer.echo("")
     typer.echo(goals_table(results))
     typer.echo(f"\nwrote {', '.join(results.get('files', {}).values())} in {results['wall_s']:.0f} s")
+
+
+@bench_app.command("fidelity")
+def fidelity_command(
+    profile: Annotated[str, typer.Option(help="The stand-in's model profile (models/NAME.yaml), served here.")] = (
+        "tiny-bench"
+    ),
+    target: Annotated[str, typer.Option(help="The profile it stands in for (its cost model is the target).")] = (
+        "qwen2.5-vl-7b"
+    ),
+    gpu: Annotated[str, typer.Option(help="The target's GPU class (h200, l4, ...).")] = "h200",
+    frame_width: Annotated[int, typer.Option(help="The stand-in's camera frame width.")] = 640,
+    frame_height: Annotated[int, typer.Option(help="The stand-in's camera frame height.")] = 480,
+    chat_tokens: Annotated[int, typer.Option(help="The stand-in's chat prompt length in tokens.")] = 256,
+    repeats: Annotated[int, typer.Option(help="Injections of each kind; the median is reported.")] = 7,
+    base_url: Annotated[
+        str | None, typer.Option(help="Measure an idle running vLLM (its /v1) instead of starting the profile.")
+    ] = None,
+    out_dir: Annotated[Path, typer.Option(help="Where the JSON result goes.")] = Path("benchmarks/fidelity"),
+) -> None:
+    """Does the stand-in cost what the target costs? Frame encoder, frame prefill and chat prefill in decode steps."""
+    import contextlib
+
+    from visioncap.bench.fidelity import FidelityProbe, measure, report_lines, target_for, to_json
+    from visioncap.serve import VllmServer, free_port
+    from visioncap.serve.profiles import load_profile
+
+    models = Path("models")
+    goal = target_for(target, gpu, models)
+    served = load_profile(profile, models)
+    probe = FidelityProbe(
+        frame_width=frame_width, frame_height=frame_height, chat_prompt_tokens=chat_tokens, repeats=repeats
+    )
+    with contextlib.ExitStack() as stack:
+        url = base_url
+        if url is None:
+            log_file = Path("data/bench-fidelity/logs") / f"vllm-{served.name}.log"
+            server = stack.enter_context(
+                VllmServer(served, python=Path(".venv-vllm/bin/python"), port=free_port(), log_file=log_file)
+            )
+            url = server.base_url
+        result = measure(url, served.served_model_name, goal, probe)
+    typer.echo("\n".join(report_lines(result)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{served.name}-as-{target}-{gpu}.json"
+    path.write_text(to_json(result) + "\n")
+    typer.echo(f"wrote {path}")
+    if not result.faithful:
+        raise typer.Exit(1)

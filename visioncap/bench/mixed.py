@@ -34,6 +34,9 @@ from typing import Any
 import httpx
 
 from visioncap.bench.calibrate import calibrate, tokens_per_word
+from visioncap.bench.fidelity import FidelityProbe, FidelityResult, gate_goals, target_for
+from visioncap.bench.fidelity import measure as measure_fidelity
+from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import PhaseResult, PhaseSpec, Target, paired_streams, run_phase_sync
 from visioncap.bench.stats import percentile, ratio
@@ -100,6 +103,11 @@ class MixedOptions:
     itl_objective_ms: float | None = None  # None: S0's inter-token p99 x the goal (1.25)
     objective_window_s: float = 10.0
     keep_raw: bool = True
+    # The target the stand-in must cost like (visioncap.bench.fidelity), measured at the start of the run;
+    # goals are not judged when it is off. None: not measured (and nothing gated).
+    fidelity_target: str | None = "qwen2.5-vl-7b"
+    fidelity_gpu: str = "h200"
+    fidelity_repeats: int = 7
 
     @classmethod
     def quick(cls, **overrides: Any) -> MixedOptions:
@@ -313,6 +321,8 @@ def _run_setups(run: Run) -> None:
         run.mark("calibration: decode step, text prefill, image prefill, each alone")
         run.extra["calibration"] = calibrate(server.base_url, run.model, o.calibration_repeats, o.seed)
         run.mark(f"calibration: {json.dumps(run.extra['calibration'])}")
+        if o.fidelity_target is not None:
+            run.extra["fidelity"] = _fidelity(run, server)
         if not o.fcfs_restart:  # equal priorities on a priority server: vLLM orders them by arrival
             run.phase("S1", server.root_url, chat=direct, flood=direct)
             run.phase(direct_idle_name, server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
@@ -342,6 +352,26 @@ def _run_setups(run: Run) -> None:
                 run.extra["gateway_metrics_after_s3_downscale"] = _gateway_metrics(gateway.metrics_text())
         if o.fcfs_restart:  # the flood alone direct on this server too: S3-idle's same-server reference
             run.phase("direct-idle-priority", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+
+
+def _fidelity(run: Run, server: VllmServer) -> FidelityResult:
+    """Does this stand-in cost what the target costs? Printed now; the goals are judged only if it does."""
+    o = run.options
+    assert o.fidelity_target is not None
+    run.mark(f"stand-in fidelity against {o.fidelity_target} on {o.fidelity_gpu}")
+    probe = FidelityProbe(
+        frame_width=o.image_width,
+        frame_height=o.image_height,
+        chat_prompt_tokens=o.chat_prompt_tokens[1],
+        repeats=o.fidelity_repeats,
+        seed=o.seed,
+    )
+    result = measure_fidelity(
+        server.base_url, run.model, target_for(o.fidelity_target, o.fidelity_gpu, o.models_dir), probe
+    )
+    for line in fidelity_lines(result):
+        log.info("%s", line)
+    return result
 
 
 def _warm(run: Run, server: VllmServer) -> None:
@@ -641,7 +671,8 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
         "overhead_block_pairs": block_pair_ratios(run.summaries, run.extra.get("overhead_blocks")),
         "s3_gateway_timeline": gateway_timeline(run.phases.get("S3"), o.gw_max_concurrency),
         "ratios": ratios,
-        "goals": evaluate_goals(ratios),
+        "fidelity": run.extra["fidelity"].to_dict() if "fidelity" in run.extra else None,
+        "goals": gate_goals(evaluate_goals(ratios), run.extra.get("fidelity")),
         "timeline": run.timeline,
     }
 

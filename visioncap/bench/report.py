@@ -107,8 +107,32 @@ def goals_table(results: dict[str, Any]) -> str:
         else:
             shown = _f(value, 3)
         met = {True: "yes", False: "**no**", None: "-"}[goal["met"]]
+        if goal.get("not_judged"):
+            met = "not judged"
         lines.append(f"| {name} | {shown} | {goal['goal']} | {met} |")
+    reasons = {goal["not_judged"] for goal in results["goals"].values() if goal.get("not_judged")}
+    lines += [f"\nNot judged: {reason}." for reason in sorted(reasons)]
     return "\n".join(lines)
+
+
+def _fidelity_text(fidelity: dict[str, Any] | None) -> str:
+    """The stand-in fidelity table, measured at the start of the run (nothing when it was not measured)."""
+    if not fidelity:
+        return ""
+    lines = [
+        f"Stand-in fidelity against {fidelity['target']['source']} (decode step {_f(fidelity['step_ms'], 2)} ms "
+        f"here, spread {_f(fidelity['step_spread'], 2)}; tolerance +-{fidelity['tolerance']:.0%}):",
+        "",
+        "| figure (decode steps) | target | measured | ratio | within |",
+        "|---|---:|---:|---:|:---:|",
+    ]
+    for name, measured in fidelity["measured"].items():
+        within = "yes" if fidelity["within"][name] else "**no**"
+        lines.append(
+            f"| {name} | {_f(fidelity['target'][name], 2)} | {_f(measured, 2)} | "
+            f"{_f(fidelity['ratio'][name], 2)} | {within} |"
+        )
+    return "\n".join(lines) + "\n\n"
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -128,6 +152,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"640x480 image prompt ({calibration.get('image_prefill_prompt_tokens')} tokens) "
         f"{_f(calibration.get('image_prefill_ms'))} ms = "
         f"{_f(calibration.get('image_prefill_over_decode_step'), 1)} decode steps.\n\n"
+        f"{_fidelity_text(results.get('fidelity'))}"
         f"Gateway objectives in S3: {json.dumps(results.get('gateway_objectives'))}.\n\n"
         f"{table(results)}\n\n{goals_table(results)}\n\n"
         f"S0 blocks, gateway / direct p50 per ABBA pair: {pairs}.\n\n"

@@ -1,0 +1,105 @@
+"""The stand-in fidelity check: pure parts, and one measurement against the session's real vLLM."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import REPO, TINY_MODEL
+
+from visioncap.bench.fidelity import (
+    FidelityProbe,
+    FidelityTarget,
+    gate_goals,
+    itl_counters,
+    judge,
+    measure,
+    report_lines,
+    spread_of,
+    target_for,
+    within_tolerance,
+)
+from visioncap.serve import VllmServer
+
+TARGET = FidelityTarget(frame_encoder_steps=1.0, frame_prefill_steps=2.0, chat_prefill_steps=1.0, source="test")
+
+
+def test_tolerance_is_a_band_around_the_target() -> None:
+    assert within_tolerance(1.25, 1.0) and within_tolerance(0.75, 1.0)
+    assert not within_tolerance(1.26, 1.0) and not within_tolerance(0.74, 1.0)
+    assert not within_tolerance(1.0, 0.0)
+    ratios, within = judge({"frame_encoder_steps": 2.0, "frame_prefill_steps": 2.1, "chat_prefill_steps": 0.8}, TARGET)
+    assert ratios == pytest.approx({"frame_encoder_steps": 2.0, "frame_prefill_steps": 1.05, "chat_prefill_steps": 0.8})
+    assert within == {"frame_encoder_steps": False, "frame_prefill_steps": True, "chat_prefill_steps": True}
+
+
+def test_itl_counters_add_every_label_set_and_ignore_the_buckets() -> None:
+    text = "\n".join(
+        [
+            "# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.",
+            'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.01",model_name="m"} 3.0',
+            'vllm:inter_token_latency_seconds_count{engine="0",model_name="m"} 10.0',
+            'vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 0.25',
+            'vllm:inter_token_latency_seconds_count{engine="1",model_name="m"} 5.0',
+            'vllm:inter_token_latency_seconds_sum{engine="1",model_name="m"} 0.5',
+            'vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 9.0',
+        ]
+    )
+    assert itl_counters(text) == (0.75, 15.0)
+
+
+def test_spread_says_how_much_the_step_moved() -> None:
+    assert spread_of([10.0] * 9) == 0
+    assert spread_of([10.0, 10.0, 10.0, 30.0]) > 0.5
+    assert math.isinf(spread_of([0.0, 0.0]))
+
+
+def test_cost_model_targets_for_the_two_gpu_classes() -> None:
+    h200 = target_for("qwen2.5-vl-7b", "h200", REPO / "models")
+    l4 = target_for("qwen2.5-vl-7b", "l4", REPO / "models")
+    # Roofline figures of the cost model (README, "Cost model"): about one decode step of encoder per frame on
+    # an H200, fewer on an L4, whose slow memory makes its decode step relatively dearer.
+    assert 0.7 < h200.frame_encoder_steps < 1.2 and 1.5 < h200.frame_prefill_steps < 2.5
+    assert l4.frame_encoder_steps < h200.frame_encoder_steps and l4.chat_prefill_steps < h200.chat_prefill_steps
+    with pytest.raises(LookupError):
+        target_for("qwen2.5-vl-7b", "cpu", REPO / "models")
+
+
+def test_goals_are_not_judged_on_a_stand_in_that_is_off_target() -> None:
+    from visioncap.bench.fidelity import FidelityResult
+
+    goals = {"itl_p99_at_1_25": {"value": 1.1, "goal": "<= 1.25", "met": True}}
+
+    def result(encoder: float, spread: float = 0.1) -> FidelityResult:
+        measured = {"frame_encoder_steps": encoder, "frame_prefill_steps": 2.0, "chat_prefill_steps": 1.0}
+        ratios, within = judge(measured, TARGET)
+        return FidelityResult(
+            TARGET, FidelityProbe(), 10.0, 451, 256, measured, ratios, within, 0.25,
+            all(within.values()) and spread <= 0.5, step_spread=spread, steady=spread <= 0.5,
+        )  # fmt: skip
+
+    good = gate_goals(goals, result(1.1))
+    assert good["itl_p99_at_1_25"]["met"] is True and good["stand_in_fidelity_encoder"]["met"] is True
+    off = gate_goals(goals, result(20.0))
+    assert off["stand_in_fidelity_encoder"] == {**off["stand_in_fidelity_encoder"], "value": 20.0, "met": False}
+    assert off["itl_p99_at_1_25"]["met"] is None and "frame_encoder_steps" in off["itl_p99_at_1_25"]["not_judged"]
+    assert off["itl_p99_at_1_25"]["value"] == 1.1  # kept for the record
+    busy = gate_goals(goals, result(1.0, spread=2.0))
+    assert busy["itl_p99_at_1_25"]["met"] is None and "busy" in busy["itl_p99_at_1_25"]["not_judged"]
+    assert gate_goals(goals, None) == goals
+
+
+def test_fidelity_is_measured_against_real_vllm(vllm_server: VllmServer) -> None:
+    probe = FidelityProbe(frame_width=320, frame_height=240, chat_prompt_tokens=96, repeats=3, probe_tokens=400)
+    result = measure(vllm_server.base_url, TINY_MODEL, TARGET, probe)
+    assert [i["kind"] for i in result.injections] == ["frame", "same_text", "chat"] * 3
+    # The frame's prompt holds its image tokens (320x240 resized to 308x252: 11x9 merged patches) and the text.
+    assert result.frame_prompt_tokens > 99
+    same = [i["prompt_tokens"] for i in result.injections if i["kind"] == "same_text"]
+    assert all(abs(tokens - result.frame_prompt_tokens) <= 4 for tokens in same)
+    assert abs(result.chat_prompt_tokens - 96) <= 2
+    # Every injection was carried by probe steps that vLLM's engine stamped.
+    assert all(i["probe_tokens"] >= probe.settle_tokens for i in result.injections)
+    assert result.step_ms > 0 and all(math.isfinite(v) for v in result.measured.values())
+    lines = report_lines(result)
+    assert lines[0].startswith("stand-in fidelity against test") and len(lines) == 5

@@ -1,0 +1,427 @@
+"""How much a frame and a chat prompt cost the chat user on a running vLLM, in decode steps, against a target.
+
+What the scheduler and a chat user feel is dimensionless: how many decode steps' worth of time one frame's
+vision encoder pass and its prompt's prefill take, and one chat prompt's prefill. The cost model
+(`visioncap.serve.costmodel`) gives those for a real model on a GPU class; this module measures them on the
+server at hand, so `bench mixed` and `tune` can say whether their stand-in behaves like the target before they
+judge anything on it.
+
+How (one method for all three figures):
+
+- A *probe* streams a long answer alone (batch 1), so every engine step carries one decode of it.
+- One request at a time is *injected* beside it, `max_tokens` 1: a frame (caption prompt and image), a text
+  prompt of the same number of tokens, and a chat prompt. Every engine step that carries the injection's
+  encoder pass or prefill chunks also carries the probe's next token, so the probe's tokens from just before
+  the injection's send until a few tokens after its answer took `extra_s` longer than that many plain steps.
+  `extra_s / step_s` is the injection's cost in decode steps.
+- The time comes from vLLM's own `vllm:inter_token_latency_seconds` (its `_sum` and `_count` read from
+  /metrics before and after): the engine core stamps those, so neither this client nor vLLM's API server
+  process, which may be busy preprocessing the image, blur them. The probe is the only decoding request, so
+  the counter's growth is the probe's. The plain step `step_s` is the median of the same counters' growth
+  over quiet stretches between injections.
+- Prefill of a frame = the same-length text prompt's cost; encoder of a frame = the frame's cost minus that
+  (so it also holds the image's preprocessing where that takes the engine's CPU, as on a 2-core machine; on a
+  GPU the processor runs on other cores). The median over `repeats` injections of each kind is reported.
+
+The target is the cost model's batch-1 figure (one decoding request, like the probe); a measured figure within
+`tolerance` (default +-25 %) of it is faithful.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from visioncap.bench.stats import percentile
+from visioncap.bench.workload import CAPTION_PROMPT, WORDS, camera_frame, data_uri
+from visioncap.gateway.sse import StreamObserver
+
+DEFAULT_TOLERANCE = 0.25
+STEADY_SPREAD = 0.5
+FIGURES = ("frame_encoder_steps", "frame_prefill_steps", "chat_prefill_steps")
+
+
+@dataclass(frozen=True)
+class FidelityTarget:
+    """What the stand-in should cost, in decode steps (batch 1), and where the figures come from."""
+
+    frame_encoder_steps: float
+    frame_prefill_steps: float
+    chat_prefill_steps: float
+    source: str  # e.g. "cost model: qwen2.5-vl-7b on h200"
+
+
+@dataclass(frozen=True)
+class FidelityProbe:
+    """What to inject: the stand-in's frame and chat prompt sizes."""
+
+    frame_width: int = 640
+    frame_height: int = 480
+    chat_prompt_tokens: int = 256
+    repeats: int = 7
+    probe_tokens: int = 1500  # one probe stream's length; a new one starts when it ends
+    settle_tokens: int = 6  # plain steps between injections, so their effects never overlap
+    seed: int = 0
+
+
+@dataclass
+class Injection:
+    kind: str
+    prompt_tokens: int
+    seconds: float  # growth of the probe's inter-token time from before the send to after the answer
+    tokens: float  # growth of its inter-token count over the same stretch
+    extra_s: float = 0.0
+    steps: float = 0.0
+
+
+@dataclass
+class FidelityResult:
+    """Measured against target; `faithful` when every figure is within tolerance of its target."""
+
+    target: FidelityTarget
+    probe: FidelityProbe
+    step_ms: float
+    frame_prompt_tokens: int
+    chat_prompt_tokens: int
+    measured: dict[str, float]
+    ratio: dict[str, float | None]  # measured / target
+    within: dict[str, bool]
+    tolerance: float
+    faithful: bool
+    # The quiet decode steps' spread ((p90 - p10) / median): above STEADY_SPREAD the machine was too busy for
+    # the figures to mean anything, and they are not judged.
+    step_spread: float = 0.0
+    steady: bool = True
+    injections: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def within_tolerance(measured: float, target: float, tolerance: float = DEFAULT_TOLERANCE) -> bool:
+    """measured / target inside [1 - tolerance, 1 + tolerance]."""
+    return target > 0 and abs(measured / target - 1) <= tolerance + 1e-12
+
+
+def judge(
+    measured: dict[str, float], target: FidelityTarget, tolerance: float = DEFAULT_TOLERANCE
+) -> tuple[dict[str, float | None], dict[str, bool]]:
+    """Each figure's measured/target ratio and whether it is within tolerance."""
+    ratios: dict[str, float | None] = {}
+    within: dict[str, bool] = {}
+    for name in FIGURES:
+        goal = getattr(target, name)
+        ratios[name] = measured[name] / goal if goal > 0 else None
+        within[name] = within_tolerance(measured[name], goal, tolerance)
+    return ratios, within
+
+
+def spread_of(values: Sequence[float]) -> float:
+    """(p90 - p10) / median of `values`: how much the plain decode step moved during the measurement."""
+    middle = statistics.median(values)
+    high, low = percentile(values, 90), percentile(values, 10)
+    if middle <= 0 or high is None or low is None:
+        return float("inf")
+    return (high - low) / middle
+
+
+def itl_counters(metrics_text: str) -> tuple[float, float]:
+    """(sum, count) of vLLM's `vllm:inter_token_latency_seconds` over all its label sets."""
+    total = count = 0.0
+    for line in metrics_text.splitlines():
+        if line.startswith("vllm:inter_token_latency_seconds_sum"):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:inter_token_latency_seconds_count"):
+            count += float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def text_of_tokens(words: int, seed: int) -> str:
+    """A prompt of `words` words of the tiny tokenizer's vocabulary (about a token each), unique per seed."""
+    start = seed * 7919
+    return " ".join(WORDS[(start + i * 31) % len(WORDS)] for i in range(max(1, words)))
+
+
+class _Probe:
+    """The long decoding stream whose steps carry every injected request's work."""
+
+    def __init__(self, client: httpx.AsyncClient, base_url: str, model: str, tokens: int) -> None:
+        self.client = client
+        self.base_url = base_url
+        self.model = model
+        self.tokens = tokens
+        self.count = 0  # output chunks received, over all streams
+        self.streams = 0
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> _Probe:
+        self._task = asyncio.create_task(self._run())
+        await self.wait_tokens(self.count + 4)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait_tokens(self, count: int, timeout_s: float = 120.0) -> None:
+        """Until `count` output chunks have arrived in all (raises what ended the probe, if it failed)."""
+        deadline = time.perf_counter() + timeout_s
+        while self.count < count:
+            if self._task is not None and self._task.done():
+                self._task.result()
+                raise RuntimeError("the probe stream stopped")
+            self._changed.clear()
+            remaining = deadline - time.perf_counter()
+            if remaining <= 0:
+                raise TimeoutError(f"the probe stream stalled at {self.count} tokens")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    def _on_token(self, *_: float) -> None:
+        self.count += 1
+        self._changed.set()
+
+    async def _run(self) -> None:
+        while True:  # a stream ends after `tokens`; the next one starts at once
+            self.streams += 1
+            body = {
+                "model": self.model,
+                "messages": [{"role": "user", "content": text_of_tokens(12, 10_000 + self.streams)}],
+                "max_tokens": self.tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+            }
+            started = time.perf_counter()
+            async with self.client.stream("POST", f"{self.base_url}/chat/completions", json=body) as response:
+                response.raise_for_status()
+                observer = StreamObserver(started, time.perf_counter, self._on_token, self._on_token)
+                async for chunk in response.aiter_raw():
+                    observer.feed(chunk)
+                observer.close()
+
+
+async def _prompt_tokens(client: httpx.AsyncClient, base_url: str, body: dict[str, Any]) -> int:
+    answer = await client.post(f"{base_url}/chat/completions", json={**body, "max_tokens": 1})
+    answer.raise_for_status()
+    return int(answer.json()["usage"]["prompt_tokens"])
+
+
+async def _text_body(
+    client: httpx.AsyncClient, base_url: str, model: str, tokens: int, seed: int
+) -> tuple[dict[str, Any], int]:
+    """A chat body whose prompt is `tokens` tokens (to within a few), found by counting with vLLM."""
+    words = tokens
+    body: dict[str, Any] = {}
+    counted = 0
+    for _ in range(6):
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": text_of_tokens(words, seed)}],
+            "temperature": 0,
+        }
+        counted = await _prompt_tokens(client, base_url, body)
+        if abs(counted - tokens) <= 2:
+            break
+        words = max(1, words + (tokens - counted))
+    return body, counted
+
+
+def _frame_body(model: str, probe: FidelityProbe, index: int) -> dict[str, Any]:
+    import random
+
+    jpeg = camera_frame(probe.frame_width, probe.frame_height, random.Random(f"{probe.seed}:fidelity:{index}"))
+    content = [{"type": "text", "text": CAPTION_PROMPT}, {"type": "image_url", "image_url": {"url": data_uri(jpeg)}}]
+    return {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0}
+
+
+async def measure_async(
+    base_url: str,
+    model: str,
+    target: FidelityTarget,
+    probe: FidelityProbe = FidelityProbe(),
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> FidelityResult:
+    """Measure the three costs on the vLLM at `base_url` (its /v1) and judge them against `target`.
+
+    The server must be otherwise idle: other traffic would be counted as the injections' cost.
+    """
+    started = time.perf_counter()
+    metrics_url = base_url.removesuffix("/v1") + "/metrics"
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0)) as client:
+
+        async def counters() -> tuple[float, float]:
+            answer = await client.get(metrics_url)
+            answer.raise_for_status()
+            return itl_counters(answer.text)
+
+        # Warms the image path (processor, encoder) before anything is timed, and counts the frame's tokens.
+        frame_tokens = await _prompt_tokens(client, base_url, _frame_body(model, probe, -1))
+        same_body, _ = await _text_body(client, base_url, model, frame_tokens, probe.seed + 1)
+        chat_body, chat_tokens = await _text_body(client, base_url, model, probe.chat_prompt_tokens, probe.seed + 2)
+        frames = [_frame_body(model, probe, i) for i in range(probe.repeats * 2)]  # made before any timing
+        injections: list[Injection] = []
+        quiet: list[float] = []
+        async with _Probe(client, base_url, model, probe.probe_tokens) as stream:
+            await stream.wait_tokens(stream.count + probe.settle_tokens)
+            attempt = 0
+            for _repeat in range(probe.repeats):
+                for kind in ("frame", "same_text", "chat"):
+                    while True:
+                        attempt += 1
+                        if kind == "frame":
+                            body = frames[attempt % len(frames)]
+                        else:
+                            # Unique text each time, so vLLM's prefix cache cannot skip the prefill.
+                            base = same_body if kind == "same_text" else chat_body
+                            words = base["messages"][0]["content"].split(" ")
+                            words[0], words[1] = WORDS[attempt % len(WORDS)], str(attempt)
+                            body = {**base, "messages": [{"role": "user", "content": " ".join(words)}]}
+                        streams = stream.streams
+                        q0 = await counters()
+                        await stream.wait_tokens(stream.count + probe.settle_tokens)
+                        q1 = await counters()
+                        answer = await client.post(f"{base_url}/chat/completions", json={**body, "max_tokens": 1})
+                        answer.raise_for_status()
+                        # The probe's tokens of the injection's last steps reach /metrics a moment later.
+                        await stream.wait_tokens(stream.count + probe.settle_tokens)
+                        q2 = await counters()
+                        if stream.streams != streams:
+                            continue  # a new probe stream started meanwhile: its first token is not a gap
+                        if q1[1] > q0[1]:
+                            quiet.append((q1[0] - q0[0]) / (q1[1] - q0[1]))
+                        prompt = int(answer.json()["usage"]["prompt_tokens"])
+                        injections.append(Injection(kind, prompt, q2[0] - q1[0], q2[1] - q1[1]))
+                        break
+    if not quiet:
+        raise RuntimeError("no quiet stretch to measure the decode step from")
+    step_s = statistics.median(quiet)
+    spread = spread_of(quiet)
+    for item in injections:
+        item.extra_s = item.seconds - item.tokens * step_s
+        item.steps = item.extra_s / step_s
+    by_kind = {
+        kind: statistics.median(i.steps for i in injections if i.kind == kind)
+        for kind in ("frame", "same_text", "chat")
+    }
+    measured = {
+        "frame_encoder_steps": by_kind["frame"] - by_kind["same_text"],
+        "frame_prefill_steps": by_kind["same_text"],
+        "chat_prefill_steps": by_kind["chat"],
+    }
+    ratios, within = judge(measured, target, tolerance)
+    return FidelityResult(
+        target=target,
+        probe=probe,
+        step_ms=step_s * 1000,
+        frame_prompt_tokens=frame_tokens,
+        chat_prompt_tokens=chat_tokens,
+        measured=measured,
+        ratio=ratios,
+        within=within,
+        tolerance=tolerance,
+        faithful=all(within.values()) and spread <= STEADY_SPREAD,
+        step_spread=spread,
+        steady=spread <= STEADY_SPREAD,
+        injections=[
+            {
+                "kind": i.kind,
+                "prompt_tokens": i.prompt_tokens,
+                "probe_tokens": int(i.tokens),
+                "extra_ms": round(i.extra_s * 1000, 3),
+                "steps": round(i.steps, 3),
+            }
+            for i in injections
+        ],
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def measure(
+    base_url: str,
+    model: str,
+    target: FidelityTarget,
+    probe: FidelityProbe = FidelityProbe(),
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> FidelityResult:
+    """`measure_async` from synchronous code."""
+    return asyncio.run(measure_async(base_url, model, target, probe, tolerance))
+
+
+def report_lines(result: FidelityResult) -> list[str]:
+    """A small table: figure, target, measured, ratio, verdict."""
+    lines = [
+        f"stand-in fidelity against {result.target.source} (decode step {result.step_ms:.2f} ms here; "
+        f"frame prompt {result.frame_prompt_tokens} tokens, chat prompt {result.chat_prompt_tokens} tokens; "
+        f"tolerance +-{result.tolerance:.0%}; decode step spread {result.step_spread:.2f}"
+        f"{'' if result.steady else ', TOO BUSY: not judged'})",
+        f"{'figure (decode steps)':<24}{'target':>9}{'measured':>10}{'ratio':>8}  ok",
+    ]
+    for name in FIGURES:
+        ratio = result.ratio[name]
+        lines.append(
+            f"{name:<24}{getattr(result.target, name):>9.2f}{result.measured[name]:>10.2f}"
+            f"{'-' if ratio is None else f'{ratio:.2f}':>8}  {'yes' if result.within[name] else 'NO'}"
+        )
+    return lines
+
+
+def to_json(result: FidelityResult) -> str:
+    return json.dumps(result.to_dict(), indent=2)
+
+
+def target_for(profile: str, gpu_class: str, models_dir: Any = None) -> FidelityTarget:
+    """The cost model's batch-1 figures for `profile` (a models/ profile name) on `gpu_class`."""
+    from pathlib import Path
+
+    from visioncap.serve.costmodel import for_profile
+    from visioncap.serve.profiles import load_profile
+
+    folder = Path(models_dir) if models_dir is not None else Path(__file__).resolve().parents[2] / "models"
+    cost = for_profile(load_profile(profile, folder), gpu_class)
+    if cost.frame_encoder_steps is None or cost.frame_prefill_steps is None:
+        raise LookupError(f"{profile} has no vision encoder in the cost model: no frame figures to match")
+    return FidelityTarget(
+        frame_encoder_steps=cost.frame_encoder_steps[0],
+        frame_prefill_steps=cost.frame_prefill_steps[0],
+        chat_prefill_steps=cost.chat_prefill_steps[0],
+        source=f"cost model: {profile} on {gpu_class}",
+    )
+
+
+def gate_goals(goals: dict[str, Any], fidelity: FidelityResult | None) -> dict[str, Any]:
+    """Goals with the stand-in's fidelity added; when the stand-in is off target no other goal is judged.
+
+    A goal met on a stand-in that does not cost what the target costs says nothing about the target, so its
+    `met` becomes None and `not_judged` says why (the value stays, for the record).
+    """
+    if fidelity is None:
+        return goals
+    gated: dict[str, Any] = {}
+    for name, figure in (("encoder", "frame_encoder_steps"), ("prefill", "frame_prefill_steps")):
+        gated[f"stand_in_fidelity_{name}"] = {
+            "value": fidelity.ratio[figure],
+            "goal": f"measured/target within 1 +- {fidelity.tolerance:g} ({fidelity.target.source})",
+            "met": fidelity.within[figure] and fidelity.steady,
+        }
+    reason = None
+    if not fidelity.steady:
+        reason = f"machine too busy while measuring the stand-in (step spread {fidelity.step_spread:.2f})"
+    elif not fidelity.faithful:
+        off = [name for name, ok in fidelity.within.items() if not ok]
+        reason = f"stand-in off target ({', '.join(off)}) against {fidelity.target.source}"
+    for name, goal in goals.items():
+        gated[name] = goal if reason is None else {**goal, "met": None, "not_judged": reason}
+    return gated
