@@ -99,7 +99,7 @@ def test_fidelity_is_measured_against_real_vllm(vllm_server: VllmServer) -> None
     assert all(abs(tokens - result.frame_prompt_tokens) <= 4 for tokens in same)
     assert abs(result.chat_prompt_tokens - 96) <= 2
     # Every injection was carried by probe steps that vLLM's engine stamped.
-    assert all(i["probe_tokens"] >= probe.settle_tokens for i in result.injections)
+    assert all(i["probe_tokens"] >= 2 for i in result.injections)
     assert result.step_ms > 0 and all(math.isfinite(v) for v in result.measured.values())
     lines = report_lines(result)
     assert lines[0].startswith("stand-in fidelity against test") and len(lines) == 5

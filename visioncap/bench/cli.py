@@ -92,7 +92,7 @@ def fidelity_command(
     frame_width: Annotated[int, typer.Option(help="The stand-in's camera frame width.")] = 640,
     frame_height: Annotated[int, typer.Option(help="The stand-in's camera frame height.")] = 480,
     chat_tokens: Annotated[int, typer.Option(help="The stand-in's chat prompt length in tokens.")] = 256,
-    repeats: Annotated[int, typer.Option(help="Injections of each kind; the median is reported.")] = 7,
+    repeats: Annotated[int, typer.Option(help="Injections of each kind; the median is reported.")] = 9,
     base_url: Annotated[
         str | None, typer.Option(help="Measure an idle running vLLM (its /v1) instead of starting the profile.")
     ] = None,

@@ -66,7 +66,7 @@ class FidelityProbe:
     frame_width: int = 640
     frame_height: int = 480
     chat_prompt_tokens: int = 256
-    repeats: int = 7
+    repeats: int = 9
     probe_tokens: int = 1500  # one probe stream's length; a new one starts when it ends
     settle_tokens: int = 6  # plain steps between injections, so their effects never overlap
     seed: int = 0
@@ -295,8 +295,9 @@ async def measure_async(
                         q1 = await counters()
                         answer = await client.post(f"{base_url}/chat/completions", json={**body, "max_tokens": 1})
                         answer.raise_for_status()
-                        # The probe's tokens of the injection's last steps reach /metrics a moment later.
-                        await stream.wait_tokens(stream.count + probe.settle_tokens)
+                        # The probe's tokens of the injection's last steps reach /metrics a moment later; a token
+                        # or two after the answer is enough, and every plain step more only adds noise.
+                        await stream.wait_tokens(stream.count + 2)
                         q2 = await counters()
                         if stream.streams != streams:
                             continue  # a new probe stream started meanwhile: its first token is not a gap

@@ -107,7 +107,7 @@ class MixedOptions:
     # goals are not judged when it is off. None: not measured (and nothing gated).
     fidelity_target: str | None = "qwen2.5-vl-7b"
     fidelity_gpu: str = "h200"
-    fidelity_repeats: int = 7
+    fidelity_repeats: int = 9
 
     @classmethod
     def quick(cls, **overrides: Any) -> MixedOptions:

@@ -112,6 +112,14 @@ def tune_command(
     out: Annotated[Path, typer.Option(help="Folder for the results (JSON and PNG).")] = Path("benchmarks/tune"),
     no_write: Annotated[bool, typer.Option("--no-write", help="Measure and report; leave the profile alone.")] = False,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    fidelity_target: Annotated[
+        str | None,
+        typer.Option(
+            help="The profile this one stands in for (e.g. qwen2.5-vl-7b): its cost in decode steps is measured "
+            "first, and an off-target stand-in is not judged and the profile not written."
+        ),
+    ] = None,
+    fidelity_gpu: Annotated[str, typer.Option(help="The GPU class of --fidelity-target.")] = "h200",
 ) -> None:
     """Measure candidate chunked-prefill budgets under interactive chat + a camera flood and tune the profile.
 
@@ -175,6 +183,8 @@ def tune_command(
         image_width=width,
         image_height=height,
         seed=seed,
+        fidelity_target=fidelity_target,
+        fidelity_gpu=fidelity_gpu,
         write=not no_write,
         command=shlex.join(["visioncap", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else "visioncap tune",
         **values,

@@ -24,6 +24,9 @@ from typing import Any
 import httpx
 
 from visioncap.bench.calibrate import tokens_per_word
+from visioncap.bench.fidelity import FidelityProbe, FidelityResult, target_for
+from visioncap.bench.fidelity import measure as measure_fidelity
+from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.load import Target
 from visioncap.bench.mixed import MixedOptions, Run
 from visioncap.bench.workload import caption_bodies
@@ -77,6 +80,10 @@ class TuneOptions:
     write: bool = True
     quick: bool = False
     command: str = ""
+    # The model and GPU class the served profile stands in for (visioncap.bench.fidelity): measured on the first
+    # candidate's server; when the stand-in is off target nothing is judged and the profile is not written.
+    fidelity_target: str | None = None
+    fidelity_gpu: str = "h200"
 
     @classmethod
     def quick_defaults(cls) -> dict[str, Any]:
@@ -328,6 +335,7 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     run = Run(mixed_options(options), profile)
     runs: list[CandidateRun] = []
     reference: dict[str, Any] | None = None
+    fidelity: FidelityResult | None = None
     for index, candidate in enumerate(options.candidates):
         served = candidate_profile(profile, options.gpu_class, candidate)
         current = CandidateRun(candidate, served.command_args(options.gpu_class))
@@ -341,6 +349,10 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
                 current.startup_s = round(time.monotonic() - t0, 1)
                 steps.next(f"{candidate.label}: warm-up")
                 _warm(run, server)
+                if index == 0 and options.fidelity_target is not None:
+                    fidelity = _fidelity(options, server, run.model)
+                    for line in fidelity_lines(fidelity):
+                        report.note(line)
                 if index == 0 and options.reference_s > 0:
                     steps.next(f"{candidate.label}: chat alone (reference), {options.reference_s:g} s")
                     reference = run.phase(
@@ -379,6 +391,11 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     target = objectives(measured, options.ttft_p99_ms, options.itl_p99_ms)
     clean = [_clean(r.summary or {}) for r in measured_runs]
     marked, chosen, met = choose(measured, clean, target)
+    not_judged = None
+    if fidelity is not None and not fidelity.faithful:
+        # A budget chosen on a stand-in that does not cost what the target costs would be carried to the target.
+        not_judged = "stand-in off target or machine too busy: " + "; ".join(fidelity_lines(fidelity)[2:])
+        met = None
     for r, m in zip(measured_runs, marked, strict=True):
         r.measurement = m
     finished_at = datetime.now(UTC)
@@ -416,6 +433,8 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
         ],
         "chosen": marked[chosen].model_dump() | {"label": _label(marked[chosen])},
         "objectives_met": met,
+        "fidelity": fidelity.to_dict() if fidelity is not None else None,
+        "not_judged": not_judged,
         "margins": margins(marked, chosen),
         "warnings": warnings(runs),
     }
@@ -430,11 +449,23 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     write_results(results, files["json"])
     plot(results, files["png"])
     # A choice needs a comparison: with one candidate left there is nothing to tune from.
-    if options.write and profile.path is not None and results["complete"]:
+    if options.write and profile.path is not None and results["complete"] and not_judged is None:
         write_tuned(profile.path, options.gpu_class, results, marked, target, met, finished_at, options)
         results["profile_written"] = str(profile.path)
         write_results(results, files["json"])
     return results
+
+
+def _fidelity(options: TuneOptions, server: VllmServer, model: str) -> FidelityResult:
+    assert options.fidelity_target is not None
+    probe = FidelityProbe(
+        frame_width=options.image_width,
+        frame_height=options.image_height,
+        chat_prompt_tokens=options.chat_prompt_tokens[1],
+        seed=options.seed,
+    )
+    target = target_for(options.fidelity_target, options.fidelity_gpu, options.models_dir)
+    return measure_fidelity(server.base_url, model, target, probe)
 
 
 def _jsonable(value: Any) -> Any:
