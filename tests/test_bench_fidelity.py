@@ -11,7 +11,7 @@ from visioncap.bench.fidelity import (
     FidelityProbe,
     FidelityTarget,
     gate_goals,
-    itl_counters,
+    histogram_totals,
     judge,
     measure,
     report_lines,
@@ -33,7 +33,7 @@ def test_tolerance_is_a_band_around_the_target() -> None:
     assert within == {"frame_encoder_steps": False, "frame_prefill_steps": True, "chat_prefill_steps": True}
 
 
-def test_itl_counters_add_every_label_set_and_ignore_the_buckets() -> None:
+def test_histogram_totals_add_every_label_set_and_ignore_the_buckets() -> None:
     text = "\n".join(
         [
             "# HELP vllm:inter_token_latency_seconds Histogram of inter-token latency in seconds.",
@@ -45,7 +45,8 @@ def test_itl_counters_add_every_label_set_and_ignore_the_buckets() -> None:
             'vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 9.0',
         ]
     )
-    assert itl_counters(text) == (0.75, 15.0)
+    assert histogram_totals(text, "vllm:inter_token_latency_seconds") == (0.75, 15.0)
+    assert histogram_totals(text, "vllm:time_to_first_token_seconds") == (9.0, 0.0)
 
 
 def test_spread_says_how_much_the_step_moved() -> None:
@@ -92,14 +93,18 @@ def test_goals_are_not_judged_on_a_stand_in_that_is_off_target() -> None:
 def test_fidelity_is_measured_against_real_vllm(vllm_server: VllmServer) -> None:
     probe = FidelityProbe(frame_width=320, frame_height=240, chat_prompt_tokens=96, repeats=3, probe_tokens=400)
     result = measure(vllm_server.base_url, TINY_MODEL, TARGET, probe)
-    assert [i["kind"] for i in result.injections] == ["frame", "same_text", "chat"] * 3
+    assert [i["kind"] for i in result.injections] == ["tiny", "frame", "same_text", "chat"] * 3
     # The frame's prompt holds its image tokens (320x240 resized to 308x252: 11x9 merged patches) and the text.
     assert result.frame_prompt_tokens > 99
     same = [i["prompt_tokens"] for i in result.injections if i["kind"] == "same_text"]
     assert all(abs(tokens - result.frame_prompt_tokens) <= 4 for tokens in same)
     assert abs(result.chat_prompt_tokens - 96) <= 2
-    # Every injection was carried by probe steps that vLLM's engine stamped.
-    assert all(i["probe_tokens"] >= 2 for i in result.injections)
+    # Each injection's prefill time is vLLM's own, one request at a time; a frame's prompt takes longer than a
+    # one-word prompt's.
+    assert all(i["prefill_ms"] > 0 for i in result.injections)
+    tiny = sorted(i["prefill_ms"] for i in result.injections if i["kind"] == "tiny")
+    frame = sorted(i["prefill_ms"] for i in result.injections if i["kind"] == "frame")
+    assert frame[1] > tiny[1]
     assert result.step_ms > 0 and all(math.isfinite(v) for v in result.measured.values())
     lines = report_lines(result)
     assert lines[0].startswith("stand-in fidelity against test") and len(lines) == 5

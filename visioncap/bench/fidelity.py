@@ -8,17 +8,17 @@ judge anything on it.
 
 How (one method for all three figures):
 
-- A *probe* streams a long answer alone (batch 1), so every engine step carries one decode of it.
+- A *probe* streams a long answer alone, so every engine step also carries one decode (batch 1, like the
+  target's figure). Its median inter-token time between injections, from vLLM's engine-stamped
+  `vllm:inter_token_latency_seconds` (`_sum`, `_count` read from /metrics around quiet stretches), is the plain
+  decode step `step_s`.
 - One request at a time is *injected* beside it, `max_tokens` 1: a frame (caption prompt and image), a text
-  prompt of the same number of tokens, and a chat prompt. Every engine step that carries the injection's
-  encoder pass or prefill chunks also carries the probe's next token, so the probe's tokens from just before
-  the injection's send until a few tokens after its answer took `extra_s` longer than that many plain steps.
-  `extra_s / step_s` is the injection's cost in decode steps.
-- The time comes from vLLM's own `vllm:inter_token_latency_seconds` (its `_sum` and `_count` read from
-  /metrics before and after): the engine core stamps those, so neither this client nor vLLM's API server
-  process, which may be busy preprocessing the image, blur them. The probe is the only decoding request, so
-  the counter's growth is the probe's. The plain step `step_s` is the median of the same counters' growth
-  over quiet stretches between injections.
+  prompt of the same number of tokens, a chat prompt, and a one-word prompt. vLLM's
+  `vllm:request_prefill_time_seconds` gives each one's time from its first scheduling to its first token on the
+  engine's clock (neither this client nor vLLM's API server process, which may be busy preprocessing the
+  image, blurs it): the steps that carried its encoder pass and prefill chunks. Minus the one-word prompt's
+  (a step with next to no prefill) and minus a plain step per extra chunk, that is its cost; divided by
+  `step_s`, its cost in decode steps.
 - Prefill of a frame = the same-length text prompt's cost; encoder of a frame = the frame's cost minus that
   (so it also holds the image's preprocessing where that takes the engine's CPU, as on a 2-core machine; on a
   GPU the processor runs on other cores). The median over `repeats` injections of each kind is reported.
@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -45,8 +46,9 @@ from visioncap.bench.workload import CAPTION_PROMPT, WORDS, camera_frame, data_u
 from visioncap.gateway.sse import StreamObserver
 
 DEFAULT_TOLERANCE = 0.25
-STEADY_SPREAD = 0.5
+STEADY_SPREAD = 1.0
 FIGURES = ("frame_encoder_steps", "frame_prefill_steps", "chat_prefill_steps")
+KINDS = ("tiny", "frame", "same_text", "chat")  # tiny: a one-word prompt, the step a prompt costs at least
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class FidelityProbe:
     repeats: int = 9
     probe_tokens: int = 1500  # one probe stream's length; a new one starts when it ends
     settle_tokens: int = 6  # plain steps between injections, so their effects never overlap
+    budget: int | None = None  # the server's max_num_batched_tokens, for prompts that take several chunks
     seed: int = 0
 
 
@@ -76,8 +79,7 @@ class FidelityProbe:
 class Injection:
     kind: str
     prompt_tokens: int
-    seconds: float  # growth of the probe's inter-token time from before the send to after the answer
-    tokens: float  # growth of its inter-token count over the same stretch
+    prefill_s: float  # vLLM's request_prefill_time: from its first scheduling to its first token, engine clock
     extra_s: float = 0.0
     steps: float = 0.0
 
@@ -134,15 +136,28 @@ def spread_of(values: Sequence[float]) -> float:
     return (high - low) / middle
 
 
-def itl_counters(metrics_text: str) -> tuple[float, float]:
-    """(sum, count) of vLLM's `vllm:inter_token_latency_seconds` over all its label sets."""
+def histogram_totals(metrics_text: str, name: str) -> tuple[float, float]:
+    """(sum, count) of one of vLLM's histograms over all its label sets."""
     total = count = 0.0
     for line in metrics_text.splitlines():
-        if line.startswith("vllm:inter_token_latency_seconds_sum"):
+        if line.startswith(f"{name}_sum"):
             total += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:inter_token_latency_seconds_count"):
+        elif line.startswith(f"{name}_count"):
             count += float(line.rsplit(" ", 1)[1])
     return total, count
+
+
+@dataclass(frozen=True)
+class _Counters:
+    itl: tuple[float, float]
+    prefill: tuple[float, float]
+
+    @classmethod
+    def parse(cls, metrics_text: str) -> _Counters:
+        return cls(
+            histogram_totals(metrics_text, "vllm:inter_token_latency_seconds"),
+            histogram_totals(metrics_text, "vllm:request_prefill_time_seconds"),
+        )
 
 
 def text_of_tokens(words: int, seed: int) -> str:
@@ -262,32 +277,33 @@ async def measure_async(
     metrics_url = base_url.removesuffix("/v1") + "/metrics"
     async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0)) as client:
 
-        async def counters() -> tuple[float, float]:
+        async def counters() -> _Counters:
             answer = await client.get(metrics_url)
             answer.raise_for_status()
-            return itl_counters(answer.text)
+            return _Counters.parse(answer.text)
 
         # Warms the image path (processor, encoder) before anything is timed, and counts the frame's tokens.
         frame_tokens = await _prompt_tokens(client, base_url, _frame_body(model, probe, -1))
         same_body, _ = await _text_body(client, base_url, model, frame_tokens, probe.seed + 1)
         chat_body, chat_tokens = await _text_body(client, base_url, model, probe.chat_prompt_tokens, probe.seed + 2)
         frames = [_frame_body(model, probe, i) for i in range(probe.repeats * 2)]  # made before any timing
+        tiny_body, _ = await _text_body(client, base_url, model, 1, probe.seed + 3)
         injections: list[Injection] = []
         quiet: list[float] = []
         async with _Probe(client, base_url, model, probe.probe_tokens) as stream:
             await stream.wait_tokens(stream.count + probe.settle_tokens)
             attempt = 0
             for _repeat in range(probe.repeats):
-                for kind in ("frame", "same_text", "chat"):
+                for kind in KINDS:
                     while True:
                         attempt += 1
                         if kind == "frame":
                             body = frames[attempt % len(frames)]
                         else:
                             # Unique text each time, so vLLM's prefix cache cannot skip the prefill.
-                            base = same_body if kind == "same_text" else chat_body
+                            base = {"same_text": same_body, "chat": chat_body, "tiny": tiny_body}[kind]
                             words = base["messages"][0]["content"].split(" ")
-                            words[0], words[1] = WORDS[attempt % len(WORDS)], str(attempt)
+                            words[0] = f"{WORDS[attempt % len(WORDS)]}{attempt}"
                             body = {**base, "messages": [{"role": "user", "content": " ".join(words)}]}
                         streams = stream.streams
                         q0 = await counters()
@@ -295,28 +311,27 @@ async def measure_async(
                         q1 = await counters()
                         answer = await client.post(f"{base_url}/chat/completions", json={**body, "max_tokens": 1})
                         answer.raise_for_status()
-                        # The probe's tokens of the injection's last steps reach /metrics a moment later; a token
-                        # or two after the answer is enough, and every plain step more only adds noise.
-                        await stream.wait_tokens(stream.count + 2)
                         q2 = await counters()
-                        if stream.streams != streams:
-                            continue  # a new probe stream started meanwhile: its first token is not a gap
-                        if q1[1] > q0[1]:
-                            quiet.append((q1[0] - q0[0]) / (q1[1] - q0[1]))
+                        # vLLM records a request's prefill time when it finishes: exactly one did (the probe
+                        # goes on), and no new probe stream started, whose first token is not a gap.
+                        if stream.streams != streams or q2.prefill[1] - q1.prefill[1] != 1:
+                            continue
+                        if q1.itl[1] > q0.itl[1]:
+                            quiet.append((q1.itl[0] - q0.itl[0]) / (q1.itl[1] - q0.itl[1]))
                         prompt = int(answer.json()["usage"]["prompt_tokens"])
-                        injections.append(Injection(kind, prompt, q2[0] - q1[0], q2[1] - q1[1]))
+                        injections.append(Injection(kind, prompt, q2.prefill[0] - q1.prefill[0]))
                         break
     if not quiet:
         raise RuntimeError("no quiet stretch to measure the decode step from")
     step_s = statistics.median(quiet)
     spread = spread_of(quiet)
+    reference_s = statistics.median(i.prefill_s for i in injections if i.kind == "tiny")
     for item in injections:
-        item.extra_s = item.seconds - item.tokens * step_s
+        # Steps beyond the first that its prompt's chunks took (each one a whole step for the probe too).
+        chunks = math.ceil(item.prompt_tokens / max(1, probe.budget - 1)) if probe.budget else 1
+        item.extra_s = item.prefill_s - reference_s - (chunks - 1) * step_s
         item.steps = item.extra_s / step_s
-    by_kind = {
-        kind: statistics.median(i.steps for i in injections if i.kind == kind)
-        for kind in ("frame", "same_text", "chat")
-    }
+    by_kind = {kind: statistics.median(i.steps for i in injections if i.kind == kind) for kind in KINDS}
     measured = {
         "frame_encoder_steps": by_kind["frame"] - by_kind["same_text"],
         "frame_prefill_steps": by_kind["same_text"],
@@ -340,7 +355,7 @@ async def measure_async(
             {
                 "kind": i.kind,
                 "prompt_tokens": i.prompt_tokens,
-                "probe_tokens": int(i.tokens),
+                "prefill_ms": round(i.prefill_s * 1000, 3),
                 "extra_ms": round(i.extra_s * 1000, 3),
                 "steps": round(i.steps, 3),
             }
