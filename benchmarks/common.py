@@ -15,14 +15,9 @@ os.environ.setdefault("YOLO_AUTOINSTALL", "False")
 os.environ.setdefault("YOLO_CONFIG_DIR", str(ROOT / "data" / "ultralytics"))
 
 import json  # noqa: E402
-import platform  # noqa: E402
 import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from collections.abc import Iterator, Sequence  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from datetime import UTC, datetime  # noqa: E402
-from importlib import metadata  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
 from visioncap.config.detector import DetectorConfig  # noqa: E402
@@ -193,62 +188,31 @@ def median(values: Sequence[float]) -> float:
 
 
 def percentile(values: Sequence[float], share: float) -> float | None:
-    """Nearest-rank percentile (no interpolation: with a handful of events, report a value that happened)."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(share * len(ordered) + 0.5)))
-    return ordered[rank - 1]
+    """The one percentile convention of visioncap's measurements (linear interpolation, as numpy's default):
+    `visioncap.bench.stats.percentile` at `share` x 100. Results files written before 2026-11-30 used the
+    nearest rank here instead."""
+    from visioncap.bench.stats import percentile as shared_percentile
 
-
-def _version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+    return shared_percentile(values, share * 100)
 
 
 def machine_facts() -> dict[str, Any]:
+    """visioncap.bench.machine's facts, with the detector's: torch and its threads, ultralytics, onnxruntime, opencv."""
     import torch
 
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "-C", str(ROOT), "status", "--porcelain", "visioncap"],
-                capture_output=True,
-                text=True,
-                check=False,
-            ).stdout.strip()
-        )
-    except OSError:
-        commit, dirty = "", False
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": platform.node(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
+    from visioncap.bench.machine import machine_facts as shared_facts
+
+    facts = shared_facts()
+    versions = facts["versions"]
+    facts.update(
+        torch=torch.__version__,
         # Ultralytics sets torch to cpu_count - 1 threads on CPU (1 thread on a 2-core machine).
-        "torch_threads": torch.get_num_threads(),
-        "ultralytics": _version("ultralytics"),
-        "onnxruntime": _version("onnxruntime"),
-        "opencv": _version("opencv-python") or _version("opencv-python-headless"),
-        "git_commit": commit,
-        "visioncap_uncommitted_changes": dirty,
-    }
+        torch_threads=torch.get_num_threads(),
+        ultralytics=versions.get("ultralytics"),
+        onnxruntime=versions.get("onnxruntime"),
+        opencv=versions.get("opencv-python") or versions.get("opencv-python-headless"),
+    )
+    return facts
 
 
 def write_results(name: str, data: dict[str, Any], markdown: str, directory: Path = RESULTS_DIR) -> tuple[Path, Path]:

@@ -102,7 +102,7 @@ def fidelity_command(
     import contextlib
 
     from visioncap.bench.fidelity import FidelityProbe, measure, report_lines, target_for, to_json
-    from visioncap.serve import VllmServer, free_port
+    from visioncap.bench.servers import measured_vllm
     from visioncap.serve.profiles import load_profile
 
     models = Path("models")
@@ -114,10 +114,8 @@ def fidelity_command(
     with contextlib.ExitStack() as stack:
         url = base_url
         if url is None:
-            log_file = Path("data/bench-fidelity/logs") / f"vllm-{served.name}.log"
-            server = stack.enter_context(
-                VllmServer(served, python=Path(".venv-vllm/bin/python"), port=free_port(), log_file=log_file)
-            )
+            work_dir = Path("data/bench-fidelity")
+            server = stack.enter_context(measured_vllm(served, Path(".venv-vllm/bin/python"), work_dir, "fidelity"))
             url = server.base_url
         result = measure(url, served.served_model_name, goal, probe)
     typer.echo("\n".join(report_lines(result)))

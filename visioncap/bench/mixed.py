@@ -22,7 +22,6 @@ import itertools
 import json
 import logging
 import os
-import platform
 import random
 import time
 from collections.abc import Iterator
@@ -39,6 +38,8 @@ from visioncap.bench.fidelity import measure as measure_fidelity
 from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import PhaseResult, PhaseSpec, Target, paired_streams, run_phase_sync
+from visioncap.bench.machine import machine_facts
+from visioncap.bench.servers import measured_vllm
 from visioncap.bench.stats import percentile, ratio
 from visioncap.bench.workload import (
     ChatTurn,
@@ -47,7 +48,7 @@ from visioncap.bench.workload import (
     chat_body,
     chat_schedule,
 )
-from visioncap.serve import VllmServer, free_port, load_profile
+from visioncap.serve import VllmServer, load_profile
 from visioncap.serve.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
@@ -170,11 +171,7 @@ def drain(root_url: str, gateway_root: str | None = None, timeout_s: float = 90.
 
 @contextlib.contextmanager
 def vllm(profile: ModelProfile, options: MixedOptions, label: str) -> Iterator[VllmServer]:
-    log_file = options.work_dir / "logs" / f"vllm-{label}.log"
-    server = VllmServer(profile, python=options.server_python, port=free_port(), log_file=log_file)
-    started = time.monotonic()
-    with server:
-        log.info("vLLM (%s) ready in %.1f s at %s", label, time.monotonic() - started, server.base_url)
+    with measured_vllm(profile, options.server_python, options.work_dir, label) as server:
         yield server
 
 
@@ -197,6 +194,21 @@ class Run:
     def mark(self, what: str) -> None:
         self.timeline.append((what, round(time.monotonic() - self._t0, 1)))
         log.info("[%6.1f s] %s", time.monotonic() - self._t0, what)
+
+    def warm(self, server: VllmServer) -> None:
+        """One-off costs of a fresh server (first image, first prompt) out of the measurements; a server that
+        cannot answer them fails the run here, before anything is measured."""
+        with httpx.Client(timeout=120) as client:
+            self.tokens_per_word = tokens_per_word(client, server.root_url, self.model, self.options.seed)
+            bodies, _ = caption_bodies(self.frames.take(2), self.model, 4, 1, None)
+            for body in bodies:
+                client.post(
+                    f"{server.base_url}/chat/completions", content=body, headers={"content-type": "application/json"}
+                ).raise_for_status()
+            client.post(
+                f"{server.base_url}/chat/completions",
+                json={"model": self.model, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 8},
+            ).raise_for_status()
 
     def chat(
         self, target: Target, duration_s: float, warmup_s: float, schedule_seed: int
@@ -310,14 +322,14 @@ def _run_setups(run: Run) -> None:
     if o.fcfs_restart:
         run.mark("starting vLLM, FCFS policy")
         with vllm(with_policy(run.profile, "fcfs"), o, "fcfs") as server:
-            _warm(run, server)
+            run.warm(server)
             direct = Target(server.base_url)
             run.phase("S1", server.root_url, chat=direct, flood=direct)
             run.phase(direct_idle_name, server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
     run.mark("starting vLLM, priority policy")
     with vllm(with_policy(run.profile, "priority"), o, "priority") as server:
         direct = Target(server.base_url)
-        _warm(run, server)
+        run.warm(server)
         run.mark("calibration: decode step, text prefill, image prefill, each alone")
         run.extra["calibration"] = calibrate(server.base_url, run.model, o.calibration_repeats, o.seed)
         run.mark(f"calibration: {json.dumps(run.extra['calibration'])}")
@@ -372,20 +384,6 @@ def _fidelity(run: Run, server: VllmServer) -> FidelityResult:
     for line in fidelity_lines(result):
         log.info("%s", line)
     return result
-
-
-def _warm(run: Run, server: VllmServer) -> None:
-    """One-off costs of a fresh server (first image, first prompt) out of the measurements."""
-    with httpx.Client(timeout=120) as client:
-        run.tokens_per_word = tokens_per_word(client, server.root_url, run.model, run.options.seed)
-        bodies, _ = caption_bodies(run.frames.take(2), run.model, 4, 1, None)
-        headers = {"content-type": "application/json"}
-        for body in bodies:
-            client.post(f"{server.base_url}/chat/completions", content=body, headers=headers)
-        client.post(
-            f"{server.base_url}/chat/completions",
-            json={"model": run.model, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 8},
-        )
 
 
 def _overhead(run: Run, server: VllmServer, chat_key: str, caption_key: str) -> None:
@@ -645,12 +643,7 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
         "command": command_line(o),
         "started_at": started_at.isoformat(timespec="seconds"),
         "wall_s": round(wall_s, 1),
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-            "loadavg_at_end": [round(v, 2) for v in os.getloadavg()],
-        },
+        "machine": machine_facts(),
         "model": {
             "profile": run.profile.name,
             "served_model_name": run.model,

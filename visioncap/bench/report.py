@@ -144,7 +144,7 @@ def markdown(results: dict[str, Any]) -> str:
     )
     return (
         f"# visioncap bench mixed: {results['started_at']}\n\n"
-        f"Command: `{results['command']}` (wall {results['wall_s']:.0f} s; machine: {results['machine']['cpus']} "
+        f"Command: `{results['command']}` (wall {results['wall_s']:.0f} s; machine: {results['machine']['cpu_count']} "
         f"CPUs, {results['machine']['platform']}).\n\n"
         f"Model: profile `{model['profile']}`, built with `{' '.join(model['build_args'] or [])}`. Alone on the "
         f"server: decode step {_f(calibration.get('decode_step_ms'), 1)} ms, text prefill "
@@ -251,7 +251,7 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
         ax_over.set_title("gateway overhead: single requests, ABBA pairs")
     fig.suptitle(
         f"visioncap bench mixed - {results['started_at']} - model {results['model']['profile']} - "
-        f"ratios from one run on a shared {results['machine']['cpus']}-CPU machine",
+        f"ratios from one run on a shared {results['machine']['cpu_count']}-CPU machine",
         fontsize=10,
     )
     fig.tight_layout()

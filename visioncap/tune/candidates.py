@@ -1,14 +1,10 @@
-"""Candidate serving values, the hardware they are measured on, and the profile each candidate runs with."""
+"""Candidate serving values and the profile each candidate runs with."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import os
-import platform
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from visioncap.errors import ConfigError
 from visioncap.serve.profiles import ModelProfile
@@ -77,26 +73,6 @@ def build_candidates(
             "thresholds above every budget are dropped)"
         )
     return candidates
-
-
-def hardware() -> str:
-    """What the measurements were taken on, in one line: the GPUs nvidia-smi lists, else the CPU."""
-    from visioncap.serve.plan import detect_gpus
-
-    gpus = detect_gpus()
-    if gpus:
-        names = sorted(f"{gpu.name} ({gpu.total_gib:.0f} GiB)" for gpu in gpus)
-        counted = ", ".join(f"{len(list(group))} x {name}" for name, group in itertools.groupby(names))
-        return f"{counted}; host CPU {cpu_model()}"
-    return f"CPU {cpu_model()}, {os.cpu_count()} cores (no GPU)"
-
-
-def cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 def default_budgets(gpu_class: str) -> list[int]:

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import platform
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -23,19 +21,18 @@ from typing import Any
 
 import httpx
 
-from visioncap.bench.calibrate import tokens_per_word
 from visioncap.bench.fidelity import FidelityProbe, FidelityResult, target_for
 from visioncap.bench.fidelity import measure as measure_fidelity
 from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.load import Target
+from visioncap.bench.machine import hardware, machine_facts
 from visioncap.bench.mixed import MixedOptions, Run
-from visioncap.bench.workload import caption_bodies
+from visioncap.bench.servers import measured_vllm
 from visioncap.errors import VisioncapError
-from visioncap.serve import VllmServer, free_port, load_profile
+from visioncap.serve import VllmServer, load_profile
 from visioncap.serve.launcher import ServerError
-from visioncap.serve.plan import plan_serving
 from visioncap.serve.profiles import ModelProfile
-from visioncap.tune.candidates import Candidate, candidate_profile, hardware
+from visioncap.tune.candidates import Candidate, candidate_profile
 from visioncap.tune.progress import Progress
 from visioncap.tune.record import TunedMeasurement, TunedObjectives
 
@@ -176,25 +173,8 @@ def frame_size(width: int, height: int, max_pixels: int | None) -> tuple[int, in
 @contextlib.contextmanager
 def serve(profile: ModelProfile, options: TuneOptions, label: str) -> Iterator[VllmServer]:
     """vLLM for one candidate, planned for the GPU class as `visioncap serve --gpu CLASS` would."""
-    plan = plan_serving(profile, gpu=options.gpu_class)
-    log_file = options.work_dir / "logs" / f"vllm-{profile.name}-{label}.log"
-    with VllmServer(profile, python=options.server_python, port=free_port(), log_file=log_file, plan=plan) as server:
+    with measured_vllm(profile, options.server_python, options.work_dir, label, options.gpu_class) as server:
         yield server
-
-
-def _warm(run: Run, server: VllmServer) -> None:
-    """One-off costs of a fresh server (first image, first prompt) out of the measurements."""
-    with httpx.Client(timeout=120) as client:
-        run.tokens_per_word = tokens_per_word(client, server.root_url, run.model, run.options.seed)
-        bodies, _ = caption_bodies(run.frames.take(2), run.model, 4, 1, None)
-        for body in bodies:
-            client.post(
-                f"{server.base_url}/chat/completions", content=body, headers={"content-type": "application/json"}
-            ).raise_for_status()
-        client.post(
-            f"{server.base_url}/chat/completions",
-            json={"model": run.model, "messages": [{"role": "user", "content": "warm up"}], "max_tokens": 8},
-        ).raise_for_status()
 
 
 def measurement(candidate: Candidate, summary: dict[str, Any]) -> TunedMeasurement:
@@ -348,7 +328,7 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
             with serve(served, options, candidate.label.replace("/", "-")) as server:
                 current.startup_s = round(time.monotonic() - t0, 1)
                 steps.next(f"{candidate.label}: warm-up")
-                _warm(run, server)
+                run.warm(server)
                 if index == 0 and options.fidelity_target is not None:
                     fidelity = _fidelity(options, server, run.model)
                     for line in fidelity_lines(fidelity):
@@ -408,7 +388,7 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
         "started_at": started_at.isoformat(timespec="seconds"),
         "finished_at": finished_at.isoformat(timespec="seconds"),
         "wall_s": round(time.monotonic() - started, 1),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
+        "machine": machine_facts(),
         "workload": {
             "line": options.workload_line(),
             "tokens_per_word": run.tokens_per_word,
