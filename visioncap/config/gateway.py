@@ -92,6 +92,12 @@ class ApiKeyConfig(StrictModel):
         description="Camera or tenant label: background requests of this key share one round-robin turn unless "
         "a request names its camera (X-Visioncap-Camera header or the `user` field).",
     )
+    cameras: list[str] | None = Field(
+        default=None,
+        description="Cameras a background request of this key may name (X-Visioncap-Camera header or `user`); "
+        "naming another is refused with 403, so a caller cannot claim more round-robin turns by inventing "
+        "cameras. None: any name.",
+    )
 
     @field_validator("sha256")
     @classmethod

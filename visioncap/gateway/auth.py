@@ -48,6 +48,7 @@ class Caller:
     traffic_class: TrafficClassConfig
     camera: str | None
     limiter: TokenBucket | None = field(default=None, repr=False)
+    cameras: frozenset[str] | None = None  # the cameras its requests may name; None: any
 
     @property
     def interactive(self) -> bool:
@@ -66,6 +67,7 @@ class KeyRing:
                 traffic_class=config.classes[key.traffic_class],
                 camera=key.camera,
                 limiter=TokenBucket(key.rate_limit) if key.rate_limit is not None else None,
+                cameras=frozenset(key.cameras) if key.cameras is not None else None,
             )
 
     def identify(self, headers: Mapping[str, str]) -> Caller | None:

@@ -39,18 +39,66 @@ class CompletionView(_View):
     user: str | None = Field(default=None, description="End-user id; names the camera of background requests.")
 
 
+# Deeper than any OpenAI request (tool and response schemas included) and far below the recursion limit of the
+# json module, which the gateway's own re-encoding of the body would hit.
+MAX_DEPTH = 128
+
+
+def _depth_and_nul(value: Any) -> tuple[int, bool]:
+    """The nesting depth of a parsed JSON value and whether any string (key or value) holds a NUL character."""
+    deepest, nul = 0, False
+    pending: list[tuple[Any, int]] = [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            nul = nul or any("\x00" in key for key in item)
+            pending.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            pending.extend((child, depth + 1) for child in item)
+        elif isinstance(item, str) and "\x00" in item:
+            nul = True
+    return deepest, nul
+
+
 def parse_body(raw: bytes, view: type[_View]) -> tuple[dict[str, Any], _View]:
-    """The JSON object (to forward) and its checked view; 400 for invalid JSON, 422 for a wrong shape."""
+    """The JSON object (to forward) and its checked view; 400 for invalid or hostile JSON, 422 for a wrong shape.
+
+    Hostile: nesting deeper than the parser's recursion allows, integers with more digits than Python converts
+    (4,300 by default), invalid UTF-8, NUL characters. Each is a clear 400, never a 500.
+    """
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise GatewayError(
             400, "invalid_request_error", f"request body is not valid JSON: {exc}", reason="bad_request"
         ) from exc
+    except RecursionError as exc:
+        raise GatewayError(
+            400, "invalid_request_error", "request body is nested too deeply", reason="bad_request"
+        ) from exc
+    except ValueError as exc:  # int() of a number with too many digits (sys.get_int_max_str_digits)
+        raise GatewayError(
+            400, "invalid_request_error", f"request body holds a number out of range: {exc}", reason="bad_request"
+        ) from exc
+    depth, nul = _depth_and_nul(body)
+    if depth > MAX_DEPTH:
+        raise GatewayError(
+            400, "invalid_request_error", f"request body is nested deeper than {MAX_DEPTH}", reason="bad_request"
+        )
+    if nul:
+        # Valid JSON, but tokenizers, databases and logs written in C cut text at a NUL.
+        raise GatewayError(
+            400, "invalid_request_error", "request body holds a NUL character (\\u0000)", reason="bad_request"
+        )
     if not isinstance(body, dict):
         raise GatewayError(422, "invalid_request_error", "request body must be a JSON object", reason="bad_request")
     try:
         return body, view.model_validate(body)
+    except RecursionError as exc:
+        raise GatewayError(
+            400, "invalid_request_error", "request body is nested too deeply", reason="bad_request"
+        ) from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or None

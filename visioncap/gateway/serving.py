@@ -156,7 +156,17 @@ class Gateway:
             stream = bool(getattr(view, "stream", False))
             if caller.interactive:
                 return await self._forward_interactive(request, endpoint, caller, payload, stream, started)
-            camera = request.headers.get(CAMERA_HEADER) or getattr(view, "user", None) or caller.camera or caller.name
+            _refuse_multiple_choices(body)
+            named = request.headers.get(CAMERA_HEADER) or getattr(view, "user", None)
+            if named is not None and caller.cameras is not None and named not in caller.cameras:
+                raise GatewayError(
+                    403,
+                    "camera_not_allowed",
+                    f"this key may not name camera {named[:64]!r}",
+                    reason="camera_not_allowed",
+                    param=CAMERA_HEADER,
+                )
+            camera = named or caller.camera or caller.name
             deadline_s = self._deadline_s(request)
             return await self._forward_background(
                 request, endpoint, caller, body, payload, stream, started, camera, image_tokens, deadline_s
@@ -420,6 +430,20 @@ class Gateway:
         self.metrics.rejections.labels(class_name, exc.reason).inc()
         self.metrics.requests.labels(class_name, endpoint, str(exc.status)).inc()
         return exc.response()
+
+
+def _refuse_multiple_choices(body: dict[str, Any]) -> None:
+    """Background requests ask for one answer: `n` or `best_of` above 1 would be that many requests in one slot."""
+    for name in ("n", "best_of"):
+        value = body.get(name)
+        if isinstance(value, int | float) and not isinstance(value, bool) and value > 1:
+            raise GatewayError(
+                400,
+                "invalid_request_error",
+                f"{name} above 1 is not allowed for background keys (send separate requests)",
+                reason="bad_request",
+                param=name,
+            )
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
