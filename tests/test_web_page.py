@@ -246,3 +246,42 @@ def test_web_page_shows_filters_and_follows_captions(site: tuple[str, Writer], b
     assert foreign == [], f"the page requested other origins: {foreign}"
     assert all(r.startswith((f"{url}/", "blob:", "data:")) for r in requests), requests
     assert failures == [], failures
+
+
+def test_markup_in_a_caption_shows_as_text_under_the_page_policy(site: tuple[str, Writer], browser: Browser) -> None:
+    """A caption is model output: markup in it is text on the page, and the headers keep the browser strict."""
+    url, writer = site
+    hostile = Seeded("gate", "<img src=x onerror=alert(1)> a person at the <b>gate</b>", 200, 150)
+    writer.add(len(SEEDED), hostile)
+    for path, policy_start in (("/", "default-src 'self'"), ("/static/app.js", "default-src"), ("/v1/captions", "")):
+        headers = httpx.get(url + path, headers={"authorization": f"Bearer {KEY}"}, timeout=TIMEOUT_S).headers
+        assert headers["content-security-policy"].startswith(policy_start or "default-src 'self'")
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"
+    page_policy = httpx.get(url + "/", timeout=TIMEOUT_S).headers["content-security-policy"]
+    assert page_policy == "default-src 'self'; img-src 'self' blob: data:; frame-ancestors 'none'"
+    assert httpx.get(url + "/v1/captions", timeout=TIMEOUT_S).headers["x-content-type-options"] == "nosniff"  # 401
+
+    expect.set_options(timeout=TIMEOUT_S * 1000)
+    context = browser.new_context()
+    dialogs: list[str] = []
+    failures: list[str] = []
+    page = context.new_page()
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.on("response", lambda r: failures.append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    page.on("pageerror", lambda error: failures.append(f"page error: {error}"))
+    page.on("console", lambda message: failures.append(message.text) if message.type == "error" else None)
+    try:
+        page.goto(url + "/")
+        page.fill("#key", KEY)
+        page.click("#keyform button[type=submit]")
+        cards = page.locator("article.card")
+        expect(cards).to_have_count(len(SEEDED) + 1)
+        expect(cards.first.locator(".text")).to_have_text(hostile.text)  # the markup, as characters
+        assert page.locator("article.card .text img, article.card .text b").count() == 0
+        assert page.evaluate("() => document.querySelectorAll('img[src=\"x\"]').length") == 0
+    finally:
+        context.close()
+    assert dialogs == []
+    assert failures == [], failures  # the page's own script, style and thumbnails need nothing the policy refuses

@@ -18,6 +18,7 @@ from visioncap.api.auth import AuthMiddleware, KeyRing
 from visioncap.api.errors import install_handlers
 from visioncap.api.metrics import ApiMetrics, MetricsMiddleware
 from visioncap.api.routers import cameras, captions, health, page, stream
+from visioncap.api.security import SecurityHeadersMiddleware
 from visioncap.api.serving import ApiService, static_dir
 from visioncap.api.settings import ApiSettings
 from visioncap.store import create_db_engine
@@ -81,6 +82,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     # Added innermost first: CORS answers preflights and labels even the 401s; metrics count everything.
     app.add_middleware(AuthMiddleware, keys=KeyRing(settings.api_keys), public_ui=settings.api_public_ui)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
+    app.add_middleware(SecurityHeadersMiddleware, docs_path=DOCS_URL)
     if settings.api_cors_origins:
         app.add_middleware(
             CORSMiddleware,
