@@ -9,6 +9,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import struct
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -127,3 +129,37 @@ def test_every_image_of_a_request_counts_against_the_image_token_cap() -> None:
     one = inspect_messages([{"role": "user", "content": [part]}], config)
     three = inspect_messages([{"role": "user", "content": [part, part]}, {"role": "user", "content": [part]}], config)
     assert one > 0 and three == 3 * one
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG with a header and no pixel data: its size is readable, there is nothing to decode."""
+
+    def chunk(kind: bytes, data: bytes = b"") -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT") + chunk(b"IEND")
+
+
+def test_an_image_far_above_the_models_largest_is_refused_from_its_header(gateway: GatewayThread) -> None:
+    before = rejections(gateway, "image_too_large")
+    # 10000 x 10000 is beyond 4 x the model's largest (16,384 tokens of 28 x 28 pixels: 51 megapixels); 40000 x
+    # 30000 is beyond PIL's own decompression-bomb limit as well.
+    for width, height in ((10_000, 10_000), (40_000, 30_000)):
+        uri = "data:image/png;base64," + base64.b64encode(png_header(width, height)).decode()
+        content = [{"type": "text", "text": "describe"}, {"type": "image_url", "image_url": {"url": uri}}]
+        answer = post(gateway, CAMERA_KEY, json.dumps(chat(messages=[{"role": "user", "content": content}])).encode())
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "image_too_large"
+    assert rejections(gateway, "image_too_large") == before + 2
+    # The model's own largest size passes (to the dead upstream: 502).
+    uri = "data:image/png;base64," + base64.b64encode(png_header(4_000, 3_000)).decode()
+    content[1] = {"type": "image_url", "image_url": {"url": uri}}
+    fitting = json.dumps(chat(messages=[{"role": "user", "content": content}])).encode()
+    assert post(gateway, CAMERA_KEY, fitting).status_code == 502
+
+
+def test_background_bodies_have_their_own_smaller_limit(gateway: GatewayThread) -> None:
+    body = json.dumps(chat(messages=[{"role": "user", "content": "x" * (9 * 1024 * 1024)}])).encode()
+    answer = post(gateway, CAMERA_KEY, body)
+    assert answer.status_code == 413 and answer.json()["error"]["type"] == "request_too_large"
+    assert post(gateway, CHAT_KEY, body).status_code == 502  # an interactive key may send up to 20 MiB

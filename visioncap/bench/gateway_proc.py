@@ -76,6 +76,10 @@ class GatewayProcess:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
     def base_url(self) -> str:
         return f"{self.root_url}/v1"
 

@@ -237,6 +237,13 @@ class ImagesConfig(StrictModel):
         default_factory=list,
         description="Hosts whose http(s) media URLs are forwarded (vLLM fetches them); empty: only data: URIs.",
     )
+    max_pixels_margin: float = Field(
+        default=4.0,
+        ge=1.0,
+        description="Inline images with more pixels than the model's largest image (max_tokens_per_image x "
+        "token_size^2) times this are refused with 400 from their header, before any decoding: the processor "
+        "would shrink them anyway, and decoding one costs memory in proportion to its pixels.",
+    )
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -253,7 +260,22 @@ class ImagesConfig(StrictModel):
 class LimitsConfig(StrictModel):
     """Request limits applied before anything is forwarded."""
 
-    max_body_bytes: int = Field(default=20 * 1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+    max_body_bytes: int = Field(
+        default=20 * 1024 * 1024, ge=1024, description="Largest request body of an interactive key (413 above)."
+    )
+    max_background_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body of a background key (413 above): a camera frame is a JPEG of a few MB "
+        "at most, and background bodies wait in the gateway's memory.",
+    )
+    max_waiting_body_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=1024,
+        description="Bytes of background bodies the gateway holds at once, read or waiting for admission; a body "
+        "that would go beyond is answered 429 with Retry-After before it is read. With the queue size this bounds "
+        "the gateway's memory whatever callers send.",
+    )
 
 
 def _default_classes() -> dict[str, TrafficClassConfig]:

@@ -13,6 +13,7 @@ import base64
 import binascii
 import io
 import math
+import warnings
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
@@ -32,6 +33,10 @@ class MediaRefusedError(Exception):
     """A media URL that the gateway will not forward."""
 
 
+class ImageTooLargeError(MediaRefusedError):
+    """An inline image with far more pixels than the model takes."""
+
+
 def image_tokens(width: int, height: int, config: ImagesConfig) -> int:
     """Image tokens for an image of this size, as the Qwen-VL processor counts them."""
     factor = config.token_size
@@ -39,6 +44,11 @@ def image_tokens(width: int, height: int, config: ImagesConfig) -> int:
         height, width, factor, config.min_tokens_per_image * factor**2, config.max_tokens_per_image * factor**2
     )
     return (h_bar // factor) * (w_bar // factor)
+
+
+def max_pixels(config: ImagesConfig) -> int:
+    """The most pixels an inline image may have (the model's largest image times the margin)."""
+    return int(config.max_tokens_per_image * config.token_size**2 * config.max_pixels_margin)
 
 
 def data_uri_size(uri: str) -> tuple[int, int] | None:
@@ -62,8 +72,13 @@ def data_uri_size(uri: str) -> tuple[int, int] | None:
 
 def _size(data: bytes) -> tuple[int, int] | None:
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            return image.size
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # judged below, against the model
+            with Image.open(io.BytesIO(data)) as image:
+                return image.size
+    except Image.DecompressionBombError as exc:
+        # Above PIL's own limit (twice Image.MAX_IMAGE_PIXELS): far beyond any model's largest image.
+        raise ImageTooLargeError(f"image refused: {exc}") from exc
     except Exception:  # truncated or not an image: PIL raises many kinds
         return None
 
@@ -114,6 +129,11 @@ def inspect_messages(messages: Any, config: ImagesConfig) -> int:
                 if not is_image:
                     continue
                 size = data_uri_size(url) if inline else None
+                if size is not None and size[0] * size[1] > max_pixels(config):
+                    raise ImageTooLargeError(
+                        f"image of {size[0]}x{size[1]} pixels refused: more than {config.max_pixels_margin:g} x the "
+                        f"largest image the model takes ({max_pixels(config) // 1_000_000} megapixels at most here)"
+                    )
                 if size is None:
                     total += config.max_tokens_per_image  # unknown size: assume the largest the model takes
                 else:
@@ -149,6 +169,9 @@ def fit_image(data: bytes, max_tokens: int, config: ImagesConfig, quality: int =
                 if tokens <= max_tokens or scale < 1e-3:
                     break
                 scale *= 0.95
+            # A JPEG is decoded at a reduced scale (1/2 to 1/8, still at least the target size): less memory and
+            # time than decoding every pixel only to throw most of them away.
+            image.draft("RGB", size)
             smaller = image.convert("RGB").resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
     except Exception:  # not an image PIL can decode: PIL raises many kinds
         return None

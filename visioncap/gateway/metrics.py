@@ -91,6 +91,12 @@ class GatewayMetrics:
             registry=r,
         )
         self.queue_depth = Gauge("visioncap_gateway_queue_depth", "Background requests waiting.", registry=r)
+        self.waiting_body_bytes = Gauge(
+            "visioncap_gateway_waiting_body_bytes",
+            "Bytes of background request bodies the gateway holds (read or waiting for admission); bounded by "
+            "limits.max_waiting_body_bytes.",
+            registry=r,
+        )
         self.image_tokens_in_flight = Gauge(
             "visioncap_gateway_image_tokens_in_flight",
             "Estimated image tokens of background requests in flight.",

@@ -150,6 +150,15 @@ class BackgroundScheduler:
             raise
         return grant
 
+    def check_room(self) -> None:
+        """Raise QueueFullError when a new request could not wait (checked before its body is read, too)."""
+        if self._waiting >= self.queue_size:
+            raise QueueFullError(self._retry_after_s())
+
+    def retry_after_s(self) -> int:
+        """Seconds after which a refused request may find room, from recent service times."""
+        return self._retry_after_s()
+
     def dispatch(self) -> None:
         """Admit waiting requests while the caps allow, camera by camera in turn."""
         admitted = False

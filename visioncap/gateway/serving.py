@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from copy import deepcopy
 from typing import Any, Literal
 
@@ -25,7 +25,7 @@ from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.admission import AdmissionController, Decision
 from visioncap.gateway.auth import Caller, KeyRing
 from visioncap.gateway.errors import GatewayError, unauthorized
-from visioncap.gateway.images import MediaRefusedError, downscale_messages, inspect_messages
+from visioncap.gateway.images import ImageTooLargeError, MediaRefusedError, downscale_messages, inspect_messages
 from visioncap.gateway.metrics import GatewayMetrics
 from visioncap.gateway.protocol import ChatCompletionView, CompletionView, parse_body
 from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream
@@ -56,6 +56,9 @@ class Gateway:
             queue_size=config.background.queue_size,
             clock=clock,
             on_change=self.metrics.scheduler_changed,
+        )
+        self.bodies = BodyBudget(
+            config.limits.max_waiting_body_bytes, self.scheduler.retry_after_s, self.metrics.waiting_body_bytes.set
         )
         self.upstream: Upstream | None = None
         self.poller: UpstreamPoller | None = None
@@ -141,38 +144,68 @@ class Gateway:
         try:
             caller = self._authenticate(request)
             self._rate_limit(caller)
-            raw = await _read_body(request, self.config.limits.max_body_bytes)
-            body, view = parse_body(raw, VIEWS[endpoint])
-            image_tokens = 0
-            if endpoint == "chat":
-                try:
-                    image_tokens = inspect_messages(body.get("messages"), self.config.images)
-                except MediaRefusedError as exc:
-                    raise GatewayError(
-                        400, "media_url_not_allowed", str(exc), reason="media_url_refused", param="messages"
-                    ) from exc
-            body["priority"] = caller.traffic_class.priority  # the key decides, never the caller's body
-            payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-            stream = bool(getattr(view, "stream", False))
             if caller.interactive:
+                raw = await _read_body(request, self.config.limits.max_body_bytes)
+                body, view, image_tokens = self._parse(raw, endpoint, caller)
+                del raw
+                payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+                stream = bool(getattr(view, "stream", False))
                 return await self._forward_interactive(request, endpoint, caller, payload, stream, started)
-            _refuse_multiple_choices(body)
-            named = request.headers.get(CAMERA_HEADER) or getattr(view, "user", None)
-            if named is not None and caller.cameras is not None and named not in caller.cameras:
-                raise GatewayError(
-                    403,
-                    "camera_not_allowed",
-                    f"this key may not name camera {named[:64]!r}",
-                    reason="camera_not_allowed",
-                    param=CAMERA_HEADER,
+            # Background bodies wait in memory: room in the queue and in the body budget is checked before a byte
+            # is read, and only the parsed body is kept while it waits (encoded again once admitted).
+            self.scheduler.check_room()
+            with self.bodies.hold(request.headers.get("content-length")) as held:
+                raw = await _read_body(request, self.config.limits.max_background_body_bytes, held.grow)
+                body, view, image_tokens = self._parse(raw, endpoint, caller)
+                del raw
+                _refuse_multiple_choices(body)
+                named = request.headers.get(CAMERA_HEADER) or getattr(view, "user", None)
+                if named is not None and caller.cameras is not None and named not in caller.cameras:
+                    raise GatewayError(
+                        403,
+                        "camera_not_allowed",
+                        f"this key may not name camera {named[:64]!r}",
+                        reason="camera_not_allowed",
+                        param=CAMERA_HEADER,
+                    )
+                camera = named or caller.camera or caller.name
+                stream = bool(getattr(view, "stream", False))
+                deadline_s = self._deadline_s(request)
+                return await self._forward_background(
+                    request, endpoint, caller, body, stream, started, camera, image_tokens, deadline_s
                 )
-            camera = named or caller.camera or caller.name
-            deadline_s = self._deadline_s(request)
-            return await self._forward_background(
-                request, endpoint, caller, body, payload, stream, started, camera, image_tokens, deadline_s
+        except QueueFullError as exc:
+            return self._refuse(
+                GatewayError(
+                    429,
+                    "queue_full",
+                    str(exc),
+                    reason="queue_full",
+                    headers={"Retry-After": str(exc.retry_after_s)},
+                ),
+                caller,
+                endpoint,
             )
         except GatewayError as exc:
             return self._refuse(exc, caller, endpoint)
+
+    def _parse(self, raw: bytes, endpoint: Endpoint, caller: Caller) -> tuple[dict[str, Any], Any, int]:
+        """The body, its checked view and its estimated image tokens; the key's class sets the priority."""
+        body, view = parse_body(raw, VIEWS[endpoint])
+        image_tokens = 0
+        if endpoint == "chat":
+            try:
+                image_tokens = inspect_messages(body.get("messages"), self.config.images)
+            except ImageTooLargeError as exc:
+                raise GatewayError(
+                    400, "image_too_large", str(exc), reason="image_too_large", param="messages"
+                ) from exc
+            except MediaRefusedError as exc:
+                raise GatewayError(
+                    400, "media_url_not_allowed", str(exc), reason="media_url_refused", param="messages"
+                ) from exc
+        body["priority"] = caller.traffic_class.priority  # the key decides, never the caller's body
+        return body, view, image_tokens
 
     async def models(self, request: Request) -> Response:
         """GET /v1/models, passed through for any valid key."""
@@ -283,7 +316,6 @@ class Gateway:
         endpoint: Endpoint,
         caller: Caller,
         body: dict[str, Any],
-        payload: bytes,
         stream: bool,
         started: float,
         camera: str,
@@ -311,9 +343,10 @@ class Gateway:
             self.metrics.queue_wait.labels(class_name).observe(grant.waited_s)
             self.metrics.in_flight.labels(class_name).inc()
             self.metrics.image_tokens.labels(class_name).inc(grant.tokens)
-            sent = payload
             if grant.max_tokens_per_image is not None and grant.tokens < image_tokens and endpoint == "chat":
                 sent = await self._downscaled(body, grant.max_tokens_per_image, class_name)
+            else:  # off the event loop: a body of megabytes takes milliseconds to encode
+                sent = await asyncio.to_thread(_encode, body)
 
             def done(outcome: Outcome, grant: Grant = grant) -> None:
                 grant.release()
@@ -432,6 +465,55 @@ class Gateway:
         return exc.response()
 
 
+class BodyBudget:
+    """Bytes of background request bodies held at once (read, parsed, or waiting for admission), bounded.
+
+    A body holds its declared Content-Length from before it is read, or what has arrived so far; one that would
+    go beyond the budget is answered 429 with Retry-After before it is read on.
+    """
+
+    def __init__(self, limit: int, retry_after_s: Callable[[], int], on_change: Callable[[int], None]) -> None:
+        self.limit = limit
+        self.held = 0
+        self._retry_after_s = retry_after_s
+        self._on_change = on_change
+
+    @contextlib.contextmanager
+    def hold(self, declared: str | None) -> Iterator[_Held]:
+        held = _Held(self)
+        try:
+            if declared is not None and declared.isdigit():
+                held.grow(int(declared))
+            yield held
+        finally:
+            held.grow(0, releasing=True)
+
+    def _change(self, delta: int) -> None:
+        if delta > 0 and self.held + delta > self.limit:
+            raise GatewayError(
+                429,
+                "body_budget_full",
+                f"the gateway holds {self.held} bytes of waiting background bodies (budget {self.limit}); retry later",
+                reason="body_budget_full",
+                headers={"Retry-After": str(self._retry_after_s())},
+            )
+        self.held += delta
+        self._on_change(self.held)
+
+
+class _Held:
+    def __init__(self, budget: BodyBudget) -> None:
+        self._budget = budget
+        self.bytes = 0
+
+    def grow(self, total: int, releasing: bool = False) -> None:
+        """Hold `total` bytes in all (only ever more, until released)."""
+        target = 0 if releasing else max(total, self.bytes)
+        if target != self.bytes:
+            self._budget._change(target - self.bytes)
+            self.bytes = target
+
+
 def _refuse_multiple_choices(body: dict[str, Any]) -> None:
     """Background requests ask for one answer: `n` or `best_of` above 1 would be that many requests in one slot."""
     for name in ("n", "best_of"):
@@ -446,7 +528,13 @@ def _refuse_multiple_choices(body: dict[str, Any]) -> None:
             )
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+def _encode(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+async def _read_body(request: Request, limit: int, on_read: Callable[[int], None] | None = None) -> bytes:
+    """The whole body, refused with 413 above `limit` (from Content-Length before reading, else while reading);
+    `on_read(total bytes so far)` after every piece, so a budget can refuse a body before all of it is in."""
     declared = request.headers.get("content-length")
     too_large = GatewayError(
         413, "request_too_large", f"request body is larger than {limit} bytes", reason="body_too_large"
@@ -459,6 +547,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
         size += len(chunk)
         if size > limit:
             raise too_large
+        if on_read is not None:
+            on_read(size)
         chunks.append(chunk)
     return b"".join(chunks)
 
