@@ -36,9 +36,13 @@ def _settings() -> Settings:
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    from visioncap.redact import MaskingFormatter
+
+    # Camera URLs can reach a line from where no call site masks them (an exception's text, a traceback, another
+    # library's message): the formatter masks credentials in whatever is written.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(MaskingFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
     # One line per HTTP request drowns the pipeline's own log.
     for noisy in ("httpx", "httpx2", "httpcore", "openai"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))

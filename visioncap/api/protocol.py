@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 from sqlalchemy import Row
 
+from visioncap.redact import mask_credentials, mask_urls
 from visioncap.store.cameras import CameraReport
 from visioncap.store.records import CaptionRecord, CaptionStatus
 from visioncap.store.search import CameraSummary, CaptionRow
@@ -37,7 +38,9 @@ class Caption(_Model):
     id: int = Field(description="Caption id; stable, used by every /v1/captions/{id} route.")
     camera: str = Field(description="Camera id from the pipeline file.")
     pipeline: str = Field(description="Name of the pipeline that selected the frame.")
-    source: str = Field(description="The camera's file path or URL (passwords masked).")
+    source: str = Field(
+        description="The camera's file path or URL (credentials masked: user:***@, pwd=***, token=***)."
+    )
     captured_at: datetime = Field(description="When the frame was captured (UTC, ISO 8601).")
     frame_index: int = Field(description="Index of the frame in its source.")
     offset_s: float = Field(description="Seconds from the start of the source.")
@@ -80,7 +83,8 @@ def caption_fields(record: CaptionRecord | CaptionRow) -> dict[str, Any]:
         "id": row["id"],
         "camera": row["camera"],
         "pipeline": row["pipeline"],
-        "source": row["source"],
+        # The pipeline stores sources masked; rows written before it masked query parameters may still hold them.
+        "source": mask_credentials(row["source"]),
         "captured_at": row["captured_at"],
         "frame_index": row["frame_index"],
         "offset_s": row["offset_s"],
@@ -176,7 +180,7 @@ class Camera(_Model):
             # A state some other (newer) writer stored is shown as unknown rather than failing the whole list.
             state=report.state if report and report.state in get_args(CameraStateName) else None,  # type: ignore[arg-type]
             state_since=report.state_since if report else None,
-            error=report.error if report else None,
+            error=mask_urls(report.error) if report and report.error is not None else None,
             pipeline=report.pipeline if report else None,
             reported_at=report.reported_at if report else None,
             frames_analysed=report.frames_analysed if report else None,

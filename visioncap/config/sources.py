@@ -18,6 +18,7 @@ CAMERA_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 STREAM_SCHEMES: dict[str, tuple[str, ...]] = {"rtsp": ("rtsp", "rtsps"), "http": ("http", "https")}
 # A webcam is an OpenCV device index or a V4L2 device path.
 _WEBCAM = re.compile(r"[0-9]{1,4}|/dev/\S+")
+_URL_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def url_problem(url: str, schemes: tuple[str, ...], user: str = "here") -> str | None:
@@ -54,6 +55,13 @@ def _path_not_blank(value: Any) -> Any:
     # Path("") is ".", which would quietly mean the pipeline file's own folder.
     if isinstance(value, str) and not value.strip():
         raise ValueError("must not be empty")
+    # A camera URL under `path` (`kind` left out, so `file`) would be reported as a missing file, naming it: as a
+    # Path its "//" is gone, so no masking would recognise it as a URL and its password would be shown.
+    if isinstance(value, str) and _URL_START.match(value.strip()):
+        raise ValueError(
+            "is a URL, not a file or folder; a network camera needs `kind: rtsp` or `kind: http` and its URL "
+            "under `url:`"
+        )
     if "\0" in str(value):
         raise ValueError("contains a NUL character")
     return value
@@ -91,7 +99,8 @@ class StreamSourceConfig(_SourceBase):
     )
     url: str = Field(
         min_length=1,
-        description="Stream URL (credentials allowed; they are masked in logs), or the device index for `webcam`.",
+        description="Stream URL, or the device index for `webcam`. Credentials are allowed, as user:password@ or "
+        "as query parameters (pwd, password, token, key, ...); they are masked wherever the URL is shown or stored.",
     )
     open_timeout_s: float = Field(default=10.0, gt=0, description="Seconds to wait for the stream to open.")
     read_timeout_s: float = Field(

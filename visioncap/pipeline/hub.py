@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 
 from visioncap.errors import SourceError
 from visioncap.frames import Frame
+from visioncap.redact import mask_urls
 from visioncap.sources.base import FrameSource
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,9 @@ class FrameHub:
             error = str(exc)
             log.error("%s", exc)
         except Exception as exc:  # one broken camera must not take the others down
-            error = f"camera {source.camera}: {type(exc).__name__}: {exc}"
+            # Stored as the camera's error (served by the API) and printed by the CLI: an exception's text may
+            # quote the camera's URL.
+            error = mask_urls(f"camera {source.camera}: {type(exc).__name__}: {exc}")
             log.exception("camera %s: source failed", source.camera)
         finally:
             with self._cond:

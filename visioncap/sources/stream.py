@@ -23,7 +23,7 @@ import numpy as np
 from visioncap.config.sources import StreamSourceConfig
 from visioncap.frames import Frame
 from visioncap.sources.state import CameraState, StateListener
-from visioncap.sources.urls import mask_credentials
+from visioncap.sources.urls import mask_credentials, mask_urls
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class StreamSource:
             except Exception as exc:
                 # Whatever OpenCV or a listener throws, this camera keeps trying and the others never notice.
                 log.exception("camera %s (%s): unexpected error", self.camera, self._masked_url)
-                failure, got_frame = f"unexpected error: {exc!r}", False
+                failure, got_frame = mask_urls(f"unexpected error: {exc!r}"), False
             if failure is None or self._stopping.is_set():
                 break
             if got_frame:
@@ -324,7 +324,8 @@ class StreamSource:
         except Exception as exc:
             with self._lock:
                 if attempt == self._attempt:
-                    self._attempt_failure = f"read error: {exc!r}"
+                    # Failures are logged with the state change; OpenCV's message may quote the URL.
+                    self._attempt_failure = mask_urls(f"read error: {exc!r}")
                     self._reader_event.notify_all()
         finally:
             capture.release()

@@ -102,7 +102,7 @@ class CameraRecord(Base):
 
     camera: Mapped[str] = mapped_column(String(64), primary_key=True)
     pipeline: Mapped[str] = mapped_column(String(128))
-    source: Mapped[str] = mapped_column(Text)  # path or URL, passwords masked
+    source: Mapped[str] = mapped_column(Text)  # path or URL, credentials masked (visioncap.redact)
     state: Mapped[str] = mapped_column(String(16))  # a CameraState value, or "failed" (the source gave up)
     state_since: Mapped[datetime] = mapped_column(UtcDateTime())
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
