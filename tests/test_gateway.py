@@ -15,31 +15,25 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import openai
 import pytest
-import uvicorn
 import yaml
 from helpers import REPO, TINY_MODEL
 from PIL import Image
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
+from taps import AsgiThread, Tap
 
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig, hash_key
 from visioncap.gateway.images import data_uri_size, image_tokens
 from visioncap.gateway.scheduler import SchedulerState
 from visioncap.gateway.server import GatewayThread
-from visioncap.gateway.sse import OUTPUT_FIELD, StreamObserver
+from visioncap.gateway.sse import StreamObserver
 from visioncap.serve import VllmServer, free_port
 
 INTERACTIVE_KEY = "test-interactive-key"
@@ -115,129 +109,6 @@ def metric(text: str, name: str, **labels: str) -> float:
         if all(f'{key}="{val}"' in label_text for key, val in labels.items()):
             total += float(value)
     return total
-
-
-# -- a recording hop between a gateway and vLLM ------------------------------------------------------------
-
-
-class Tap:
-    """Forwards everything to vLLM, records request bodies, holds requests whose `user` is in `held`.
-
-    Streams whose `user` is in `paused` are passed through as vLLM sends them until their first output token, then held
-    (vLLM's answer waits in the tap) until the gate opens; `cut` records those whose caller (the gateway) left
-    while held, which closes the tap's own connection to vLLM, so vLLM aborts the request.
-
-    It also serves a JPEG at /frame.jpg, for the allow-listed media URL test (vLLM fetches it from here).
-    """
-
-    def __init__(self, target_root: str) -> None:
-        self.target_root = target_root
-        self.root_url = ""  # set once served
-        self.bodies: list[dict[str, Any]] = []
-        self.held: dict[str, threading.Event] = {}
-        self.paused: dict[str, threading.Event] = {}
-        self.cut: set[str] = set()
-        self._changed = threading.Condition()
-        self.frame = base64.b64decode(jpeg_data_uri(640, 480).split(",", 1)[1])
-        self.app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", "POST"])])
-        self._client: httpx.AsyncClient | None = None
-
-    def hold(self, user: str) -> threading.Event:
-        gate = self.held[user] = threading.Event()
-        return gate
-
-    def pause_after_first_chunk(self, user: str) -> threading.Event:
-        gate = self.paused[user] = threading.Event()
-        return gate
-
-    def wait_for_cut(self, user: str) -> None:
-        with self._changed:
-            assert self._changed.wait_for(lambda: user in self.cut, TIMEOUT), f"{user}'s stream was never cut"
-
-    async def _paused_stream(self, path: str, raw: bytes, user: str) -> Response:
-        assert self._client is not None
-        gate = self.paused[user]
-        request = self._client.build_request(
-            "POST", self.target_root + path, content=raw, headers={"content-type": "application/json"}
-        )
-        upstream = await self._client.send(request, stream=True)
-
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                seen = b""
-                async for chunk in upstream.aiter_raw():
-                    yield chunk
-                    if seen is not None:
-                        seen += chunk
-                        if OUTPUT_FIELD.search(seen):  # the first output token is out (not just the role chunk)
-                            seen = None
-                            while not gate.is_set():  # wait; a cancellation from the caller's leaving gets in
-                                await anyio.sleep(0.01)
-            except BaseException:
-                with self._changed:
-                    self.cut.add(user)
-                    self._changed.notify_all()
-                raise
-            finally:
-                await upstream.aclose()
-
-        return StreamingResponse(chunks(), status_code=upstream.status_code, media_type="text/event-stream")
-
-    def users_seen(self) -> list[str]:
-        with self._changed:
-            return [body.get("user", "") for body in self.bodies]
-
-    def wait_for_user(self, user: str) -> None:
-        with self._changed:
-            assert self._changed.wait_for(lambda: any(b.get("user") == user for b in self.bodies), TIMEOUT)
-
-    async def _handle(self, request: Request) -> Response:
-        path = request.url.path
-        if path == "/frame.jpg":
-            return Response(self.frame, media_type="image/jpeg")
-        raw = await request.body()
-        body = json.loads(raw) if raw else {}
-        if request.method == "POST":
-            with self._changed:
-                self.bodies.append(body)
-                self._changed.notify_all()
-            gate = self.held.get(body.get("user", ""))
-            if gate is not None:
-                assert await anyio.to_thread.run_sync(gate.wait, TIMEOUT), "test never released a held request"
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=TIMEOUT)
-        if body.get("stream") and body.get("user", "") in self.paused:
-            return await self._paused_stream(path, raw, body["user"])
-        upstream = await self._client.request(
-            request.method,
-            self.target_root + path,
-            content=raw or None,
-            headers={"content-type": "application/json"} if raw else None,
-        )
-        return Response(
-            upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type")
-        )
-
-
-class AsgiThread:
-    """Any ASGI app served by uvicorn in a thread on a free port, ready before __enter__ returns."""
-
-    def __init__(self, app: Any) -> None:
-        self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
-        self._socket.listen(256)  # connections wait in the backlog until uvicorn serves them
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
-        self.root_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-
-    def __enter__(self) -> AsgiThread:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(30)
-        self._socket.close()
 
 
 # -- fixtures ------------------------------------------------------------------------------------------------
@@ -415,6 +286,11 @@ def test_models_and_health(gateway: GatewayThread, vllm_server: VllmServer) -> N
     health = httpx.get(f"{gateway.root_url}/healthz", timeout=TIMEOUT)
     assert health.status_code == 200
     assert health.json()["status"] == "ok"
+    # Without a key: whether it is up and how busy, not where vLLM is or what went wrong there.
+    assert health.json()["upstream"]["base_url"] is None
+    assert vllm_server.base_url not in health.text and "127.0.0.1" not in health.text
+    trusted = httpx.get(f"{gateway.root_url}/healthz", headers=auth(BACKGROUND_KEY), timeout=TIMEOUT).json()
+    assert trusted["upstream"]["base_url"] == vllm_server.base_url
 
 
 # -- the real openai client -----------------------------------------------------------------------------------
@@ -1011,3 +887,49 @@ def test_pipeline_captions_go_through_the_gateway_by_configuration_alone(
     captioned = CaptionStore(create_db_engine(database)).count(status="captioned")
     assert captioned >= 2
     assert background_ok() - before == captioned
+
+
+def test_responses_embeddings_and_tokenizer_pass_through_under_the_key_rules(
+    gateway: GatewayThread, vllm_server: VllmServer
+) -> None:
+    """The Responses API (agent SDKs use it), /v1/embeddings and vLLM's /tokenize and /detokenize, as vLLM answers."""
+    headers = auth(INTERACTIVE_KEY)
+    body = {"model": TINY_MODEL, "input": "describe the scene", "max_output_tokens": 8, "temperature": 0}
+    direct = httpx.post(f"{vllm_server.base_url}/responses", json=body, timeout=TIMEOUT)
+    through = httpx.post(f"{gateway.base_url}/responses", json=body, headers=headers, timeout=TIMEOUT)
+    assert direct.status_code == through.status_code == 200
+
+    def contents(answer: httpx.Response) -> list[Any]:
+        return [item.get("content") for item in answer.json()["output"]]  # item ids are fresh per request
+
+    assert contents(through) == contents(direct)  # same text, item for item
+
+    events: list[dict[str, Any]] = []
+    with httpx.stream(
+        "POST", f"{gateway.base_url}/responses", json={**body, "stream": True}, headers=headers, timeout=TIMEOUT
+    ) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                events.append(json.loads(line[5:]))
+    deltas = "".join(e["delta"] for e in events if e.get("type") == "response.output_text.delta")
+    assert events[-1]["type"] == "response.completed"
+    text = [c["text"] for item in direct.json()["output"] for c in item.get("content") or [] if "text" in c]
+    assert deltas == "".join(text)
+
+    tokens = httpx.post(
+        f"{gateway.root_url}/tokenize", json={"model": TINY_MODEL, "prompt": "a person at the door"}, headers=headers
+    )
+    assert tokens.status_code == 200 and tokens.json()["tokens"]
+    words = httpx.post(
+        f"{gateway.root_url}/detokenize", json={"model": TINY_MODEL, "tokens": tokens.json()["tokens"]}, headers=headers
+    )
+    assert words.status_code == 200 and words.json()["prompt"] == "a person at the door"
+    assert httpx.post(f"{gateway.root_url}/tokenize", json={"prompt": "x"}).status_code == 401
+
+    # A generative model has no embeddings: vLLM's own answer comes back unchanged.
+    embed = {"model": TINY_MODEL, "input": "a person"}
+    direct = httpx.post(f"{vllm_server.base_url}/embeddings", json=embed, timeout=TIMEOUT)
+    through = httpx.post(f"{gateway.base_url}/embeddings", json=embed, headers=headers, timeout=TIMEOUT)
+    assert through.status_code == direct.status_code
+    assert httpx.post(f"{gateway.base_url}/responses", json=body).status_code == 401

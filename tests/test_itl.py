@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 from helpers import TINY_MODEL
+from taps import AsgiThread, Tap
 
 from visioncap.bench import load
 from visioncap.bench.load import ChatResult, PhaseSpec, Target, _Phase, new_client
@@ -274,7 +275,12 @@ def test_gateway_observes_a_merged_read_as_spread_gaps(upstream: ScriptedUpstrea
 
 
 def test_real_vllm_stream_through_the_gateway_has_one_gap_per_token(vllm_server: VllmServer) -> None:
-    """Every token is timed on both sides (return_token_ids), and no gap is 0 ms."""
+    """Every token is timed on both sides (return_token_ids), and no gap is 0 ms.
+
+    A tap between the gateway and vLLM holds the answer after its first output token until the client has it, so
+    both the gateway and the client read it in more than one piece. (Unpaced, a starved machine once let all 16
+    tokens reach them in one read: one arrival and, by the definition, no gaps.)
+    """
     body = {
         "model": TINY_MODEL,
         "messages": [{"role": "user", "content": "describe the scene"}],
@@ -284,17 +290,25 @@ def test_real_vllm_stream_through_the_gateway_has_one_gap_per_token(vllm_server:
         "stream": True,
         "stream_options": {"include_usage": True},
         "return_token_ids": True,
+        "user": "itl",
     }
+    tap = Tap(vllm_server.root_url)
 
     async def one_chat(base_url: str) -> ChatResult:
+        release = tap.pause_after_first_chunk("itl")
         async with new_client() as client:
             target = Target(base_url, {"Authorization": f"Bearer {KEY}"})
             phase = _Phase(PhaseSpec("itl", 0, 0, chat=target), client)
             phase.t0 = time.perf_counter()
-            await phase._chat(ChatTurn(0, 0.0, 3, 16), json.dumps(body).encode())
+            chat = asyncio.ensure_future(phase._chat(ChatTurn(0, 0.0, 3, 16), json.dumps(body).encode()))
+            while not (phase.chats and phase.chats[0].ttft_s is not None) and not chat.done():
+                await asyncio.sleep(0.005)  # until the client has the first token
+            release.set()
+            await chat
             return phase.chats[0]
 
-    with GatewayThread(gateway_config(vllm_server.base_url)) as gw:
+    with AsgiThread(tap.app) as served, GatewayThread(gateway_config(served.root_url + "/v1")) as gw:
+        tap.root_url = served.root_url
         before = inter_token_histogram(gw)
         started = time.perf_counter()
         result = asyncio.run(one_chat(gw.base_url))

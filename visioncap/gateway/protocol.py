@@ -61,6 +61,25 @@ def _depth_and_nul(value: Any) -> tuple[int, bool]:
     return deepest, nul
 
 
+class AnyObjectView(_View):
+    """Any JSON object (POST /tokenize, /detokenize): only the hostile-input rules apply."""
+
+
+class ResponsesView(_View):
+    """POST /v1/responses."""
+
+    input: Any = Field(description="Text, or a list of input items (messages with text and image parts).")
+    stream: StrictBool | None = Field(default=False, description="Server-sent events when true.")
+    user: str | None = Field(default=None, description="End-user id; names the camera of background requests.")
+
+
+class EmbeddingsView(_View):
+    """POST /v1/embeddings."""
+
+    input: Any = Field(description="Text, token ids, or lists of either.")
+    user: str | None = Field(default=None, description="End-user id; names the camera of background requests.")
+
+
 def parse_body(raw: bytes, view: type[_View]) -> tuple[dict[str, Any], _View]:
     """The JSON object (to forward) and its checked view; 400 for invalid or hostile JSON, 422 for a wrong shape.
 

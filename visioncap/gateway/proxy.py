@@ -82,11 +82,20 @@ class Upstream:
         return headers
 
     async def open(
-        self, method: str, path: str, body: bytes | None = None, incoming: dict[str, str] | None = None
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        incoming: dict[str, str] | None = None,
+        root: bool = False,
     ) -> httpx.Response:
-        """Send a request and return as soon as the response head arrived (the body is read later)."""
+        """Send a request and return as soon as the response head arrived (the body is read later).
+
+        `path` is under the OpenAI base URL (/v1), or with `root` under the server's root (/tokenize).
+        """
+        base = self.base_url.removesuffix("/v1") if root else self.base_url
         request = self.client.build_request(
-            method, f"{self.base_url}{path}", content=body, headers=self._headers(incoming, body is not None)
+            method, f"{base}{path}", content=body, headers=self._headers(incoming, body is not None)
         )
         try:
             return await self.client.send(request, stream=True)
@@ -167,4 +176,6 @@ class ProxyResponse(Response):
                     log.exception("stream observer failed; this answer is no longer measured")
                     observer = self._observer = None
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        if observer is not None:
+            observer.close()  # streams without a [DONE] (the Responses API's) end their last arrival here
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -24,6 +24,26 @@ async def completions(request: Request) -> Response:
     return await _gateway(request).generate(request, "completions")
 
 
+@router.post("/v1/responses")
+async def responses(request: Request) -> Response:
+    return await _gateway(request).generate(request, "responses")
+
+
+@router.post("/v1/embeddings")
+async def embeddings(request: Request) -> Response:
+    return await _gateway(request).generate(request, "embeddings")
+
+
+@router.post("/tokenize")
+async def tokenize(request: Request) -> Response:
+    return await _gateway(request).utility(request, "/tokenize")
+
+
+@router.post("/detokenize")
+async def detokenize(request: Request) -> Response:
+    return await _gateway(request).utility(request, "/detokenize")
+
+
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
     return await _gateway(request).models(request)
@@ -38,4 +58,4 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/healthz")
 async def healthz(request: Request) -> Response:
-    return _gateway(request).health()
+    return _gateway(request).health(request)

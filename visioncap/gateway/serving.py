@@ -27,7 +27,14 @@ from visioncap.gateway.auth import Caller, KeyRing
 from visioncap.gateway.errors import GatewayError, unauthorized
 from visioncap.gateway.images import ImageTooLargeError, MediaRefusedError, downscale_messages, inspect_messages
 from visioncap.gateway.metrics import GatewayMetrics
-from visioncap.gateway.protocol import ChatCompletionView, CompletionView, parse_body
+from visioncap.gateway.protocol import (
+    AnyObjectView,
+    ChatCompletionView,
+    CompletionView,
+    EmbeddingsView,
+    ResponsesView,
+    parse_body,
+)
 from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream
 from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
 from visioncap.gateway.sse import StreamObserver, network_reads
@@ -35,11 +42,24 @@ from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad
 
 log = logging.getLogger(__name__)
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses", "embeddings"]
 CAMERA_HEADER = "x-visioncap-camera"
 DEADLINE_HEADER = "x-visioncap-deadline-ms"
-UPSTREAM_PATHS: dict[Endpoint, str] = {"chat": "/chat/completions", "completions": "/completions"}
-VIEWS = {"chat": ChatCompletionView, "completions": CompletionView}
+UPSTREAM_PATHS: dict[Endpoint, str] = {
+    "chat": "/chat/completions",
+    "completions": "/completions",
+    "responses": "/responses",
+    "embeddings": "/embeddings",
+}
+VIEWS = {
+    "chat": ChatCompletionView,
+    "completions": CompletionView,
+    "responses": ResponsesView,
+    "embeddings": EmbeddingsView,
+}
+# Where each endpoint keeps the messages whose images count (the Responses API's input items hold content parts
+# of type input_image, which the image inspection knows).
+MESSAGES_FIELD: dict[Endpoint, str] = {"chat": "messages", "responses": "input"}
 
 
 class Gateway:
@@ -193,9 +213,9 @@ class Gateway:
         """The body, its checked view and its estimated image tokens; the key's class sets the priority."""
         body, view = parse_body(raw, VIEWS[endpoint])
         image_tokens = 0
-        if endpoint == "chat":
+        if endpoint in MESSAGES_FIELD:
             try:
-                image_tokens = inspect_messages(body.get("messages"), self.config.images)
+                image_tokens = inspect_messages(body.get(MESSAGES_FIELD[endpoint]), self.config.images)
             except ImageTooLargeError as exc:
                 raise GatewayError(
                     400, "image_too_large", str(exc), reason="image_too_large", param="messages"
@@ -222,21 +242,44 @@ class Gateway:
 
         return ProxyResponse(upstream, finish)
 
-    def health(self) -> Response:
+    async def utility(self, request: Request, path: str) -> Response:
+        """POST /tokenize and /detokenize (vLLM serves them beside /v1), passed through for any valid key: they
+        take no engine step, so they are neither queued nor paced."""
+        caller: Caller | None = None
+        name = path.strip("/")
+        try:
+            caller = self._authenticate(request)
+            self._rate_limit(caller)
+            raw = await _read_body(request, self.config.limits.max_body_bytes)
+            parse_body(raw, AnyObjectView)  # the same hostile-input rules as everything else
+            assert self.upstream is not None
+            upstream = await self.upstream.open("POST", path, raw, incoming=dict(request.headers), root=True)
+        except GatewayError as exc:
+            return self._refuse(exc, caller, name)
+
+        def finish(outcome: Outcome) -> None:
+            self.metrics.requests.labels(caller.class_name, name, str(outcome.status)).inc()
+
+        return ProxyResponse(upstream, finish)
+
+    def health(self, request: Request) -> Response:
+        """Liveness and the admission state; where vLLM is and what went wrong there only for a valid key (an
+        internal address and an error text tell an outsider more than whether the gateway is up)."""
         state = self.scheduler.state()
         now = self.clock()
         caps = self.controller.caps(now)
         poller = self.poller
+        trusted = self.keys.identify(request.headers) is not None
         return JSONResponse(
             {
                 "status": "ok",
                 "upstream": {
-                    "base_url": self.config.upstream.base_url,
+                    "base_url": self.config.upstream.base_url if trusted else None,
                     "metrics": None
                     if poller is None
                     else {
                         "ok": poller.last is not None,
-                        "error": poller.last_error,
+                        "error": poller.last_error if trusted else None,
                         "waiting": poller.last.waiting if poller.last else None,
                         "running": poller.last.running if poller.last else None,
                     },

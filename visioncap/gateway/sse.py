@@ -56,6 +56,9 @@ import httpx
 OUTPUT_FIELD = re.compile(
     rb'"(?:content|reasoning_content|reasoning|text)": ?"[^"]|"tool_calls": ?\[\s*\{|"token_ids": ?\[\s*\d'
 )
+# A Responses API event (/v1/responses): only its `*.delta` events (text, reasoning, tool arguments) carry new
+# output; the others repeat what was said (`response.output_text.done`, `response.completed`) or none.
+RESPONSES_EVENT = re.compile(rb'"type": ?"response\.([a-z_.]+)"')
 TOKEN_IDS = re.compile(rb'"token_ids": ?\[([^\]]*)\]')
 COMPLETION_TOKENS = re.compile(rb'"completion_tokens": ?(\d+)')
 USAGE = re.compile(rb'"usage": ?\{')
@@ -166,7 +169,11 @@ class StreamObserver:
         tokens = self._tokens(payload)
         # A byte test instead of a JSON parse per chunk: vLLM writes compact JSON, and an output field holds a
         # non-empty string (or a tool-call list, or token ids) exactly when the chunk carries output.
-        if OUTPUT_FIELD.search(payload) is None:
+        responses = RESPONSES_EVENT.search(payload)
+        if responses is not None:
+            if not responses.group(1).endswith(b".delta") or b'"delta":""' in payload:
+                return
+        elif OUTPUT_FIELD.search(payload) is None:
             return
         tokens = max(1, tokens)  # output without token ids still took a step
         self.chunks += 1

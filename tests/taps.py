@@ -1,0 +1,153 @@
+"""A recording, holding and pausing hop between a gateway under test and the real vLLM (and the thread that
+serves it): what lets gateway tests decide the order of events instead of racing vLLM."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import uvicorn
+from PIL import Image
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from visioncap.gateway.sse import OUTPUT_FIELD
+
+TIMEOUT = 120  # seconds; only a bound on a broken test, never a measurement
+
+
+def jpeg_bytes(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 120, 150)).save(buffer, format="JPEG", quality=80)
+    return buffer.getvalue()
+
+
+# -- a recording hop between a gateway and vLLM ------------------------------------------------------------
+
+
+class Tap:
+    """Forwards everything to vLLM, records request bodies, holds requests whose `user` is in `held`.
+
+    Streams whose `user` is in `paused` are passed through as vLLM sends them until their first output token, then held
+    (vLLM's answer waits in the tap) until the gate opens; `cut` records those whose caller (the gateway) left
+    while held, which closes the tap's own connection to vLLM, so vLLM aborts the request.
+
+    It also serves a JPEG at /frame.jpg, for the allow-listed media URL test (vLLM fetches it from here).
+    """
+
+    def __init__(self, target_root: str) -> None:
+        self.target_root = target_root
+        self.root_url = ""  # set once served
+        self.bodies: list[dict[str, Any]] = []
+        self.held: dict[str, threading.Event] = {}
+        self.paused: dict[str, threading.Event] = {}
+        self.cut: set[str] = set()
+        self._changed = threading.Condition()
+        self.frame = jpeg_bytes(640, 480)
+        self.app = Starlette(routes=[Route("/{path:path}", self._handle, methods=["GET", "POST"])])
+        self._client: httpx.AsyncClient | None = None
+
+    def hold(self, user: str) -> threading.Event:
+        gate = self.held[user] = threading.Event()
+        return gate
+
+    def pause_after_first_chunk(self, user: str) -> threading.Event:
+        gate = self.paused[user] = threading.Event()
+        return gate
+
+    def wait_for_cut(self, user: str) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: user in self.cut, TIMEOUT), f"{user}'s stream was never cut"
+
+    async def _paused_stream(self, path: str, raw: bytes, user: str) -> Response:
+        assert self._client is not None
+        gate = self.paused[user]
+        request = self._client.build_request(
+            "POST", self.target_root + path, content=raw, headers={"content-type": "application/json"}
+        )
+        upstream = await self._client.send(request, stream=True)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                seen = b""
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+                    if seen is not None:
+                        seen += chunk
+                        if OUTPUT_FIELD.search(seen):  # the first output token is out (not just the role chunk)
+                            seen = None
+                            while not gate.is_set():  # wait; a cancellation from the caller's leaving gets in
+                                await anyio.sleep(0.01)
+            except BaseException:
+                with self._changed:
+                    self.cut.add(user)
+                    self._changed.notify_all()
+                raise
+            finally:
+                await upstream.aclose()
+
+        return StreamingResponse(chunks(), status_code=upstream.status_code, media_type="text/event-stream")
+
+    def users_seen(self) -> list[str]:
+        with self._changed:
+            return [body.get("user", "") for body in self.bodies]
+
+    def wait_for_user(self, user: str) -> None:
+        with self._changed:
+            assert self._changed.wait_for(lambda: any(b.get("user") == user for b in self.bodies), TIMEOUT)
+
+    async def _handle(self, request: Request) -> Response:
+        path = request.url.path
+        if path == "/frame.jpg":
+            return Response(self.frame, media_type="image/jpeg")
+        raw = await request.body()
+        body = json.loads(raw) if raw else {}
+        if request.method == "POST":
+            with self._changed:
+                self.bodies.append(body)
+                self._changed.notify_all()
+            gate = self.held.get(body.get("user", ""))
+            if gate is not None:
+                assert await anyio.to_thread.run_sync(gate.wait, TIMEOUT), "test never released a held request"
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=TIMEOUT)
+        if body.get("stream") and body.get("user", "") in self.paused:
+            return await self._paused_stream(path, raw, body["user"])
+        upstream = await self._client.request(
+            request.method,
+            self.target_root + path,
+            content=raw or None,
+            headers={"content-type": "application/json"} if raw else None,
+        )
+        return Response(
+            upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type")
+        )
+
+
+class AsgiThread:
+    """Any ASGI app served by uvicorn in a thread on a free port, ready before __enter__ returns."""
+
+    def __init__(self, app: Any) -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(256)  # connections wait in the backlog until uvicorn serves them
+        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+        self.root_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    def __enter__(self) -> AsgiThread:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(30)
+        self._socket.close()
