@@ -44,9 +44,19 @@ class CompletionView(_View):
 MAX_DEPTH = 128
 
 
+# Top-level strings the gateway itself writes into logs and metric labels.
+_LABEL_FIELDS = ("model", "user")
+
+
 def _depth_and_nul(value: Any) -> tuple[int, bool]:
-    """The nesting depth of a parsed JSON value and whether any string (key or value) holds a NUL character."""
+    """The nesting depth of a parsed JSON value and whether a key, or a string the gateway logs, holds a NUL.
+
+    NUL inside message text is not refused: it is valid JSON and valid text to vLLM's tokenizer, and
+    `vllm bench serve`'s random prompts contain it (one of the first twelve 128-token prompts at seed 0).
+    """
     deepest, nul = 0, False
+    if isinstance(value, dict):
+        nul = any(isinstance(value.get(name), str) and "\x00" in value[name] for name in _LABEL_FIELDS)
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
@@ -56,8 +66,6 @@ def _depth_and_nul(value: Any) -> tuple[int, bool]:
             pending.extend((child, depth + 1) for child in item.values())
         elif isinstance(item, list):
             pending.extend((child, depth + 1) for child in item)
-        elif isinstance(item, str) and "\x00" in item:
-            nul = True
     return deepest, nul
 
 
@@ -84,7 +92,8 @@ def parse_body(raw: bytes, view: type[_View]) -> tuple[dict[str, Any], _View]:
     """The JSON object (to forward) and its checked view; 400 for invalid or hostile JSON, 422 for a wrong shape.
 
     Hostile: nesting deeper than the parser's recursion allows, integers with more digits than Python converts
-    (4,300 by default), invalid UTF-8, NUL characters. Each is a clear 400, never a 500.
+    (4,300 by default), invalid UTF-8, NUL characters in keys or in the fields the gateway logs and labels
+    metrics with. Each is a clear 400, never a 500.
     """
     try:
         body = json.loads(raw)
@@ -106,9 +115,12 @@ def parse_body(raw: bytes, view: type[_View]) -> tuple[dict[str, Any], _View]:
             400, "invalid_request_error", f"request body is nested deeper than {MAX_DEPTH}", reason="bad_request"
         )
     if nul:
-        # Valid JSON, but tokenizers, databases and logs written in C cut text at a NUL.
+        # Valid JSON, but logs, metric scrapers and anything written in C cut a name at a NUL.
         raise GatewayError(
-            400, "invalid_request_error", "request body holds a NUL character (\\u0000)", reason="bad_request"
+            400,
+            "invalid_request_error",
+            "a key, `model` or `user` holds a NUL character (\\u0000)",
+            reason="bad_request",
         )
     if not isinstance(body, dict):
         raise GatewayError(422, "invalid_request_error", "request body must be a JSON object", reason="bad_request")
