@@ -104,8 +104,10 @@ def fidelity_command(
     from visioncap.bench.fidelity import FidelityProbe, measure, report_lines, target_for, to_json
     from visioncap.bench.servers import measured_vllm
     from visioncap.serve.profiles import load_profile
+    from visioncap.settings import Settings
 
-    models = Path("models")
+    settings = Settings()
+    models = settings.models_dir
     goal = target_for(target, gpu, models)
     served = load_profile(profile, models)
     probe = FidelityProbe(
@@ -115,7 +117,7 @@ def fidelity_command(
         url = base_url
         if url is None:
             work_dir = Path("data/bench-fidelity")
-            server = stack.enter_context(measured_vllm(served, Path(".venv-vllm/bin/python"), work_dir, "fidelity"))
+            server = stack.enter_context(measured_vllm(served, settings.server_python, work_dir, "fidelity"))
             url = server.base_url
         result = measure(url, served.served_model_name, goal, probe)
     typer.echo("\n".join(report_lines(result)))
@@ -125,3 +127,49 @@ def fidelity_command(
     typer.echo(f"wrote {path}")
     if not result.faithful:
         raise typer.Exit(1)
+
+
+@bench_app.command("overhead")
+def overhead_command(
+    profile: Annotated[str, typer.Option(help="Model profile (models/NAME.yaml).")] = "tiny-bench",
+    rate: Annotated[float, typer.Option(help="Chats per second (Poisson arrivals), as `vllm bench serve`.")] = 4.0,
+    prompts: Annotated[int, typer.Option(help="Chats per block.")] = 60,
+    pairs: Annotated[int, typer.Option(help="ABBA pairs of blocks (direct and gateway once each per pair).")] = 4,
+    input_len: Annotated[int, typer.Option(help="Prompt tokens per chat (random dataset).")] = 128,
+    output_len: Annotated[int, typer.Option(help="Output tokens per chat (EOS ignored).")] = 32,
+    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    out_dir: Annotated[Path, typer.Option(help="Where overhead.json and overhead.md go.")] = Path(
+        "benchmarks/overhead"
+    ),
+) -> None:
+    """The gateway's cost to chat: `vllm bench serve` through it against direct, ABBA-paired in one run."""
+    import json
+    import shlex
+    import sys
+
+    from visioncap.bench.overhead import OverheadOptions, report_lines, run_overhead
+    from visioncap.serve.profiles import load_profile
+    from visioncap.settings import Settings
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger("visioncap.bench").setLevel(logging.INFO)
+    settings = Settings()
+    options = OverheadOptions(
+        profile=load_profile(profile, settings.models_dir),
+        server_python=settings.server_python,
+        work_dir=Path("data/bench-overhead"),
+        request_rate=rate,
+        prompts_per_block=prompts,
+        pairs=pairs,
+        input_len=input_len,
+        output_len=output_len,
+        seed=seed,
+    )
+    results = run_overhead(options)
+    results["command"] = "visioncap bench " + shlex.join(sys.argv[sys.argv.index("overhead") :])
+    lines = report_lines(results)
+    typer.echo("\n".join(lines))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "overhead.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out_dir / "overhead.md").write_text(f"`{results['command']}`\n\n" + "\n".join(lines) + "\n")
+    typer.echo(f"wrote {out_dir}/overhead.json and overhead.md")

@@ -24,7 +24,6 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -167,12 +166,6 @@ def drain(root_url: str, gateway_root: str | None = None, timeout_s: float = 90.
             time.sleep(0.25)
     log.warning("server still busy after %.0f s of draining", timeout_s)
     return time.monotonic() - started
-
-
-@contextlib.contextmanager
-def vllm(profile: ModelProfile, options: MixedOptions, label: str) -> Iterator[VllmServer]:
-    with measured_vllm(profile, options.server_python, options.work_dir, label) as server:
-        yield server
 
 
 class Run:
@@ -321,13 +314,13 @@ def _run_setups(run: Run) -> None:
     direct_idle_name = "S1-idle"
     if o.fcfs_restart:
         run.mark("starting vLLM, FCFS policy")
-        with vllm(with_policy(run.profile, "fcfs"), o, "fcfs") as server:
+        with measured_vllm(with_policy(run.profile, "fcfs"), o.server_python, o.work_dir, "fcfs") as server:
             run.warm(server)
             direct = Target(server.base_url)
             run.phase("S1", server.root_url, chat=direct, flood=direct)
             run.phase(direct_idle_name, server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
     run.mark("starting vLLM, priority policy")
-    with vllm(with_policy(run.profile, "priority"), o, "priority") as server:
+    with measured_vllm(with_policy(run.profile, "priority"), o.server_python, o.work_dir, "priority") as server:
         direct = Target(server.base_url)
         run.warm(server)
         run.mark("calibration: decode step, text prefill, image prefill, each alone")
