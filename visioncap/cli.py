@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from contextlib import ExitStack
@@ -196,9 +197,25 @@ def gateway_command(
     """Run the priority gateway (OpenAI-compatible) in front of vLLM until Ctrl-C/SIGTERM."""
     _setup_logging(log_level)
     from visioncap.config.gateway import load_gateway_config
+    from visioncap.demo_keys import refuse_demo_keys
+
+    gateway_config = load_gateway_config(config)
+    refuse_demo_keys(
+        host,
+        ((key.name, key.sha256) for key in gateway_config.keys),
+        f"gateway file {config}",
+        "make your own with `visioncap gateway-key` and put its sha256 in the file",
+    )
+    env = gateway_config.upstream.api_key_env
+    # Started without it, every forwarded request would come back 401 from vLLM, long after the cause.
+    if env and not os.environ.get(env):
+        raise ConfigError(
+            f"{config}: upstream.api_key_env names {env}, which is not set: set it to the key vLLM was started "
+            "with (--api-key or VLLM_API_KEY)"
+        )
     from visioncap.gateway import serve
 
-    serve(load_gateway_config(config), host=host, port=port, log_level=log_level)
+    serve(gateway_config, host=host, port=port, log_level=log_level)
 
 
 @app.command("gateway-key")
@@ -218,13 +235,21 @@ def api_command(
 ) -> None:
     """Serve the REST API and web page over the caption database until Ctrl-C/SIGTERM."""
     _setup_logging(log_level)
-    from visioncap.api import serve
     from visioncap.api.settings import ApiSettings
+    from visioncap.demo_keys import refuse_demo_keys
 
     try:
         settings = ApiSettings()
     except Exception as exc:  # pydantic's ValidationError, already naming the variable
         raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc
+    refuse_demo_keys(
+        host,
+        ((key.name, key.sha256) for key in settings.api_keys),
+        "VISIONCAP_API_KEYS",
+        "make your own with `visioncap api-key` and put its entry in VISIONCAP_API_KEYS",
+    )
+    from visioncap.api import serve
+
     serve(settings, host=host, port=port, log_level=log_level)
 
 

@@ -25,8 +25,9 @@ class UpstreamConfig(StrictModel):
     api_key_env: str | None = Field(
         default=None,
         min_length=1,
-        description="Name of the environment variable holding the key vLLM was started with (--api-key); None "
-        "sends no key. Callers' own keys are never forwarded.",
+        description="Name of the environment variable holding the key vLLM was started with (--api-key or "
+        "VLLM_API_KEY); `visioncap gateway` refuses to start while it is unset or empty. None sends no key. Callers' "
+        "own keys are never forwarded.",
     )
     metrics_url: str | None = Field(
         default=None,
