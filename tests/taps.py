@@ -8,6 +8,7 @@ import json
 import socket
 import threading
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import anyio
@@ -84,8 +85,10 @@ class Tap:
                         seen += chunk
                         if OUTPUT_FIELD.search(seen):  # the first output token is out (not just the role chunk)
                             seen = None
-                            while not gate.is_set():  # wait; a cancellation from the caller's leaving gets in
-                                await anyio.sleep(0.01)
+                            # Abandoned on cancel, so the caller's leaving still gets in while the tap waits.
+                            waited = partial(gate.wait, TIMEOUT)
+                            released = await anyio.to_thread.run_sync(waited, abandon_on_cancel=True)
+                            assert released, "test never released a paused stream"
             except BaseException:
                 with self._changed:
                     self.cut.add(user)

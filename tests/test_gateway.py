@@ -604,7 +604,9 @@ def test_background_stream_slot_is_given_back_when_the_caller_disconnects(
     url = f"{gw.base_url}/chat/completions"
     with httpx.stream("POST", url, json=body, headers=auth(BACKGROUND_KEY), timeout=TIMEOUT) as response:
         assert response.status_code == 200
-        next(response.iter_lines())  # one chunk in: the request holds the only slot
+        # Kept in a name: a discarded line iterator is closed at once, and closing it closes the connection.
+        lines = response.iter_lines()
+        next(lines)  # one chunk in: the request holds the only slot
         assert gw.call_soon(gw.gateway.scheduler.state).in_flight == 1
     wait_queue(gw, lambda s: s.in_flight == 0)  # closed mid-stream: slot released
     tap.wait_for_cut("leaves")  # and the gateway let go of the upstream answer, so vLLM stops making it

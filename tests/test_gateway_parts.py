@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import io
+import math
+import random
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ from PIL import Image
 
 from visioncap.config.gateway import GatewayConfig, ImagesConfig, RateLimitConfig, hash_key, load_gateway_config
 from visioncap.errors import ConfigError
+from visioncap.gateway.admission import SlidingWindow
 from visioncap.gateway.auth import KeyRing, TokenBucket, generate_key
 from visioncap.gateway.images import MediaRefusedError, data_uri_size, image_tokens, inspect_messages
 from visioncap.gateway.sse import StreamObserver
@@ -286,3 +289,24 @@ def test_vllm_load_is_summed_over_label_sets() -> None:
     load = parse_vllm_load(text)
     assert load is not None and (load.waiting, load.running) == (4.0, 5.0)
     assert parse_vllm_load("process_cpu_seconds_total 1.0") is None
+
+
+def test_the_sliding_window_percentile_matches_sorting_the_samples_it_holds() -> None:
+    rng = random.Random(7)
+    window = SlidingWindow(max_age_s=5.0, max_samples=50)
+    held: list[tuple[float, float]] = []
+    now = 0.0
+    for _ in range(2000):
+        now += rng.random() * 0.1
+        value = round(rng.random(), 2)  # repeated values: removal must take one copy only
+        window.add(now, value)
+        held = [*held, (now, value)][-50:]
+        if rng.random() < 0.1:
+            window.prune(now)
+            held = [(t, v) for t, v in held if t >= now - 5.0]
+        values = sorted(v for _, v in held)
+        assert len(window) == len(values)
+        for q in (50, 99, 100):
+            assert window.percentile(q) == values[max(1, math.ceil(q / 100 * len(values))) - 1]
+    window.prune(now + 10)
+    assert len(window) == 0 and window.percentile(99) is None

@@ -37,7 +37,7 @@ from visioncap.gateway.protocol import (
 )
 from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream
 from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
-from visioncap.gateway.sse import StreamObserver, network_reads
+from visioncap.gateway.sse import StreamObserver
 from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class Gateway:
         self._tasks.append(asyncio.create_task(self._control_loop(), name="gateway-controller"))
         if self.config.upstream.metrics_poll_s > 0:
             self.poller = UpstreamPoller(
-                self.upstream.client,
+                self.upstream.get_text,
                 self.upstream.metrics_url,
                 self.config.upstream.metrics_poll_s,
                 self._upstream_load,
@@ -498,7 +498,8 @@ class Gateway:
                 if measure:
                     self.controller.observe_itl(now, seconds)
 
-            observer = StreamObserver(started, self.clock, on_first, on_gap, reads=network_reads(upstream))
+            # No `reads`: each piece aiohttp hands over is what the network delivered since the previous one.
+            observer = StreamObserver(started, self.clock, on_first, on_gap)
         return ProxyResponse(upstream, finish, observer)
 
     def _refuse(self, exc: GatewayError, caller: Caller | None, endpoint: str) -> Response:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import httpx
+from visioncap.gateway.proxy import UpstreamBroken
 
 log = logging.getLogger(__name__)
 
@@ -44,13 +44,13 @@ class UpstreamPoller:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        fetch: Callable[[str, float], Awaitable[str]],
         url: str,
         interval_s: float,
         on_load: Callable[[float, VllmLoad | None], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._client = client
+        self._fetch = fetch  # (url, timeout in seconds) -> the answer's text
         self.url = url
         self.interval_s = interval_s
         self._on_load = on_load
@@ -60,13 +60,12 @@ class UpstreamPoller:
 
     async def poll_once(self) -> VllmLoad | None:
         try:
-            response = await self._client.get(self.url, timeout=max(1.0, self.interval_s * 2))
-            response.raise_for_status()
-            load = parse_vllm_load(response.text)
+            text = await self._fetch(self.url, max(1.0, self.interval_s * 2))
+            load = parse_vllm_load(text)
             self.last_error = None if load is not None else "no vllm:num_requests_* series"
-        except httpx.HTTPError as exc:
+        except UpstreamBroken as exc:
             load = None
-            self.last_error = f"{type(exc).__name__}: {exc}"
+            self.last_error = str(exc)
         self.last = load
         self._on_load(self._clock(), load)
         return load
