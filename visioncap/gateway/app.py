@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +19,26 @@ from visioncap.gateway.router import router
 from visioncap.gateway.serving import Gateway
 
 log = logging.getLogger(__name__)
+
+
+DESCRIPTION = """Forwards OpenAI requests to vLLM: interactive keys at once, background keys through a queue
+paced by the admission controller; each key's traffic class sets vLLM's `priority`. Request bodies are described as
+far as the gateway reads them; every other field passes to vLLM, which validates it (its errors reach the caller
+unchanged).
+"""
+BEARER = {"type": "http", "scheme": "bearer", "description": "Authorization: Bearer KEY (a key of the gateway's file)."}
+
+
+def _document_the_key(app: FastAPI) -> None:
+    """The routes name the `bearer` scheme (router.SECURED); the document defines it."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        document = generate()  # made once, then cached by FastAPI
+        document.setdefault("components", {}).setdefault("securitySchemes", {"bearer": BEARER})
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> FastAPI:
@@ -35,13 +56,17 @@ def create_app(config: GatewayConfig, clock: Callable[[], float] = time.monotoni
     app = FastAPI(
         title="visioncap gateway",
         summary="OpenAI-compatible priority gateway in front of vLLM.",
+        description=DESCRIPTION,
+        version="1",
         lifespan=lifespan,
+        # Not served: the document is `app.openapi()` (tests/test_fuzz_gateway.py fuzzes the gateway with it).
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
     )
     app.state.gateway = gateway
     app.include_router(router)
+    _document_the_key(app)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
@@ -55,6 +80,13 @@ def create_app(config: GatewayConfig, clock: Callable[[], float] = time.monotoni
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(error_body(422, "invalid_request_error", str(exc.errors()[:1])), status_code=422)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request: Request, _exc: Exception) -> JSONResponse:
+        # A fault of the gateway's own (uvicorn logs its traceback): still the one error shape, never a bare text.
+        return JSONResponse(
+            error_body(500, "internal_error", "internal error; the gateway's log has the details"), status_code=500
+        )
 
     return app
 

@@ -111,6 +111,13 @@ def check_url(url: str, config: ImagesConfig) -> bool:
     raise MediaRefusedError(f"media URL {shown!r} refused: only data: URIs (and allow-listed http(s) hosts) pass")
 
 
+def _kind(part: dict[str, Any]) -> str | None:
+    """The part's `type`, "" when it is not a string: a caller may send any JSON value there (a dict would not even
+    hash for the set lookups below)."""
+    kind = part.get("type")
+    return kind if kind is None or isinstance(kind, str) else ""
+
+
 def inspect_messages(messages: Any, config: ImagesConfig) -> int:
     """Check every media URL in chat messages and return the estimated image tokens of the request."""
     total = 0
@@ -123,7 +130,8 @@ def inspect_messages(messages: Any, config: ImagesConfig) -> int:
         for part in content:
             if not isinstance(part, dict):
                 continue
-            is_image = part.get("type") in IMAGE_PART_TYPES or (part.get("type") is None and "image_url" in part)
+            kind = _kind(part)
+            is_image = kind in IMAGE_PART_TYPES or (kind is None and "image_url" in part)
             for _key, url in _urls(part):
                 inline = check_url(url, config)
                 if not is_image:
@@ -191,7 +199,7 @@ def downscale_messages(messages: Any, max_tokens: int, config: ImagesConfig) -> 
         if not isinstance(content, list):
             continue
         for part in content:
-            if not isinstance(part, dict) or part.get("type") not in IMAGE_PART_TYPES | {None}:
+            if not isinstance(part, dict) or _kind(part) not in IMAGE_PART_TYPES | {None}:
                 continue
             holder = part.get("image_url")
             if isinstance(holder, dict) and isinstance(holder.get("url"), str):
