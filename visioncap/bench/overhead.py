@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import subprocess
 import time
@@ -29,7 +30,7 @@ from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.machine import machine_facts
 from visioncap.bench.servers import measured_vllm
 from visioncap.bench.stats import percentile
-from visioncap.serve.launcher import ENTRY
+from visioncap.serve.launcher import ENTRY, group_members
 from visioncap.serve.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,20 @@ class Block:
     failed: int
     wall_s: float
     summary: dict[str, Any] = field(default_factory=dict)
+    cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds used meanwhile: gateway, vllm
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU time of live processes (Linux /proc), children that ended not included."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
 
 
 def bench_command(options: OverheadOptions, base_url: str, seed: int, result_file: Path, key: str | None) -> list[str]:
@@ -116,7 +131,9 @@ def bench_command(options: OverheadOptions, base_url: str, seed: int, result_fil
     return command
 
 
-def _run_block(options: OverheadOptions, arm: str, pair: int, base_url: str, key: str | None) -> Block:
+def _run_block(
+    options: OverheadOptions, arm: str, pair: int, base_url: str, key: str | None, processes: dict[str, list[int]]
+) -> Block:
     seed = options.seed * 1000 + pair
     result_file = options.work_dir / "overhead" / f"{arm}-{pair}.json"
     result_file.parent.mkdir(parents=True, exist_ok=True)
@@ -125,9 +142,11 @@ def _run_block(options: OverheadOptions, arm: str, pair: int, base_url: str, key
     log_file = options.work_dir / "logs" / f"bench-serve-{arm}-{pair}.log"
     log_file.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    cpu_before = {name: cpu_seconds(pids) for name, pids in processes.items()}
     with log_file.open("wb") as out:
         subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=1800)
     wall_s = time.monotonic() - started
+    cpu = {name: round(cpu_seconds(pids) - cpu_before[name], 2) for name, pids in processes.items()}
     data = json.loads(result_file.read_text())
     errors = [error for error in data.get("errors", []) if error]
     ttfts = [float(t) for t, e in zip(data["ttfts"], data["errors"], strict=True) if not e and t > 0]
@@ -144,7 +163,7 @@ def _run_block(options: OverheadOptions, arm: str, pair: int, base_url: str, key
         data.get("p99_itl_ms", 0.0),
         wall_s,
     )
-    return Block(arm, pair, seed, ttfts, gaps, len(errors), wall_s, summary)
+    return Block(arm, pair, seed, ttfts, gaps, len(errors), wall_s, summary, cpu)
 
 
 def _pooled(blocks: Sequence[Block], arm: str) -> tuple[list[float], list[float]]:
@@ -195,6 +214,11 @@ def summarize(blocks: Sequence[Block], options: OverheadOptions) -> dict[str, An
             "failed": sum(b.failed for b in blocks if b.arm == arm),
             "ttft_ms": {f"p{q}": _ms(percentile(ttfts, q)) for q in (50, 90, 99)},
             "itl_ms": {f"p{q}": _ms(percentile(gaps, q)) for q in (50, 90, 99)},
+        }
+        # The gateway's CPU per chat in its own arm: what it takes from vLLM's cores on a machine this small.
+        cpu = {name: sum(b.cpu_s.get(name, 0.0) for b in blocks if b.arm == arm) for name in ("gateway", "vllm")}
+        arms[arm]["cpu_ms_per_chat"] = {
+            name: round(1000 * value / len(ttfts), 2) if ttfts else None for name, value in cpu.items()
         }
     goals: dict[str, Any] = {}
     for name, metric, q in (
@@ -253,15 +277,17 @@ def run_overhead(options: OverheadOptions) -> dict[str, Any]:
         )
         with GatewayProcess(config, options.work_dir, name="gateway-overhead") as gateway:
             urls = {"direct": server.root_url, "gateway": gateway.root_url}
+            assert server.pid is not None and gateway.pid is not None
+            processes = {"gateway": [gateway.pid], "vllm": group_members(os.getpgid(server.pid))}
             keys = {"direct": None, "gateway": chat_key}
             # A warm-up block each way, not kept: first requests pay for connection pools and lazy imports.
             warm = OverheadOptions(**{**_fields(options), "prompts_per_block": 8, "seed": options.seed + 7919})
             for arm in ARMS:
-                _run_block(warm, arm, -1, urls[arm], keys[arm])
+                _run_block(warm, arm, -1, urls[arm], keys[arm], processes)
             for pair in range(options.pairs):
                 order = ARMS if pair % 2 == 0 else ARMS[::-1]
                 for arm in order:
-                    blocks.append(_run_block(options, arm, pair, urls[arm], keys[arm]))
+                    blocks.append(_run_block(options, arm, pair, urls[arm], keys[arm], processes))
     results = summarize(blocks, options)
     example = bench_command(options, "URL", options.seed * 1000, Path("RESULT.json"), None)
     results.update(
@@ -294,14 +320,16 @@ def report_lines(results: dict[str, Any]) -> list[str]:
         f"gateway overhead, `vllm bench serve` at {results['request_rate_per_s']}/s, "
         f"{results['pairs']} ABBA pairs of {results['prompts_per_block']} chats",
         "",
-        "| arm | chats | gaps | failed | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms |",
-        "|---|---|---|---|---|---|---|---|",
+        "| arm | chats | gaps | failed | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | ITL p99 ms "
+        "| gateway CPU ms/chat | vLLM CPU ms/chat |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for arm in ARMS:
         a = results["arms"][arm]
         lines.append(
             f"| {arm} | {a['chats']} | {a['gaps']} | {a['failed']} | {a['ttft_ms']['p50']} | {a['ttft_ms']['p99']} "
-            f"| {a['itl_ms']['p50']} | {a['itl_ms']['p99']} |"
+            f"| {a['itl_ms']['p50']} | {a['itl_ms']['p99']} | {a['cpu_ms_per_chat']['gateway']} "
+            f"| {a['cpu_ms_per_chat']['vllm']} |"
         )
     lines += ["", "| goal | gateway / direct | 95% interval | goal | met |", "|---|---|---|---|---|"]
     for name, goal in results["goals"].items():
