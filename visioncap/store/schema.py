@@ -245,6 +245,99 @@ def _counts_tables(conn: Connection) -> None:
             conn.execute(text(statement))
 
 
+# The live stream's change positions (step 9). Every insert or update of a caption row stamps it, in the writer's
+# own transaction, with where it stands in commit order; /v1/stream reads rows after a client's position (a keyset
+# on (change_xid, change_seq), see changes.py), so it misses nothing and repeats nothing however many rows a burst
+# writes. Triggers rather than the store's code, so that every writer (pipeline, requeue, an operator's SQL) is in.
+CHANGE_XID_COLUMN = "change_xid"
+CHANGE_SEQ_COLUMN = "change_seq"
+CHANGE_INDEX = "ix_captions_change"
+# SQLite: one writer at a time, holding the write lock from its first write to its commit, so a counter bumped
+# inside the write is in commit order. A counter row rather than max(change_seq) + 1: retention may delete the
+# newest row, and a number used again would sit at a position a client has already passed.
+SQLITE_CHANGE_COUNTER = "caption_change_counter"
+_SQLITE_CHANGE_STAMP = (
+    f"UPDATE {SQLITE_CHANGE_COUNTER} SET seq = seq + 1 WHERE id = 1; "
+    f"UPDATE captions SET {CHANGE_SEQ_COLUMN} = (SELECT seq FROM {SQLITE_CHANGE_COUNTER} WHERE id = 1) "
+    "WHERE id = new.id; "
+)
+_SQLITE_CHANGE_TRIGGERS = (
+    f"CREATE TRIGGER IF NOT EXISTS captions_change_insert AFTER INSERT ON captions BEGIN {_SQLITE_CHANGE_STAMP}END",
+    # The stamp is itself an update of the row: the WHEN leaves it alone (it changed change_seq; nothing else does),
+    # whatever recursive_triggers says. The count and full-text triggers name their columns, so it fires none.
+    "CREATE TRIGGER IF NOT EXISTS captions_change_update AFTER UPDATE ON captions "
+    f"WHEN new.{CHANGE_SEQ_COLUMN} IS old.{CHANGE_SEQ_COLUMN} BEGIN {_SQLITE_CHANGE_STAMP}END",
+)
+# PostgreSQL: writers run concurrently and a sequence hands out numbers at the write, not at the commit (a
+# transaction holding 9 may commit after the one holding 10). The row also gets its writer's transaction id;
+# readers take only rows of transactions older than their snapshot's xmin (all of them ended, and every one still
+# running or yet to start has an id at or above it), in (change_xid, change_seq) order. A BEFORE trigger sets the
+# columns of the row being written: no second write, nothing to recurse.
+PG_CHANGE_SEQUENCE = "captions_change_seq"
+_PG_CHANGE_FUNCTION = f"""CREATE OR REPLACE FUNCTION visioncap_caption_change() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.{CHANGE_XID_COLUMN} := pg_current_xact_id()::text::bigint;
+    NEW.{CHANGE_SEQ_COLUMN} := nextval('{PG_CHANGE_SEQUENCE}');
+    RETURN NEW;
+END $$"""
+_PG_CHANGE_TRIGGER = (
+    "CREATE TRIGGER captions_change BEFORE INSERT OR UPDATE ON captions FOR EACH ROW "
+    "EXECUTE FUNCTION visioncap_caption_change()"
+)
+
+
+_CHANGE_BACKFILL = (
+    f"UPDATE captions SET {CHANGE_SEQ_COLUMN} = numbered.seq FROM ("
+    f"SELECT id, (SELECT coalesce(max({CHANGE_SEQ_COLUMN}), 0) FROM captions) "
+    "+ row_number() OVER (ORDER BY updated_at, id) AS seq "
+    f"FROM captions WHERE {CHANGE_SEQ_COLUMN} IS NULL) AS numbered WHERE captions.id = numbered.id"
+)
+_SQLITE_CHANGE_COUNTER_TABLE = (
+    f"CREATE TABLE IF NOT EXISTS {SQLITE_CHANGE_COUNTER} (id INTEGER PRIMARY KEY CHECK (id = 1), seq INTEGER NOT NULL)"
+)
+# Never backwards: a number handed out before must not be handed out again.
+_SQLITE_CHANGE_COUNTER_START = (
+    f"INSERT INTO {SQLITE_CHANGE_COUNTER} (id, seq) SELECT 1, coalesce(max({CHANGE_SEQ_COLUMN}), 0) FROM captions "
+    "WHERE true ON CONFLICT (id) DO UPDATE SET seq = max(seq, excluded.seq)"
+)
+_PG_CHANGE_SEQUENCE_START = (
+    f"SELECT setval('{PG_CHANGE_SEQUENCE}', greatest(coalesce(max({CHANGE_SEQ_COLUMN}), 0) + 1, "
+    f"(SELECT CASE WHEN is_called THEN last_value + 1 ELSE last_value END FROM {PG_CHANGE_SEQUENCE})), false) "
+    "FROM captions"
+)
+
+
+def _change_positions(conn: Connection) -> None:
+    """Change positions: the columns and their index, the rows already there numbered in (updated_at, id) order
+    (all of them before any stream can start), then the triggers. Other backends get the columns but no
+    triggers: their stream sees no changes."""
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        # Writers wait until the step commits: no row is written between the numbering and the trigger.
+        conn.execute(text("LOCK TABLE captions IN SHARE ROW EXCLUSIVE MODE"))
+        conn.execute(text("DROP TRIGGER IF EXISTS captions_change ON captions"))  # it would renumber the backfill
+    if not _has_column(conn, CHANGE_XID_COLUMN):
+        conn.execute(text(f"ALTER TABLE captions ADD COLUMN {CHANGE_XID_COLUMN} BIGINT NOT NULL DEFAULT 0"))
+    if not _has_column(conn, CHANGE_SEQ_COLUMN):
+        conn.execute(text(f"ALTER TABLE captions ADD COLUMN {CHANGE_SEQ_COLUMN} BIGINT"))
+    if dialect not in ("sqlite", "postgresql"):
+        return
+    conn.execute(text(_CHANGE_BACKFILL))  # UPDATE ... FROM: SQLite 3.33 or later
+    conn.execute(
+        text(f"CREATE INDEX IF NOT EXISTS {CHANGE_INDEX} ON captions ({CHANGE_XID_COLUMN}, {CHANGE_SEQ_COLUMN})")
+    )
+    if dialect == "sqlite":
+        conn.execute(text(_SQLITE_CHANGE_COUNTER_TABLE))
+        conn.execute(text(_SQLITE_CHANGE_COUNTER_START))
+        for statement in _SQLITE_CHANGE_TRIGGERS:
+            conn.execute(text(statement))
+    else:
+        conn.execute(text(f"CREATE SEQUENCE IF NOT EXISTS {PG_CHANGE_SEQUENCE} AS BIGINT"))
+        conn.execute(text(_PG_CHANGE_SEQUENCE_START))
+        conn.execute(text(_PG_CHANGE_FUNCTION))
+        conn.execute(text(_PG_CHANGE_TRIGGER))
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -254,6 +347,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _full_text_prefix_index,  # 6
     _stored_tsvector,  # 7
     _counts_tables,  # 8
+    _change_positions,  # 9
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
