@@ -12,6 +12,7 @@ from pathlib import Path
 from helpers import REPO
 
 SEARCHES = {"newest", "camera_range", "text_rare", "text_medium", "text_common", "text_two_words", "text_prefix"}
+SEARCHES |= {"people_none", "text_people_none", "status_pending", "status_rare"}  # filters no index serves
 QUERIES = {*SEARCHES, "cameras"}
 
 
@@ -29,11 +30,18 @@ def test_api_search_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     for phase in ("idle", "load"):
         assert set(sqlite[phase]) == QUERIES
         assert all(q["samples"] == 3 and 0 < q["p50_ms"] <= q["p99_ms"] for q in sqlite[phase].values())
+        # 2,000 rows are fewer than a search's scan bound: every answer is whole.
+        assert all(q["partial_share"] == 0 and q["search_timeouts"] == 0 for q in sqlite[phase].values())
     # The API found what the corpus holds: a full page, or every match when there are fewer.
     for name in QUERIES:
-        if name.startswith("text"):
+        if name in data["text_query_matches"]:
             expected = min(50, data["text_query_matches"][name]["rows"])
             assert sqlite["idle"][name]["items_median"] == expected, name
+    for name in data["filter_query_matches"]:
+        expected = min(50, data["filter_query_matches"][name]["rows"])
+        assert sqlite["idle"][name]["items_median"] == expected, name
+    assert data["filter_query_matches"]["people_none"]["rows"] == 0
+    assert data["filter_query_matches"]["status_pending"]["rows"] > 0
     assert data["text_query_matches"]["text_common"]["rows"] > 50
     assert sqlite["idle"]["cameras"]["items_median"] == 20  # every camera of the corpus is listed
     # The load really ran beside the measurement, without errors.
@@ -44,4 +52,5 @@ def test_api_search_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     markdown = (results / "api_search.md").read_text()
     assert "benchmarks.api_search --rows 2000" in markdown
     assert "| sqlite | newest |" in markdown
+    assert "| sqlite | text_people_none |" in markdown and "`q=walking&min_people=9999`" in markdown
     assert not (tmp_path / "work" / "sqlite").exists()  # the seeded file is removed unless --keep

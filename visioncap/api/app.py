@@ -6,6 +6,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio
 import httpx
@@ -35,6 +36,26 @@ DESCRIPTION = """Captions of the visioncap camera pipeline: search, images, came
 Every route but `/healthz` needs an API key (`Authorization: Bearer KEY` or `X-Api-Key: KEY`): GET routes the
 `read` scope, others `write`. Errors share one shape, `{"error": {"message", "type", "param", "code"}}`.
 """
+
+
+def _document_configured_limits(app: FastAPI, settings: ApiSettings) -> None:
+    """The OpenAPI document states the limits of these settings, which the routes cannot declare (their parameters
+    are fixed at import): a request the document calls valid is then one this server accepts."""
+    limits = {"limit": {"maximum": settings.api_max_page_size}, "q": {"maxLength": settings.api_max_query_length}}
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        document = generate()  # made once, then cached by FastAPI
+        if fresh:
+            for parameter in document["paths"]["/v1/captions"]["get"]["parameters"]:
+                schema = parameter["schema"]
+                for branch in schema.get("anyOf", [schema]):  # an optional parameter: anyOf [its type, null]
+                    if parameter["name"] in limits and branch.get("type") != "null":
+                        branch.update(limits[parameter["name"]])
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(settings: ApiSettings | None = None) -> FastAPI:
@@ -78,6 +99,7 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     for module in (captions, cameras, stream, health, page):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")
+    _document_configured_limits(app, settings)
     install_handlers(app)
     # Added innermost first: CORS answers preflights and labels even the 401s; metrics count everything.
     app.add_middleware(AuthMiddleware, keys=KeyRing(settings.api_keys), public_ui=settings.api_public_ui)

@@ -36,19 +36,32 @@ def error_body(status: int, message: str, param: str | None = None, error_type: 
 
 
 def error_response(
-    status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None
+    status: int,
+    message: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    error_type: str | None = None,
 ) -> JSONResponse:
-    return JSONResponse(error_body(status, message, param), status_code=status, headers=headers)
+    return JSONResponse(error_body(status, message, param, error_type), status_code=status, headers=headers)
 
 
 class ApiError(Exception):
     """A request the API refuses."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+        error_type: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.headers = headers
+        self.error_type = error_type
 
 
 def bad_param(param: str, message: str) -> ApiError:
@@ -58,7 +71,7 @@ def bad_param(param: str, message: str) -> ApiError:
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, exc.headers, exc.error_type)
 
     @app.exception_handler(HTTPException)
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:

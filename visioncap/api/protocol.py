@@ -119,16 +119,23 @@ class CaptionPage(_Model):
     items: list[Caption] = Field(description="The captions of this page.")
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
     limit: int = Field(description="The page size used.")
+    partial: bool = Field(
+        description="True when the search stopped at its scan bound (VISIONCAP_API_SEARCH_SCAN_ROWS) before the "
+        "page was full: `items` may be fewer than `limit`, or none, and yet older captions may match, so follow "
+        "`next_cursor`, which carries on from where the search stopped. A page is the last only when "
+        "`next_cursor` is null."
+    )
 
 
-def caption_page_json(rows: Sequence[CaptionRow], next_cursor: str | None, limit: int) -> bytes:
+def caption_page_json(rows: Sequence[CaptionRow], next_cursor: str | None, limit: int, partial: bool = False) -> bytes:
     """A `CaptionPage` as JSON, straight from the rows.
 
     Pages are the API's hot path: validating 50 rows into models (and FastAPI validating the returned model
     again) cost several times the query. The rows come from our own table, and the tests check that these
     bytes validate as a `CaptionPage` and equal what `Caption.of` makes of the same rows.
     """
-    return to_json({"items": [caption_fields(row) for row in rows], "next_cursor": next_cursor, "limit": limit})
+    items = [caption_fields(row) for row in rows]
+    return to_json({"items": items, "next_cursor": next_cursor, "limit": limit, "partial": partial})
 
 
 class StatusCounts(_Model):
@@ -230,7 +237,10 @@ class ErrorDetail(_Model):
     """What went wrong."""
 
     message: str = Field(description="Human-readable message; names the parameter for bad input.")
-    type: str = Field(description="authentication_error, permission_error, invalid_request_error, not_found, ...")
+    type: str = Field(
+        description="authentication_error, permission_error, invalid_request_error, not_found, conflict, "
+        "unavailable, search_timeout, ..."
+    )
     param: str | None = Field(description="The request parameter at fault, if any.")
     code: int = Field(description="The HTTP status.")
 

@@ -18,20 +18,21 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
-from visioncap.api.errors import ApiError, bad_param
+from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param
 from visioncap.api.metrics import ApiMetrics
 from visioncap.api.protocol import Camera, CameraList, Caption, Check, Readiness, Regenerated, caption_page_json
 from visioncap.api.settings import ApiSettings
 from visioncap.store import CaptionStore
 from visioncap.store.cameras import camera_states
+from visioncap.store.changes import ChangePosition, StreamStart, changes_after, is_reachable, past_seen, stream_start
 from visioncap.store.records import CaptionRecord
 from visioncap.store.retention import RetentionJob
 from visioncap.store.search import (
     CaptionFilter,
     Position,
+    SearchLimits,
+    SearchTimeout,
     camera_summaries,
-    captioned_since,
-    latest_change,
     search_captions,
     status_counts,
 )
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 MAX_CAMERAS = 50
 MAX_CAMERA_LENGTH = 64  # the column's size
 MAX_ID = 2**31 - 1  # INTEGER on PostgreSQL
+LAST_EVENT_ID = "Last-Event-ID"
 
 
 def _check_text(param: str, value: str, max_length: int) -> str:
@@ -82,11 +84,28 @@ def decode_cursor(cursor: str) -> Position:
         data = json.loads(raw)
         captured_at = datetime.fromisoformat(data["t"])
         row_id = data["i"]
-        if captured_at.tzinfo is None or not isinstance(row_id, int) or not 0 < row_id <= MAX_ID:
+        # A partial page's cursor sits just above the first row its search did not examine: at most MAX_ID + 1.
+        if captured_at.tzinfo is None or not isinstance(row_id, int) or not 0 < row_id <= MAX_ID + 1:
             raise ValueError("bad cursor")
         return Position(captured_at.astimezone(UTC), row_id)
     except (binascii.Error, UnicodeDecodeError, ValueError, TypeError, KeyError, OverflowError) as exc:
         raise bad_param("cursor", "not a cursor this API returned") from exc
+
+
+class StreamSlot:
+    """One open /v1/stream, counted from before the request's first await until `release` (idempotent), which the
+    response calls when it ends however it ends, and the route when it fails before there is a response."""
+
+    def __init__(self, api: ApiService) -> None:
+        self._api: ApiService | None = api
+        api.open_streams += 1
+        api.metrics.streams.inc()
+
+    def release(self) -> None:
+        if self._api is not None:
+            self._api.open_streams -= 1
+            self._api.metrics.streams.dec()
+            self._api = None
 
 
 class ApiService:
@@ -132,8 +151,22 @@ class ApiService:
             min_people=min_people,
             statuses=list(dict.fromkeys(statuses)),
         )
-        rows, next_position = search_captions(self.engine, query, limit, after)
-        return caption_page_json(rows, encode_cursor(next_position) if next_position else None, limit)
+        limits = SearchLimits(self.settings.api_search_scan_rows, self.settings.api_search_timeout_s)
+        try:
+            rows, next_position = search_captions(self.engine, query, limit, after, limits)
+        except SearchTimeout as exc:
+            log.warning("search stopped at its time limit (%s): %s", exc, query)
+            raise ApiError(
+                503,
+                f"the search took longer than its limit of {limits.timeout_s:g} s and was stopped; try again "
+                "shortly, or narrow it (camera, since/until)",
+                headers={"Retry-After": RETRY_AFTER_S},
+                error_type="search_timeout",
+            ) from exc
+        if next_position is None:
+            return caption_page_json(rows, None, limit)
+        # Fewer rows than asked with more to come: the search stopped at its scan bound (see search_captions).
+        return caption_page_json(rows, encode_cursor(next_position), limit, partial=len(rows) < limit)
 
     def row(self, caption_id: int) -> CaptionRecord:
         row = self.store.get(caption_id)
@@ -166,43 +199,73 @@ class ApiService:
 
     # -- live stream -----------------------------------------------------------------------------
 
-    async def stream(self, request: Request, cameras: list[str], min_people: int | None) -> AsyncIterator[str]:
-        """Server-sent events: `event: caption` with a Caption as data, for rows captioned from now on."""
+    def reserve_stream(self) -> StreamSlot | None:
+        """One of the VISIONCAP_API_MAX_STREAMS slots, or None when all are taken.
+
+        No await between the check and the count: requests that arrive together cannot all see a free slot.
+        """
+        if self.open_streams >= self.settings.api_max_streams:
+            return None
+        return StreamSlot(self)
+
+    async def stream_start(self, last_event_id: str | None) -> StreamStart:
+        """Where a stream starts: right after `last_event_id` (an event id this API sent), else now."""
+        if last_event_id is None:
+            return await anyio.to_thread.run_sync(stream_start, self.engine)
+        try:
+            position = ChangePosition.parse(last_event_id)
+        except ValueError as exc:
+            raise bad_param(LAST_EVENT_ID, "not an event id of this stream") from exc
+        try:
+            reachable = await anyio.to_thread.run_sync(is_reachable, self.engine, position)
+        except SQLAlchemyError as exc:
+            # An EventSource gives up on any answer but 200: while the database is away, a reconnect resumes
+            # unchecked and waits for it like any open stream (a new stream has no start without it: 503).
+            log.warning("stream: cannot check Last-Event-ID %s: %s", last_event_id, exc)
+            reachable = True
+        if not reachable:
+            raise bad_param(LAST_EVENT_ID, "ahead of every change in this database (an id from another database?)")
+        return StreamStart(position)
+
+    async def stream(
+        self, request: Request, start: StreamStart, cameras: list[str], min_people: int | None
+    ) -> AsyncIterator[str]:
+        """Server-sent events: `event: caption` with a Caption as data and its change position as id, for every
+        row captioned after `start`, each change once, in the order of their positions (see store/changes.py)."""
         poll_s = self.settings.api_stream_poll_s
         heartbeat_s = self.settings.api_stream_heartbeat_s
-        watermark = await anyio.to_thread.run_sync(latest_change, self.engine) or datetime.now(UTC)
-        sent: dict[int, datetime] = {}  # id -> updated_at already sent (rows inside the overlap window)
-        self.open_streams += 1
-        self.metrics.streams.inc()
-        try:
-            yield f"retry: {round(poll_s * 2000)}\n: connected\n\n"
-            quiet_s = 0.0
-            while not await request.is_disconnected():
-                try:
-                    poll = partial(captioned_since, self.engine, watermark, cameras, min_people)
-                    rows = await anyio.to_thread.run_sync(poll)
-                except SQLAlchemyError as exc:  # a database restart must not end every stream with a 500
-                    log.warning("stream: database poll failed: %s", exc)
-                    rows = []
-                for row in rows:
-                    watermark = max(watermark, row.updated_at)
-                    if sent.get(row.id) == row.updated_at:
-                        continue
-                    sent[row.id] = row.updated_at
+        position, seen = start.position, start.seen
+        # The start's id first: a client that reconnects before any caption still resumes from where it started.
+        # (On PostgreSQL it may then also get rows committed just before it first connected, by transactions
+        # newer than one still running then: the start's snapshot skips those, an id cannot carry it.)
+        told = position  # the client's last event id: what it sends as Last-Event-ID if it reconnects now
+        yield f"retry: {round(poll_s * 2000)}\nid: {position.token()}\n: connected\n\n"
+        quiet_s = 0.0
+        while not await request.is_disconnected():
+            more = False
+            try:
+                read = partial(changes_after, self.engine, position, cameras, min_people, seen=seen)
+                page = await anyio.to_thread.run_sync(read)
+            except SQLAlchemyError as exc:  # a database restart must not end every stream with a 500
+                log.warning("stream: database poll failed: %s", exc)
+            else:
+                for row in page.rows:
                     quiet_s = 0.0
                     self.metrics.stream_events.inc()
-                    body = Caption.of(row).model_dump_json()
-                    yield f"id: {row.id}\nevent: caption\ndata: {body}\n\n"
-                horizon = watermark.timestamp() - 10
-                sent = {key: value for key, value in sent.items() if value.timestamp() >= horizon}
-                await asyncio.sleep(poll_s)
-                quiet_s += poll_s
-                if quiet_s >= heartbeat_s:
-                    quiet_s = 0.0
-                    yield ": keep-alive\n\n"
-        finally:
-            self.open_streams -= 1
-            self.metrics.streams.dec()
+                    told = ChangePosition.of(row)
+                    yield f"id: {told.token()}\nevent: caption\ndata: {Caption.of(row).model_dump_json()}\n\n"
+                position, seen, more = page.position, past_seen(page.position, seen), page.more
+            if more:  # a burst: the next page now, not after a poll interval
+                continue
+            await asyncio.sleep(poll_s)
+            quiet_s += poll_s
+            if quiet_s >= heartbeat_s:
+                quiet_s = 0.0
+                # An id with no data moves the client's last event id (EventSource dispatches nothing) past the
+                # changes its filter left out, so that a reconnect does not walk them again.
+                moved = f"id: {position.token()}\n" if position != told else ""
+                told = position
+                yield f"{moved}: keep-alive\n\n"
 
     # -- health ----------------------------------------------------------------------------------
 

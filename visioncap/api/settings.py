@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from visioncap.settings import Settings
+from visioncap.store.search import DEFAULT_SCAN_ROWS
 
 Scope = Literal["read", "write"]
 
@@ -57,6 +58,23 @@ class ApiSettings(Settings):
     )
     api_max_page_size: int = Field(default=200, ge=1, le=1000, description="Largest `limit` of GET /v1/captions.")
     api_max_query_length: int = Field(default=200, ge=1, le=2000, description="Longest `q` (characters).")
+    api_search_scan_rows: int = Field(
+        default=DEFAULT_SCAN_ROWS,
+        ge=10,
+        le=10_000_000,
+        description="Most rows one GET /v1/captions examines for filters no index serves (people, status, text "
+        "with other filters): when the page is not full by then, it comes back partial (`partial: true`, fewer "
+        "items, maybe none) with a `next_cursor` that carries on from where the search stopped. The default costs "
+        "such a page about what a text search costs (~10-15 ms on SQLite, a million rows).",
+    )
+    api_search_timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        description="Backstop for a search the scan bound does not cover: the database stops it after this long "
+        "(PostgreSQL statement_timeout, per statement; SQLite, the whole search) and the API answers 503 "
+        "search_timeout with Retry-After.",
+    )
     api_stream_poll_s: float = Field(default=0.5, gt=0, le=10, description="How often /v1/stream polls the DB.")
     api_stream_heartbeat_s: float = Field(default=15, gt=0, le=300, description="SSE comment line interval.")
     api_max_streams: int = Field(default=100, ge=1, description="Concurrent /v1/stream connections; more get 503.")

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BeforeValidator
 from starlette.responses import Response
 
 from visioncap.api import images
@@ -20,14 +21,47 @@ router = APIRouter(prefix="/v1/captions", tags=["captions"], dependencies=SECURE
 CaptionId = Annotated[int, Path(ge=1, le=MAX_ID, description="Caption id.")]
 
 
-@router.get("", response_model=CaptionPage, summary="Search captions, newest first")
+def _not_a_number(value: object) -> object:
+    """ISO 8601 only: pydantic would take a number as Unix seconds, which the document does not offer."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        raise ValueError("an ISO 8601 date-time, not a number")
+    return value
+
+
+Time = Annotated[datetime | None, BeforeValidator(_not_a_number)]
+
+
+@router.get(
+    "",
+    response_model=CaptionPage,
+    summary="Search captions, newest first",
+    description="Filters combine with AND. Every search does bounded work: filters no index serves (people, "
+    "status, text combined with other filters) examine at most VISIONCAP_API_SEARCH_SCAN_ROWS rows per request, "
+    "and a page that did not fill by then comes back with `partial: true` (fewer items, maybe none) and a "
+    "`next_cursor` that continues the search. Follow `next_cursor` until it is null.",
+    responses={
+        503: {
+            "model": ErrorResponse,
+            "description": "The database is unavailable, or the search ran past VISIONCAP_API_SEARCH_TIMEOUT_S "
+            "(type `search_timeout`); Retry-After says when to try again.",
+        }
+    },
+)
 def list_captions(
     api: Annotated[ApiService, Depends(service)],
     camera: Annotated[list[str], Query(description="Camera id; repeat (or separate with commas) for several.")] = [],  # noqa: B006 (FastAPI copies defaults)
-    since: Annotated[
-        datetime | None, Query(description="Captured at or after (ISO 8601; no offset means UTC).")
+    since: Annotated[Time, Query(description="Captured at or after (ISO 8601; no offset means UTC).")] = None,
+    until: Annotated[
+        Time,
+        Query(
+            description="Captured before (ISO 8601; no offset means UTC). Must be after `since` when both are "
+            "given: 422 naming `until` otherwise."
+        ),
     ] = None,
-    until: Annotated[datetime | None, Query(description="Captured before (ISO 8601; no offset means UTC).")] = None,
     q: Annotated[
         str | None,
         Query(description="Free text over caption text: every word must match, the last also as a prefix."),
@@ -35,7 +69,9 @@ def list_captions(
     min_people: Annotated[int | None, Query(ge=0, le=10_000, description="At least this many people.")] = None,
     status: Annotated[list[CaptionStatus], Query(description="Only these statuses; repeat for several.")] = [],  # noqa: B006
     limit: Annotated[int, Query(ge=1, description="Page size (at most VISIONCAP_API_MAX_PAGE_SIZE).")] = 50,
-    cursor: Annotated[str | None, Query(description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[
+        str | None, Query(description="`next_cursor` of the previous page (also of a partial one).")
+    ] = None,
 ) -> Response:
     # The JSON is made from the rows directly (see caption_page_json); response_model still documents it.
     page = api.list_captions(camera, since, until, q, min_people, [s.value for s in status], limit, cursor)

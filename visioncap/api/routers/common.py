@@ -14,7 +14,12 @@ SECURED = [Security(bearer_scheme), Security(header_scheme)]
 ERRORS = {
     401: {"model": ErrorResponse, "description": "Missing or unknown API key."},
     403: {"model": ErrorResponse, "description": "The key lacks the scope (read for GET, write otherwise)."},
-    422: {"model": ErrorResponse, "description": "A malformed parameter; `param` names it."},
+    422: {
+        "model": ErrorResponse,
+        "description": "A malformed parameter; `param` names it. Besides each parameter's schema: no text parameter "
+        "may hold a NUL character; `camera` names at most 50 cameras of at most 64 characters each (commas separate "
+        "cameras within a value); `until` must be after `since`; `cursor` must be a `next_cursor` the API returned.",
+    },
 }
 NOT_FOUND = {404: {"model": ErrorResponse, "description": "No caption with this id."}}
 

@@ -4,7 +4,13 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { key: localStorage.getItem("visioncap.key") || "", cursor: null, stream: null, shown: new Set() };
+const state = {
+  key: localStorage.getItem("visioncap.key") || "",
+  cursor: null,
+  stream: null,
+  lastEventId: null,
+  shown: new Set(),
+};
 const imageUrls = new Map();
 
 function headers() {
@@ -145,8 +151,10 @@ function matchesFilters(caption) {
   return !(until && caption.captured_at >= until);
 }
 
-async function follow() {
+// `resume`: a reconnect of the same stream, which sends the last event id so the server sends what was missed.
+async function follow(resume = false) {
   if (state.stream) state.stream.abort();
+  if (!resume) state.lastEventId = null;
   if (!$("live").checked || !state.key) return;
   const controller = new AbortController();
   state.stream = controller;
@@ -154,7 +162,8 @@ async function follow() {
   const url = new URL("/v1/stream", location.origin);
   for (const [name, value] of params) url.searchParams.append(name, value);
   try {
-    const response = await fetch(url, { headers: headers(), signal: controller.signal });
+    const sent = state.lastEventId ? { ...headers(), "Last-Event-ID": state.lastEventId } : headers();
+    const response = await fetch(url, { headers: sent, signal: controller.signal });
     if (!response.ok) throw new Error(`stream: HTTP ${response.status}`);
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffer = "";
@@ -166,10 +175,15 @@ async function follow() {
       while ((end = buffer.indexOf("\n\n")) >= 0) {
         const block = buffer.slice(0, end);
         buffer = buffer.slice(end + 2);
-        const data = block.split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
+        const lines = block.split("\n");
+        const id = lines.find((line) => line.startsWith("id: "));
+        if (id) state.lastEventId = id.slice(4); // keep-alives carry one too
+        const data = lines.filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
         if (!block.includes("event: caption") || !data) continue;
         const caption = JSON.parse(data);
-        if (state.shown.has(caption.id) || !matchesFilters(caption)) continue;
+        if (!matchesFilters(caption)) continue;
+        // A row captioned again (regenerate) comes again: its new card replaces the old one.
+        if (state.shown.has(caption.id)) $("captions").querySelector(`[data-id="${caption.id}"]`)?.remove();
         state.shown.add(caption.id);
         $("captions").prepend(card(caption, true));
         setStatus(`${state.shown.size} captions shown (live)`);
@@ -180,7 +194,7 @@ async function follow() {
     if (error.name === "AbortError") return;
     setStatus(`live updates paused: ${error.message}`, true);
   }
-  if (state.stream === controller) setTimeout(follow, 3000); // reconnect
+  if (state.stream === controller) setTimeout(() => follow(true), 3000); // reconnect where it stopped
 }
 
 function refresh() {
@@ -191,7 +205,7 @@ function refresh() {
 }
 
 $("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
-$("live").addEventListener("change", follow);
+$("live").addEventListener("change", () => follow());
 $("more").addEventListener("click", () => loadPage(false));
 $("keyform").addEventListener("submit", (event) => {
   event.preventDefault();

@@ -1,0 +1,251 @@
+"""Property-based tests of the REST API, generated from its own OpenAPI document by Schemathesis.
+
+The real app runs under uvicorn on a real socket, over a real SQLite file seeded the way the pipeline writes it
+(captioned, pending, failed and skipped rows, stored JPEGs, a reported camera). Every operation of the document
+is called with generated parameters (valid ones, and invalid ones that must be refused with a 4xx) and a key with
+both scopes; each answer must be no 5xx, a status code the document lists, its content type and its schema, and
+every operation must have answered some request with success. The cases are counted per operation and status in
+test-artifacts/fuzz-api-cases.json.
+
+Left out: GET /v1/stream, an endless server-sent-event stream (tests/test_api.py tests it over a real socket).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import hypothesis
+import pytest
+import schemathesis
+import uvicorn
+from helpers import ARTIFACTS
+from hypothesis.configuration import set_hypothesis_home_dir
+from PIL import Image
+from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+from visioncap.api import create_app
+from visioncap.api.settings import ApiKey, ApiSettings, hash_key
+from visioncap.config.outbox import OutboxConfig
+from visioncap.frames import Caption
+from visioncap.pipeline.outbox import Outbox
+from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
+from visioncap.store.cameras import CameraReport, write_camera
+
+KEY = "fuzz-read-write-key"
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+TIMEOUT = 30  # seconds; a bound on a broken test, never a measurement
+MAX_PAGE_SIZE = 100
+MAX_CAMERAS, MAX_CAMERA_LENGTH = 50, 64  # as the 422 description states
+# Hypothesis' caches (never an example database: `database=None` below) go with the test artifacts, not into the
+# working tree's .hypothesis/.
+set_hypothesis_home_dir(ARTIFACTS / "hypothesis")
+# Per operation. Derandomized: the same cases on every run, so CI never fails on a case it did not try before.
+SETTINGS = hypothesis.settings(
+    max_examples=100,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=list(hypothesis.HealthCheck),
+)
+ANSWERS: dict[str, Counter[int]] = defaultdict(Counter)  # operation -> status -> cases
+CURSORS: list[str] = []  # a `next_cursor` the running API returned
+
+
+def jpeg() -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (160, 120), (40, 40, 40)).save(out, format="JPEG")
+    return out.getvalue()
+
+
+def seed(database_url: str, data_dir: Path) -> None:
+    """Twelve rows over three cameras in every status, and one camera a pipeline reported as failed."""
+    store = CaptionStore(create_db_engine(database_url))
+    store.create_schema()
+    outbox = Outbox(store, data_dir, OutboxConfig(capacity=100))
+    for index in range(12):
+        camera = f"cam-{index % 3 + 1}"
+        new = NewCaption(
+            pipeline="p",
+            camera=camera,
+            source=f"rtsp://user:secret@10.0.0.{index}/stream",
+            frame_index=index,
+            offset_s=float(index),
+            captured_at=T0 + timedelta(minutes=index),
+            reason="new-event",
+            people=[{"x1": 40.0, "y1": 30.0, "x2": 120.0, "y2": 200.0, "confidence": 0.9, "class_id": 0,
+                     "track_id": person, "keypoints": [[1.0, 2.0, 0.5]]} for person in range(index % 4)],
+            image_width=160,
+            image_height=120,
+            model="tiny",
+            event_key=f"{camera}:{index % 4}",
+            event_ids=list(range(index % 4)),
+            score=0.5,
+            frame_width=320,
+            frame_height=240,
+        )  # fmt: skip
+        if index % 4 == 3:
+            store.add(new, status=CaptionStatus.SKIPPED, error="queue-full: 8 frames already waiting")
+            continue
+        _, row_id = outbox.put(new, jpeg())
+        assert row_id is not None
+        if index % 4 == 2:
+            store.mark_failed(row_id, "VLM refused the request (HTTP 400)", attempts=1)
+        elif index % 4 == 1:
+            text = "a man in a red jacket walking to the loading dock"
+            store.mark_captioned(row_id, Caption(text, "tiny", 300, 12, 0.5, {"people": [{"jacket": "red"}]}), 1)
+    write_camera(
+        store.engine,
+        CameraReport("cam-9", "p", "rtsp://10.0.0.9/stream", "failed", T0, error="no route to host"),
+    )
+    store.engine.dispose()
+
+
+class Server:
+    """The app under uvicorn in a thread, on a real socket (lifespan on: the retention job and HTTP client run)."""
+
+    def __init__(self, app: Any) -> None:
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    def __enter__(self) -> Server:
+        self._thread.start()
+        deadline = time.monotonic() + TIMEOUT
+        while not self.server.started:
+            assert time.monotonic() < deadline and self._thread.is_alive(), "API did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.server.should_exit = True
+        self._thread.join(TIMEOUT)
+        self._socket.close()
+
+
+def settings(data_dir: Path, database_url: str) -> ApiSettings:
+    return ApiSettings(  # type: ignore[call-arg]
+        _env_file=None,
+        data_dir=data_dir,
+        database_url=database_url,
+        api_keys=[ApiKey(name="fuzz", sha256=hash_key(KEY), scopes={"read", "write"})],
+        api_max_page_size=MAX_PAGE_SIZE,  # the document states it (and the server refuses more)
+        # /readyz answers 503 while the VLM is away, as documented; here only the database is checked, so that
+        # every 5xx below is a fault. (test_api.py checks readiness with the real vLLM.)
+        api_ready_check_vlm=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data_dir = tmp_path_factory.mktemp("fuzz-api") / "data"
+    data_dir.mkdir()
+    database_url = f"sqlite:///{data_dir / 'visioncap.db'}"
+    seed(database_url, data_dir)
+    with Server(create_app(settings(data_dir, database_url))) as server:
+        first = httpx.get(f"{server.url}/v1/captions?limit=2", headers={"X-Api-Key": KEY}, timeout=TIMEOUT)
+        CURSORS.append(first.json()["next_cursor"])
+        yield server.url
+
+
+def openapi_document() -> dict[str, Any]:
+    """The app's OpenAPI document, made at import time (the generated tests are collected from it); the first
+    test checks that the running server serves this very document."""
+    return create_app(settings(Path("unused"), "sqlite://")).openapi()
+
+
+DOCUMENT = openapi_document()
+# (schemathesis.pytest.from_fixture, which would load it from the server, fails on pytest 9.2: it sets the
+# item's `_nodeid`, which pytest no longer has.)
+schema = schemathesis.openapi.from_dict(DOCUMENT).exclude(path="/v1/stream")
+TITLE = DOCUMENT["info"]["title"]
+
+
+@schemathesis.hook
+def before_call(context: schemathesis.HookContext, case: schemathesis.Case, kwargs: dict[str, Any]) -> None:
+    """Every other generated `cursor` (by its length) becomes one the API returned, so that pages after the first
+    are searched too; the rest stay as generated and must be refused with 422."""
+    if case.operation.schema.raw_schema.get("info", {}).get("title") != TITLE or not case.query or not CURSORS:
+        return
+    cursor = case.query.get("cursor")
+    if isinstance(cursor, str) and len(cursor) % 2 == 0:
+        case.query["cursor"] = CURSORS[0]
+
+
+def _utc(value: object) -> datetime | None:
+    try:
+        parsed = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+
+
+def refused_as_documented(response: schemathesis.Response, case: schemathesis.Case) -> bool:
+    """A 422 for a schema-valid request that the document says comes (its 422 description), for the rules JSON
+    Schema cannot state per parameter: no NUL in text, at most 50 cameras of 64 characters with commas splitting a
+    value, `until` after `since` (a rule across parameters), `cursor` only as the API returned it."""
+    if response.status_code != 422 or not case.query:
+        return False
+    param = json.loads(response.content)["error"]["param"]
+    value = case.query.get(param)
+    if value is None:
+        return False
+    texts = [str(item) for item in (value if isinstance(value, list) else [value])]
+    if any("\x00" in text for text in texts):
+        return True
+    if param == "camera":
+        cameras = [part.strip() for text in texts for part in text.split(",") if part.strip()]
+        return len(cameras) > MAX_CAMERAS or any(len(camera) > MAX_CAMERA_LENGTH for camera in cameras)
+    if param == "cursor":
+        return value not in CURSORS
+    since, until = _utc(case.query.get("since")), _utc(case.query.get("until"))
+    return param == "until" and since is not None and until is not None and since >= until
+
+
+def positive_data_accepted_unless_refused_as_documented(
+    ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case
+) -> bool | None:
+    """Schemathesis' positive_data_acceptance, less the refusals `refused_as_documented` picks out."""
+    if refused_as_documented(response, case):
+        return None
+    return positive_data_acceptance(ctx, response, case)
+
+
+def test_the_server_serves_the_document_fuzzed(api_url: str) -> None:
+    response = httpx.get(f"{api_url}/openapi.json", timeout=TIMEOUT)
+    assert response.status_code == 200 and response.json() == DOCUMENT
+
+
+@schema.parametrize()
+@hypothesis.settings(SETTINGS)
+def test_api_answers_every_generated_request_as_its_schema_says(case: schemathesis.Case, api_url: str) -> None:
+    response = case.call_and_validate(
+        base_url=api_url,
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=TIMEOUT,
+        excluded_checks=[positive_data_acceptance],
+        additional_checks=[positive_data_accepted_unless_refused_as_documented],
+    )
+    ANSWERS[case.operation.label][response.status_code] += 1
+
+
+def test_every_operation_was_fuzzed_and_answered_with_success() -> None:
+    """After the generated cases (pytest runs this module in order): none left out, none only ever refused."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    counts = {label: dict(sorted(statuses.items())) for label, statuses in sorted(ANSWERS.items())}
+    (ARTIFACTS / "fuzz-api-cases.json").write_text(json.dumps(counts, indent=1) + "\n")
+    operations = {result.ok().label for result in schema.get_all_operations()}
+    assert set(ANSWERS) == operations, operations - set(ANSWERS)
+    for label, statuses in ANSWERS.items():
+        assert any(200 <= status < 300 for status in statuses), (label, statuses)
