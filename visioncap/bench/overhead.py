@@ -23,7 +23,7 @@ import random
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -288,7 +288,7 @@ def run_overhead(options: OverheadOptions) -> dict[str, Any]:
             processes = {"gateway": [gateway.pid], "vllm": group_members(os.getpgid(server.pid))}
             keys = {"direct": None, "gateway": chat_key}
             # A warm-up block each way, not kept: first requests pay for connection pools and lazy imports.
-            warm = OverheadOptions(**{**_fields(options), "prompts_per_block": 8, "seed": options.seed + 7919})
+            warm = replace(options, prompts_per_block=8, seed=options.seed + 7919)
             for arm in ARMS:
                 _run_block(warm, arm, -1, urls[arm], keys[arm], processes)
             for pair in range(options.pairs):
@@ -316,10 +316,6 @@ def run_overhead(options: OverheadOptions) -> dict[str, Any]:
         }
     )
     return results
-
-
-def _fields(options: OverheadOptions) -> dict[str, Any]:
-    return {name: getattr(options, name) for name in OverheadOptions.__dataclass_fields__}
 
 
 def report_lines(results: dict[str, Any]) -> list[str]:

@@ -75,9 +75,6 @@ class UpstreamResponse:
             raise UpstreamBroken(f"{type(exc).__name__}: {exc}") from exc
         self.complete = True
 
-    async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self.aiter_raw()])
-
     async def aclose(self) -> None:
         """Give the connection back, or close it when the body was not read to its end (vLLM then aborts)."""
         if self.complete:
