@@ -291,6 +291,14 @@ def test_models_and_health(gateway: GatewayThread, vllm_server: VllmServer) -> N
     assert vllm_server.base_url not in health.text and "127.0.0.1" not in health.text
     trusted = httpx.get(f"{gateway.root_url}/healthz", headers=auth(BACKGROUND_KEY), timeout=TIMEOUT).json()
     assert trusted["upstream"]["base_url"] == vllm_server.base_url
+    # vLLM's load is read from its filtered /metrics/ page (two gauges, not the whole 54 KB page).
+    poller = gateway.gateway.poller
+    assert poller is not None
+    load = gateway.call(poller.poll_once)
+    assert load is not None and load.waiting >= 0 and load.running >= 0
+    assert poller.reads_filtered, poller.last_error
+    trusted = httpx.get(f"{gateway.root_url}/healthz", headers=auth(BACKGROUND_KEY), timeout=TIMEOUT).json()
+    assert trusted["upstream"]["metrics"]["ok"] is True and trusted["upstream"]["metrics"]["age_s"] >= 0
 
 
 # -- the real openai client -----------------------------------------------------------------------------------

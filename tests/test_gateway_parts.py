@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import math
@@ -17,8 +18,9 @@ from visioncap.errors import ConfigError
 from visioncap.gateway.admission import SlidingWindow
 from visioncap.gateway.auth import KeyRing, TokenBucket, generate_key
 from visioncap.gateway.images import MediaRefusedError, data_uri_size, image_tokens, inspect_messages
+from visioncap.gateway.proxy import UpstreamBroken
 from visioncap.gateway.sse import StreamObserver
-from visioncap.gateway.upstream_metrics import parse_vllm_load
+from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad, parse_vllm_load
 
 # -- config file --------------------------------------------------------------------------------------------
 
@@ -289,6 +291,58 @@ def test_vllm_load_is_summed_over_label_sets() -> None:
     load = parse_vllm_load(text)
     assert load is not None and (load.waiting, load.running) == (4.0, 5.0)
     assert parse_vllm_load("process_cpu_seconds_total 1.0") is None
+
+
+GAUGES = 'vllm:num_requests_waiting{engine="0"} 2.0\nvllm:num_requests_running{engine="0"} 3.0\n'
+
+
+def test_the_poller_reads_often_only_while_background_work_is_present() -> None:
+    now = [0.0]
+    busy = [False]
+    poller = UpstreamPoller(
+        lambda url, timeout: asyncio.sleep(0, GAUGES),
+        "http://vllm/metrics",
+        interval_s=0.5,
+        on_load=lambda at, load: None,
+        clock=lambda: now[0],
+        busy=lambda: busy[0],
+        idle_interval_s=10.0,
+    )
+    assert poller.due(0.0)  # never read yet
+    assert asyncio.run(poller.poll_once()) == VllmLoad(2.0, 3.0)
+    assert not poller.due(0.6) and not poller.due(9.9) and poller.due(10.0)
+    busy[0] = True
+    assert not poller.due(0.4) and poller.due(0.5)
+
+
+def test_the_poller_falls_back_to_the_whole_page_when_the_filtered_one_lacks_the_gauges() -> None:
+    asked: list[str] = []
+    pages = {"http://vllm/metrics": GAUGES, "http://vllm/metrics/": "# nothing here\n"}
+
+    async def fetch(url: str, timeout_s: float) -> str:
+        asked.append(url)
+        if "down" in pages:
+            raise UpstreamBroken("connection refused")
+        return pages[url.split("?")[0]]
+
+    poller = UpstreamPoller(fetch, "http://vllm/metrics", 0.5, lambda at, load: None)
+    assert poller.reads_filtered
+    assert asyncio.run(poller.poll_once()) == VllmLoad(2.0, 3.0)  # from the whole page
+    assert asked == [
+        "http://vllm/metrics/?name[]=vllm:num_requests_waiting&name[]=vllm:num_requests_running",
+        "http://vllm/metrics",
+    ]
+    assert not poller.reads_filtered and poller.last_error is None
+    asked.clear()
+    assert asyncio.run(poller.poll_once()) == VllmLoad(2.0, 3.0)
+    assert asked == ["http://vllm/metrics"]  # no second try of the filtered page
+
+    # vLLM down: both reads fail, and the filtered page is not given up for it.
+    asked.clear()
+    down = UpstreamPoller(fetch, "http://vllm/metrics", 0.5, lambda at, load: None)
+    pages["down"] = ""
+    assert asyncio.run(down.poll_once()) is None
+    assert down.reads_filtered and down.last_error == "connection refused"
 
 
 def test_the_sliding_window_percentile_matches_sorting_the_samples_it_holds() -> None:

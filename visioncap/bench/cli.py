@@ -129,6 +129,54 @@ def fidelity_command(
         raise typer.Exit(1)
 
 
+@bench_app.command("standin")
+def standin_command(
+    profile: Annotated[str, typer.Option(help="The stand-in's model profile (models/NAME.yaml), served here.")] = (
+        "tiny-bench"
+    ),
+    target: Annotated[str, typer.Option(help="The profile it stands in for (its cost model is the target).")] = (
+        "qwen2.5-vl-7b"
+    ),
+    gpu: Annotated[list[str] | None, typer.Option(help="Target GPU classes (repeat the option).")] = None,
+    calibrate: Annotated[
+        list[str] | None,
+        typer.Option(help="Calibration sizes WIDTHxHEIGHT:CHAT_TOKENS (two at least; repeat the option)."),
+    ] = None,
+    repeats: Annotated[int, typer.Option(help="Injections of each kind per measurement.")] = 15,
+    out_dir: Annotated[Path, typer.Option(help="Where the JSON result goes.")] = Path("benchmarks/fidelity"),
+) -> None:
+    """Size the stand-in's frames, chat prompts and budget for each target GPU class, and measure the result."""
+    import contextlib
+    import json
+    import re
+
+    from visioncap.bench.machine import machine_facts
+    from visioncap.bench.servers import measured_vllm
+    from visioncap.bench.standin import size_stand_in, target_shape
+    from visioncap.serve.profiles import load_profile
+    from visioncap.settings import Settings
+
+    sizes = []
+    for text in calibrate or ["640x480:256", "252x196:64"]:
+        match = re.fullmatch(r"(\d+)x(\d+):(\d+)", text)
+        if match is None:
+            raise typer.BadParameter(f"{text!r} is not WIDTHxHEIGHT:CHAT_TOKENS", param_hint="--calibrate")
+        sizes.append((int(match[1]), int(match[2]), int(match[3])))
+    settings = Settings()
+    targets = [target_shape(target, name, settings.models_dir) for name in gpu or ["h200", "l4"]]
+    served = load_profile(profile, settings.models_dir)
+    with contextlib.ExitStack() as stack:
+        server = stack.enter_context(
+            measured_vllm(served, settings.server_python, Path("data/bench-fidelity"), "standin")
+        )
+        result = size_stand_in(server.base_url, served.served_model_name, targets, sizes, repeats, typer.echo)
+    result = {"profile": profile, "target": target, "machine": machine_facts(), **result}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"standin-{served.name}-as-{target}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    typer.echo(f"wrote {path}")
+
+
 @bench_app.command("overhead")
 def overhead_command(
     profile: Annotated[str, typer.Option(help="Model profile (models/NAME.yaml).")] = "tiny-bench",

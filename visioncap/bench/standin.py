@@ -20,10 +20,12 @@ The result is checked by measuring it (`visioncap bench fidelity`), never assume
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
-from visioncap.bench.fidelity import FidelityTarget
+from visioncap.bench.fidelity import FidelityProbe, FidelityResult, FidelityTarget, measure, report_lines
 from visioncap.qwen_images import smart_resize
 
 PIXELS_PER_TOKEN_SIDE = 28  # Qwen2-VL: 14-pixel patches, 2x2 merged into one language token
@@ -121,3 +123,71 @@ def solve(
             source="stand-in calibration fits",
         ),
     )
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """One target on one GPU class: its costs in decode steps, its frame prompt and its chunk budget."""
+
+    gpu: str
+    costs: FidelityTarget
+    frame_prompt_tokens: int
+    budget: int
+
+
+def target_shape(profile: str, gpu: str, models_dir: Path) -> TargetShape:
+    """The cost model's figures and the serving plan's budget for `profile` on `gpu`."""
+    from visioncap.bench.fidelity import target_for
+    from visioncap.serve.costmodel import for_profile
+    from visioncap.serve.plan import plan_serving
+    from visioncap.serve.profiles import load_profile
+
+    loaded = load_profile(profile, models_dir)
+    args = plan_serving(loaded, gpu=gpu).args
+    budget = int(args[args.index("--max-num-batched-tokens") + 1])
+    return TargetShape(gpu, target_for(profile, gpu, models_dir), for_profile(loaded, gpu).frame_prompt_tokens, budget)
+
+
+def calibration_point(result: FidelityResult) -> CalibrationPoint:
+    """A fidelity measurement as a calibration point (its image tokens from the probe's frame size)."""
+    probe = result.probe
+    return CalibrationPoint(
+        frame_prompt_tokens=result.frame_prompt_tokens,
+        image_tokens=image_tokens(probe.frame_width, probe.frame_height),
+        chat_prompt_tokens=result.chat_prompt_tokens,
+        frame_encoder_steps=result.measured["frame_encoder_steps"],
+        frame_prefill_steps=result.measured["frame_prefill_steps"],
+        chat_prefill_steps=result.measured["chat_prefill_steps"],
+    )
+
+
+def size_stand_in(
+    base_url: str,
+    model: str,
+    targets: Sequence[TargetShape],
+    calibration: Sequence[tuple[int, int, int]],
+    repeats: int = 15,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Calibrate the running stand-in at `calibration` sizes (width, height, chat tokens), solve its sizes for
+    each target, and measure it at those sizes: the fit proposes, the measurement decides."""
+    points: list[dict[str, Any]] = []
+    for width, height, chat in calibration:
+        probe = FidelityProbe(frame_width=width, frame_height=height, chat_prompt_tokens=chat, repeats=repeats)
+        result = measure(base_url, model, targets[0].costs, probe)
+        points.append({"point": asdict(calibration_point(result)), "result": result.to_dict()})
+        log("\n".join([f"calibration at {width}x{height}, chat {chat} tokens:", *report_lines(result)]))
+    fitted = [CalibrationPoint(**entry["point"]) for entry in points]
+    solved: dict[str, Any] = {}
+    for target in targets:
+        sizes = solve(target.costs, target.frame_prompt_tokens, target.budget, fitted)
+        probe = FidelityProbe(
+            frame_width=sizes.frame_width,
+            frame_height=sizes.frame_height,
+            chat_prompt_tokens=sizes.chat_prompt_tokens,
+            repeats=repeats,
+        )
+        result = measure(base_url, model, target.costs, probe)
+        log("\n".join([f"{target.gpu}: solved {asdict(sizes)}", *report_lines(result)]))
+        solved[target.gpu] = {"target": asdict(target), "sizes": asdict(sizes), "verified": result.to_dict()}
+    return {"calibration": points, "targets": solved}

@@ -37,7 +37,15 @@ class UpstreamConfig(StrictModel):
     metrics_poll_s: float = Field(
         default=1.0,
         ge=0,
-        description="Seconds between reads of vLLM's /metrics (num_requests_waiting/running); 0 turns polling off.",
+        description="Seconds between reads of vLLM's /metrics (num_requests_waiting/running) while background "
+        "requests wait or run; 0 turns polling off.",
+    )
+    metrics_idle_poll_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="Seconds between reads of vLLM's /metrics while no background request waits or runs (the "
+        "readings only steer background admission, and each costs vLLM's API server milliseconds of CPU that "
+        "chats then wait for); they keep visioncap_gateway_upstream_up current. Never shorter than metrics_poll_s.",
     )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="Seconds to open a connection to vLLM.")
     read_timeout_s: float = Field(

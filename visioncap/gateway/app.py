@@ -12,10 +12,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.errors import error_body
-from visioncap.gateway.router import router
+from visioncap.gateway.router import GENERATION_PATHS, router
 from visioncap.gateway.serving import Gateway
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,30 @@ def _document_the_key(app: FastAPI) -> None:
         return document
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+
+class GenerationFastPath:
+    """Hands POSTs to the generation routes straight to the gateway, past FastAPI's routing and middleware.
+
+    Every chat's first token waits for the route to be found and the request wrapped; on the 2-core test machine
+    FastAPI's stack took 0.33 ms of the gateway's 1.6 ms of added time to first token (sequential chats against
+    an instant upstream), and under load that CPU is taken from vLLM. The routes stay registered for the OpenAPI
+    document; a fault here still reaches the app's JSON 500 handler (Starlette's ServerErrorMiddleware wraps
+    every middleware).
+    """
+
+    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+        self.app = app
+        self.gateway = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            endpoint = GENERATION_PATHS.get(scope["path"])
+            if endpoint is not None:
+                response = await self.gateway.generate(Request(scope, receive), endpoint)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> FastAPI:
@@ -66,6 +91,7 @@ def create_app(config: GatewayConfig, clock: Callable[[], float] = time.monotoni
     )
     app.state.gateway = gateway
     app.include_router(router)
+    app.add_middleware(GenerationFastPath, gateway=gateway)
     _document_the_key(app)
 
     @app.exception_handler(HTTPException)

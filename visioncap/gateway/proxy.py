@@ -151,10 +151,14 @@ class Upstream:
     async def get_text(self, url: str, timeout_s: float) -> str:
         """GET a whole text answer (vLLM's /metrics); raises UpstreamBroken on any failure or non-2xx status."""
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as response:
+            # identity: the session passes bodies through undecoded, and prometheus_client's filtered page is
+            # gzipped for any caller that accepts it.
+            async with self.session.get(
+                url, timeout=aiohttp.ClientTimeout(total=timeout_s), headers={"accept-encoding": "identity"}
+            ) as response:
                 response.raise_for_status()
                 return await response.text()
-        except (aiohttp.ClientError, TimeoutError) as exc:
+        except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError) as exc:
             raise UpstreamBroken(f"{type(exc).__name__}: {exc}") from exc
 
 

@@ -22,7 +22,7 @@ from visioncap.gateway.protocol import (
     TokenizeRequest,
     request_body,
 )
-from visioncap.gateway.serving import Gateway
+from visioncap.gateway.serving import Endpoint, Gateway
 
 router = APIRouter()
 
@@ -105,6 +105,17 @@ def _utility(summary: str, body: type[Any]) -> dict[str, Any]:
 
 def _gateway(request: Request) -> Gateway:
     return request.app.state.gateway
+
+
+# The generation routes, by path: `visioncap.gateway.app.GenerationFastPath` serves these without FastAPI's
+# routing and middleware (a third of the gateway's own time to first token); the routes below describe them in the
+# OpenAPI document and serve them wherever the router is used without the fast path.
+GENERATION_PATHS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/embeddings": "embeddings",
+}
 
 
 @router.post(

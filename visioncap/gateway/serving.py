@@ -101,6 +101,8 @@ class Gateway:
                 self.config.upstream.metrics_poll_s,
                 self._upstream_load,
                 clock=self.clock,
+                busy=self._background_present,
+                idle_interval_s=self.config.upstream.metrics_idle_poll_s,
             )
             self._tasks.append(asyncio.create_task(self.poller.run(), name="gateway-upstream-metrics"))
         self.ready.set()
@@ -120,6 +122,10 @@ class Gateway:
         while True:
             await asyncio.sleep(self.config.controller.interval_s)
             self.control_step()
+
+    def _background_present(self) -> bool:
+        state = self.scheduler.state()
+        return state.waiting + state.in_flight > 0
 
     def control_step(self) -> Decision:
         """One controller decision with the scheduler's counts, then admit what the new caps allow."""
@@ -282,6 +288,8 @@ class Gateway:
                         "error": poller.last_error if trusted else None,
                         "waiting": poller.last.waiting if poller.last else None,
                         "running": poller.last.running if poller.last else None,
+                        # Read every metrics_poll_s while background work is present, else metrics_idle_poll_s.
+                        "age_s": None if poller.last_at is None else round(now - poller.last_at, 3),
                     },
                 },
                 "background": {
