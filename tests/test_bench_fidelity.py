@@ -91,11 +91,14 @@ def test_goals_are_not_judged_on_a_stand_in_that_is_off_target() -> None:
 
 
 def test_fidelity_is_measured_against_real_vllm(vllm_server: VllmServer) -> None:
-    probe = FidelityProbe(frame_width=320, frame_height=240, chat_prompt_tokens=96, repeats=3, probe_tokens=400)
+    probe = FidelityProbe(
+        frame_width=320, frame_height=240, chat_prompt_tokens=96, frame_filler_words=30, repeats=3, probe_tokens=400
+    )
     result = measure(vllm_server.base_url, TINY_MODEL, TARGET, probe)
     assert [i["kind"] for i in result.injections] == ["tiny", "frame", "same_text", "chat"] * 3
-    # The frame's prompt holds its image tokens (320x240 resized to 308x252: 11x9 merged patches) and the text.
-    assert result.frame_prompt_tokens > 99
+    # The frame's prompt holds its image tokens (320x240 resized to 308x252: 11x9 merged patches), the caption
+    # text (16 tokens or more) and the filler after the image (about a token a word).
+    assert result.frame_prompt_tokens > 99 + 16 + 25
     same = [i["prompt_tokens"] for i in result.injections if i["kind"] == "same_text"]
     assert all(abs(tokens - result.frame_prompt_tokens) <= 4 for tokens in same)
     assert abs(result.chat_prompt_tokens - 96) <= 2

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+from helpers import REPO
 
 from visioncap.bench.fidelity import FidelityTarget
-from visioncap.bench.standin import CalibrationPoint, fit_line, frame_for_tokens, image_tokens, solve
+from visioncap.bench.standin import (
+    CalibrationPoint,
+    fit_line,
+    frame_for_tokens,
+    image_tokens,
+    scaled_chat_prompts,
+    solve,
+    stand_in_spec,
+    workload_for,
+    write_stand_in,
+)
+from visioncap.errors import ConfigError
+from visioncap.serve.profiles import load_profile
 
 
 def test_fit_line_recovers_a_line_and_refuses_one_size() -> None:
@@ -21,18 +37,74 @@ def test_frames_are_sized_in_whole_tokens() -> None:
     assert abs(image_tokens(width, height) - 100) <= 12 and 1.1 < width / height < 1.6
 
 
-def test_solve_scales_frame_chat_and_budget_together() -> None:
-    # A stand-in whose prefill costs 0.2 + 0.01 steps per token, its encoder 0.3 + 0.005 steps per image token.
+def test_solve_sizes_the_image_for_the_encoder_and_fills_the_prompt_for_the_prefill() -> None:
+    # A stand-in whose prefill costs 0.2 + 0.01 steps per token, its encoder 0.3 + 0.01 steps per image token.
     points = [
-        CalibrationPoint(159, 99, 64, 0.3 + 0.005 * 99, 0.2 + 0.01 * 159, 0.2 + 0.01 * 64),
-        CalibrationPoint(252, 192, 160, 0.3 + 0.005 * 192, 0.2 + 0.01 * 252, 0.2 + 0.01 * 160),
+        CalibrationPoint(159, 99, 64, 0.3 + 0.01 * 99, 0.2 + 0.01 * 159, 0.2 + 0.01 * 64),
+        CalibrationPoint(252, 192, 160, 0.3 + 0.01 * 192, 0.2 + 0.01 * 252, 0.2 + 0.01 * 160),
     ]
     target = FidelityTarget(0.93, 1.94, 1.10, "test")
     sizes = solve(target, target_frame_prompt_tokens=451, target_budget=512, points=points)
     assert sizes.chat_prompt_tokens == 90  # (1.10 - 0.2) / 0.01
-    assert abs(sizes.frame_prompt_tokens - 174) <= 12  # (1.94 - 0.2) / 0.01, in whole image-token rows
-    assert sizes.frame_prompt_tokens == sizes.image_tokens + 60  # the caption text is not scaled
-    assert sizes.scale == pytest.approx(sizes.frame_prompt_tokens / 451)
+    assert sizes.frame_prompt_tokens == 174  # (1.94 - 0.2) / 0.01
+    assert abs(sizes.image_tokens - 63) <= 8  # (0.93 - 0.3) / 0.01, in whole image-token rows
+    # The caption text (60 tokens) is kept; filler text makes up the rest of the prompt.
+    assert sizes.frame_filler_words == 174 - sizes.image_tokens - 60 > 0
+    assert sizes.scale == pytest.approx(174 / 451)
     assert sizes.max_num_batched_tokens % 16 == 0 and sizes.max_num_batched_tokens >= 512 * sizes.scale
-    assert sizes.predicted.frame_prefill_steps == pytest.approx(0.2 + 0.01 * sizes.frame_prompt_tokens)
-    assert sizes.predicted.frame_encoder_steps == pytest.approx(0.3 + 0.005 * sizes.image_tokens)
+    assert sizes.predicted.frame_prefill_steps == pytest.approx(1.94)
+    assert sizes.predicted.frame_encoder_steps == pytest.approx(0.3 + 0.01 * sizes.image_tokens)
+    assert abs(sizes.predicted.frame_encoder_steps / 0.93 - 1) < 0.15
+
+
+def test_solve_never_makes_the_prompt_shorter_than_its_image() -> None:
+    # An encoder so cheap that the target's encoder cost takes more image tokens than the prefill allows.
+    points = [
+        CalibrationPoint(159, 99, 64, 0.001 * 99, 0.2 + 0.01 * 159, 0.2 + 0.01 * 64),
+        CalibrationPoint(252, 192, 160, 0.001 * 192, 0.2 + 0.01 * 252, 0.2 + 0.01 * 160),
+    ]
+    sizes = solve(FidelityTarget(0.93, 1.94, 1.10, "test"), 451, 512, points)
+    assert sizes.frame_filler_words == 0
+    assert sizes.frame_prompt_tokens == sizes.image_tokens + 60
+
+
+def _sized(gpu: str, width: int) -> dict[str, Any]:
+    figures = {"frame_encoder_steps": 1.1, "frame_prefill_steps": 0.9, "chat_prefill_steps": 1.0}
+    return {
+        "target": {"gpu": gpu, "chat_prompt_tokens": 256},
+        "sizes": {
+            "frame_width": width,
+            "frame_height": 224,
+            "frame_filler_words": 200,
+            "chat_prompt_tokens": 230,
+            "max_num_batched_tokens": 1728,
+        },
+        "verified": {"ratio": figures},
+    }
+
+
+def test_the_stand_in_block_is_written_into_the_profile_and_rewritten_in_place(tmp_path: Path) -> None:
+    profile = tmp_path / "stand.yaml"
+    original = (REPO / "models" / "tiny-bench.yaml").read_text(encoding="utf-8")
+    profile.write_text(original, encoding="utf-8")
+    write_stand_in(profile, stand_in_spec("qwen2.5-vl-7b", {"targets": {"h200": _sized("h200", 308)}}, "now"))
+    loaded = load_profile(str(profile), tmp_path)
+    assert loaded.stand_in is not None and loaded.stand_in.target == "qwen2.5-vl-7b"
+    workload = workload_for(loaded, "qwen2.5-vl-7b", "h200")
+    assert workload is not None and (workload.frame_width, workload.frame_filler_words) == (308, 200)
+    assert workload_for(loaded, "qwen2.5-vl-7b", "l4") is None and workload_for(loaded, "other", "h200") is None
+    assert scaled_chat_prompts(workload, (64, 256)) == (58, 230)
+    # Written again: one block, the new values, and the hand-written part of the file byte for byte.
+    write_stand_in(profile, stand_in_spec("qwen2.5-vl-7b", {"targets": {"l4": _sized("l4", 224)}}, "later"))
+    text = profile.read_text(encoding="utf-8")
+    assert text.count("stand_in:") == 1 and text.startswith(original.rstrip())
+    again = load_profile(str(profile), tmp_path)
+    assert again.stand_in is not None and list(again.stand_in.workloads) == ["l4"]
+
+
+def test_a_hand_written_stand_in_section_is_not_overwritten(tmp_path: Path) -> None:
+    profile = tmp_path / "stand.yaml"
+    text = (REPO / "models" / "tiny-bench.yaml").read_text(encoding="utf-8")
+    profile.write_text(text + "stand_in:\n  target: x\n  workloads: {}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not the generated block"):
+        write_stand_in(profile, stand_in_spec("x", {"targets": {}}, "now"))

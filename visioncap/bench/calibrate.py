@@ -51,7 +51,9 @@ def calibrate(base_url: str, model: str, repeats: int = 5, seed: int = 0) -> dic
     rng = random.Random(f"{seed}:calibrate")
     url = f"{base_url}/chat/completions"
     root = base_url.removesuffix("/v1")
-    with httpx.Client(timeout=120, transport=SyncCountingTransport()) as client:
+    # Idle connections are closed before vLLM's 5 s keep-alive timeout would close them under a request.
+    limits = httpx.Limits(max_connections=100, max_keepalive_connections=20, keepalive_expiry=4)
+    with httpx.Client(timeout=120, transport=SyncCountingTransport(limits)) as client:
         per_word = tokens_per_word(client, root, model, seed)
         short: dict[str, Any] = {
             "model": model,

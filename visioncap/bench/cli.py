@@ -19,7 +19,7 @@ def bench() -> None:
 @bench_app.command("mixed")
 def mixed_command(
     quick: Annotated[bool, typer.Option("--quick", help="Short phases and one vLLM start (~3 min).")] = False,
-    profile: Annotated[str, typer.Option(help="Model profile (models/NAME.yaml).")] = "tiny-bench",
+    profile: Annotated[str, typer.Option(help="Model profile (models/NAME.yaml).")] = "standin",
     out_dir: Annotated[Path, typer.Option(help="Where the results files go.")] = Path("benchmarks/mixed"),
     duration: Annotated[float | None, typer.Option(help="Seconds per set-up with chat (default 40; quick 15).")] = None,
     chat_rate: Annotated[float, typer.Option(help="Chat requests per second (Poisson arrivals).")] = 1.0,
@@ -83,7 +83,7 @@ def mixed_command(
 @bench_app.command("fidelity")
 def fidelity_command(
     profile: Annotated[str, typer.Option(help="The stand-in's model profile (models/NAME.yaml), served here.")] = (
-        "tiny-bench"
+        "standin"
     ),
     target: Annotated[str, typer.Option(help="The profile it stands in for (its cost model is the target).")] = (
         "qwen2.5-vl-7b"
@@ -92,7 +92,10 @@ def fidelity_command(
     frame_width: Annotated[int, typer.Option(help="The stand-in's camera frame width.")] = 640,
     frame_height: Annotated[int, typer.Option(help="The stand-in's camera frame height.")] = 480,
     chat_tokens: Annotated[int, typer.Option(help="The stand-in's chat prompt length in tokens.")] = 256,
-    repeats: Annotated[int, typer.Option(help="Injections of each kind; the median is reported.")] = 9,
+    filler_words: Annotated[
+        int, typer.Option(help="Words of text after the frame's image (a sized stand-in's frame_filler_words).")
+    ] = 0,
+    repeats: Annotated[int, typer.Option(help="Injections of each kind; the lower quartile is reported.")] = 9,
     base_url: Annotated[
         str | None, typer.Option(help="Measure an idle running vLLM (its /v1) instead of starting the profile.")
     ] = None,
@@ -102,16 +105,20 @@ def fidelity_command(
     import contextlib
 
     from visioncap.bench.fidelity import FidelityProbe, measure, report_lines, target_for, to_json
-    from visioncap.bench.servers import measured_vllm
+    from visioncap.bench.servers import measured_vllm, without_prefix_cache
     from visioncap.serve.profiles import load_profile
     from visioncap.settings import Settings
 
     settings = Settings()
     models = settings.models_dir
     goal = target_for(target, gpu, models)
-    served = load_profile(profile, models)
+    served = without_prefix_cache(load_profile(profile, models))
     probe = FidelityProbe(
-        frame_width=frame_width, frame_height=frame_height, chat_prompt_tokens=chat_tokens, repeats=repeats
+        frame_width=frame_width,
+        frame_height=frame_height,
+        chat_prompt_tokens=chat_tokens,
+        frame_filler_words=filler_words,
+        repeats=repeats,
     )
     with contextlib.ExitStack() as stack:
         url = base_url
@@ -132,7 +139,7 @@ def fidelity_command(
 @bench_app.command("standin")
 def standin_command(
     profile: Annotated[str, typer.Option(help="The stand-in's model profile (models/NAME.yaml), served here.")] = (
-        "tiny-bench"
+        "standin"
     ),
     target: Annotated[str, typer.Option(help="The profile it stands in for (its cost model is the target).")] = (
         "qwen2.5-vl-7b"
@@ -144,6 +151,9 @@ def standin_command(
     ] = None,
     repeats: Annotated[int, typer.Option(help="Injections of each kind per measurement.")] = 15,
     out_dir: Annotated[Path, typer.Option(help="Where the JSON result goes.")] = Path("benchmarks/fidelity"),
+    write: Annotated[
+        bool, typer.Option("--write", help="Write the sized workloads into the profile's stand_in block.")
+    ] = False,
 ) -> None:
     """Size the stand-in's frames, chat prompts and budget for each target GPU class, and measure the result."""
     import contextlib
@@ -151,8 +161,8 @@ def standin_command(
     import re
 
     from visioncap.bench.machine import machine_facts
-    from visioncap.bench.servers import measured_vllm
-    from visioncap.bench.standin import size_stand_in, target_shape
+    from visioncap.bench.servers import measured_vllm, without_prefix_cache
+    from visioncap.bench.standin import size_stand_in, stand_in_spec, target_shape, with_vllm_flag, write_stand_in
     from visioncap.serve.profiles import load_profile
     from visioncap.settings import Settings
 
@@ -164,7 +174,13 @@ def standin_command(
         sizes.append((int(match[1]), int(match[2]), int(match[3])))
     settings = Settings()
     targets = [target_shape(target, name, settings.models_dir) for name in gpu or ["h200", "l4"]]
-    served = load_profile(profile, settings.models_dir)
+    # One chunk for every prompt measured, as the target's frame and chat prompts take at its budget: a prompt
+    # split in two would pay a second step that the target does not.
+    served = with_vllm_flag(
+        without_prefix_cache(load_profile(profile, settings.models_dir)),
+        "--max-num-batched-tokens",
+        str(max(target.budget for target in targets)),
+    )
     with contextlib.ExitStack() as stack:
         server = stack.enter_context(
             measured_vllm(served, settings.server_python, Path("data/bench-fidelity"), "standin")
@@ -172,9 +188,13 @@ def standin_command(
         result = size_stand_in(server.base_url, served.served_model_name, targets, sizes, repeats, typer.echo)
     result = {"profile": profile, "target": target, "machine": machine_facts(), **result}
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"standin-{served.name}-as-{target}.json"
+    path = out_dir / f"{served.name}-sized-for-{target}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     typer.echo(f"wrote {path}")
+    if write:
+        assert served.path is not None
+        write_stand_in(served.path, stand_in_spec(target, result, f"{result['machine']['date']} ({path})"))
+        typer.echo(f"wrote the stand_in block of {served.path}")
 
 
 @bench_app.command("overhead")

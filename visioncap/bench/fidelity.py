@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import math
+import secrets
 import statistics
 import time
 from collections.abc import Sequence
@@ -43,13 +44,14 @@ from typing import Any
 import httpx
 
 from visioncap.bench.stats import percentile
-from visioncap.bench.workload import CAPTION_PROMPT, WORDS, camera_frame, data_uri
+from visioncap.bench.workload import WORDS, camera_frame, caption_body, data_uri, filler_text
 from visioncap.gateway.sse import StreamObserver
 
 DEFAULT_TOLERANCE = 0.25
 STEADY_SPREAD = 1.0
 FIGURES = ("frame_encoder_steps", "frame_prefill_steps", "chat_prefill_steps")
 KINDS = ("tiny", "frame", "same_text", "chat")  # tiny: a one-word prompt, the step a prompt costs at least
+COUNTED = ("vllm:inter_token_latency_seconds", "vllm:request_prefill_time_seconds")  # engine-stamped histograms
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class FidelityProbe:
     frame_width: int = 640
     frame_height: int = 480
     chat_prompt_tokens: int = 256
+    frame_filler_words: int = 0  # text after the frame's image (about a token a word; visioncap.bench.standin)
     repeats: int = 15
     probe_tokens: int = 1500  # one probe stream's length; a new one starts when it ends
     settle_tokens: int = 6  # plain steps between injections, so their effects never overlap
@@ -162,16 +165,13 @@ class _Counters:
 
     @classmethod
     def parse(cls, metrics_text: str) -> _Counters:
-        return cls(
-            histogram_totals(metrics_text, "vllm:inter_token_latency_seconds"),
-            histogram_totals(metrics_text, "vllm:request_prefill_time_seconds"),
-        )
+        itl, prefill = (histogram_totals(metrics_text, series) for series in COUNTED)
+        return cls(itl, prefill)
 
 
 def text_of_tokens(words: int, seed: int) -> str:
     """A prompt of `words` words of the tiny tokenizer's vocabulary (about a token each), unique per seed."""
-    start = seed * 7919
-    return " ".join(WORDS[(start + i * 31) % len(WORDS)] for i in range(max(1, words)))
+    return filler_text(max(1, words), seed)
 
 
 class _Probe:
@@ -266,8 +266,10 @@ def _frame_body(model: str, probe: FidelityProbe, index: int) -> dict[str, Any]:
     import random
 
     jpeg = camera_frame(probe.frame_width, probe.frame_height, random.Random(f"{probe.seed}:fidelity:{index}"))
-    content = [{"type": "text", "text": CAPTION_PROMPT}, {"type": "image_url", "image_url": {"url": data_uri(jpeg)}}]
-    return {"model": model, "messages": [{"role": "user", "content": content}], "temperature": 0}
+    # The same seed gives the same frames in the next run: servers that measure the stand-in run without a prefix
+    # cache (`visioncap.bench.servers.without_prefix_cache`).
+    body = caption_body(model, data_uri(jpeg), 1, "fidelity", filler=filler_text(probe.frame_filler_words, index))
+    return {key: body[key] for key in ("model", "messages", "temperature")}
 
 
 async def measure_async(
@@ -283,18 +285,41 @@ async def measure_async(
     """
     started = time.perf_counter()
     metrics_url = base_url.removesuffix("/v1") + "/metrics"
-    async with httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0)) as client:
+    # Only the four series read (prometheus_client's filter on vLLM's /metrics/ mount): the whole page costs vLLM's
+    # API server ~9 ms of CPU per read on 2 cores, beside the engine it is measuring; two reads per injection.
+    filtered_url = f"{metrics_url}/?" + "&".join(
+        f"name[]={series}{suffix}" for series in COUNTED for suffix in ("_sum", "_count")
+    )
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(300.0, connect=10.0),
+        # Idle connections are closed before vLLM's 5 s keep-alive timeout would close them under a request.
+        limits=httpx.Limits(keepalive_expiry=4),
+    ) as client:
+        urls = [filtered_url, metrics_url]
 
         async def counters() -> _Counters:
-            answer = await client.get(metrics_url)
+            try:
+                answer = await client.get(urls[0], headers={"accept-encoding": "identity"})
+            except httpx.TransportError:
+                # Seen twice in ~2,000 reads (RemoteProtocolError on a kept-alive connection, right after the
+                # probe's stream ended): a read of counters is safe to repeat, once, on a new connection.
+                answer = await client.get(urls[0], headers={"accept-encoding": "identity", "connection": "close"})
             answer.raise_for_status()
+            if "_count" not in answer.text and len(urls) > 1:  # a registry the filter cannot serve: whole pages
+                urls.pop(0)
+                return await counters()
             return _Counters.parse(answer.text)
 
         # Warms the image path (processor, encoder) before anything is timed, and counts the frame's tokens.
         frame_tokens = await _prompt_tokens(client, base_url, _frame_body(model, probe, -1))
         same_body, _ = await _text_body(client, base_url, model, frame_tokens, probe.seed + 1)
         chat_body, chat_tokens = await _text_body(client, base_url, model, probe.chat_prompt_tokens, probe.seed + 2)
-        frames = [_frame_body(model, probe, i) for i in range(probe.repeats * 2)]  # made before any timing
+        # Made before any timing, one per frame injection and a spare per round for retries: a frame sent twice
+        # would find its prompt in vLLM's prefix cache. The salt keeps this run's texts apart from an earlier
+        # run's on the same server (same seed, same words).
+        frames = [_frame_body(model, probe, i) for i in range((probe.repeats + 1) * 2)]
+        salt = secrets.token_hex(3)
+        sent_frames = 0
         # The shortest prompt there is (the chat template's tokens and one word): nothing to search for.
         tiny_body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
         injections: list[Injection] = []
@@ -309,12 +334,13 @@ async def measure_async(
                     while True:
                         attempt += 1
                         if kind == "frame":
-                            body = frames[attempt % len(frames)]
+                            body = frames[sent_frames % len(frames)]
+                            sent_frames += 1
                         else:
                             # Unique text each time, so vLLM's prefix cache cannot skip the prefill.
                             base = {"same_text": same_body, "chat": chat_body, "tiny": tiny_body}[kind]
                             words = base["messages"][0]["content"].split(" ")
-                            words[0] = f"{WORDS[attempt % len(WORDS)]}{attempt}"
+                            words[0] = f"{WORDS[attempt % len(WORDS)]}{salt}{attempt}"
                             body = {**base, "messages": [{"role": "user", "content": " ".join(words)}]}
                         streams = stream.streams
                         q0 = await counters()

@@ -39,6 +39,7 @@ from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import PhaseResult, PhaseSpec, Target, paired_streams, run_phase_sync
 from visioncap.bench.machine import machine_facts
 from visioncap.bench.servers import measured_vllm
+from visioncap.bench.standin import scaled_chat_prompts, with_vllm_flag, workload_for
 from visioncap.bench.stats import percentile, ratio
 from visioncap.bench.workload import (
     ChatTurn,
@@ -46,6 +47,7 @@ from visioncap.bench.workload import (
     caption_bodies,
     chat_body,
     chat_schedule,
+    filler_text,
 )
 from visioncap.serve import VllmServer, load_profile
 from visioncap.serve.profiles import ModelProfile
@@ -65,7 +67,7 @@ GOALS = {
 class MixedOptions:
     """Everything `run_mixed` needs; the defaults are the committed run (`quick()` for a short one)."""
 
-    profile: str = "tiny-bench"
+    profile: str = "standin"
     models_dir: Path = Path("models")
     server_python: Path = Path(".venv-vllm/bin/python")
     out_dir: Path = Path("benchmarks/mixed")
@@ -83,6 +85,7 @@ class MixedOptions:
     caption_max_tokens: int = 24
     image_width: int = 640
     image_height: int = 480
+    frame_filler_words: int = 0  # text after each frame's image (a sized stand-in's; visioncap.bench.standin)
     cameras: int = 4
     background_priority: int = 10
     fcfs_restart: bool = True
@@ -132,12 +135,23 @@ class MixedOptions:
 
 def with_policy(profile: ModelProfile, policy: str) -> ModelProfile:
     """The profile with vLLM's --scheduling-policy set to `policy`."""
-    args = list(profile.vllm_args)
-    if "--scheduling-policy" in args:
-        args[args.index("--scheduling-policy") + 1] = policy
-    else:
-        args += ["--scheduling-policy", policy]
-    return profile.model_copy(update={"vllm_args": args})
+    return with_vllm_flag(profile, "--scheduling-policy", policy)
+
+
+def as_stand_in(options: MixedOptions, profile: ModelProfile) -> tuple[MixedOptions, ModelProfile]:
+    """Options and profile sized for the fidelity target when the profile is a sized stand-in for it: its frame
+    size and filler, its chat prompts (the range scaled), its chunk budget. Unchanged otherwise."""
+    workload = workload_for(profile, options.fidelity_target, options.fidelity_gpu)
+    if workload is None:
+        return options, profile
+    sized = replace(
+        options,
+        image_width=workload.frame_width,
+        image_height=workload.frame_height,
+        frame_filler_words=workload.frame_filler_words,
+        chat_prompt_tokens=scaled_chat_prompts(workload, options.chat_prompt_tokens),
+    )
+    return sized, with_vllm_flag(profile, "--max-num-batched-tokens", str(workload.max_num_batched_tokens))
 
 
 def max_model_pixels_tokens(profile: ModelProfile) -> int:
@@ -176,6 +190,7 @@ class Run:
         self.profile = profile
         self.model = profile.served_model_name
         self.frames = FramePool(options.image_width, options.image_height, options.seed)
+        self.filler = filler_text(options.frame_filler_words, options.seed)
         self.tokens_per_word = 1.0
         self.phases: dict[str, PhaseResult] = {}
         self.summaries: dict[str, dict[str, Any]] = {}
@@ -193,7 +208,7 @@ class Run:
         cannot answer them fails the run here, before anything is measured."""
         with httpx.Client(timeout=120) as client:
             self.tokens_per_word = tokens_per_word(client, server.root_url, self.model, self.options.seed)
-            bodies, _ = caption_bodies(self.frames.take(2), self.model, 4, 1, None)
+            bodies, _ = caption_bodies(self.frames.take(2), self.model, 4, 1, None, self.filler)
             for body in bodies:
                 client.post(
                     f"{server.base_url}/chat/completions", content=body, headers={"content-type": "application/json"}
@@ -223,7 +238,7 @@ class Run:
     def flood(self, duration_s: float, priority: int | None) -> tuple[list[str], list[bytes], list[str]]:
         o = self.options
         uris = self.frames.take(int(duration_s * o.flood_rate_per_s) + 1)
-        bodies, cameras = caption_bodies(uris, self.model, o.caption_max_tokens, o.cameras, priority)
+        bodies, cameras = caption_bodies(uris, self.model, o.caption_max_tokens, o.cameras, priority, self.filler)
         return uris, bodies, cameras
 
     def phase(
@@ -300,7 +315,7 @@ def run_mixed(options: MixedOptions) -> dict[str, Any]:
 
     started = time.monotonic()
     started_at = datetime.now(UTC)
-    profile = load_profile(options.profile, options.models_dir)
+    options, profile = as_stand_in(options, load_profile(options.profile, options.models_dir))
     options.work_dir.mkdir(parents=True, exist_ok=True)
     run = Run(options, profile)
     _run_setups(run)
@@ -368,6 +383,7 @@ def _fidelity(run: Run, server: VllmServer) -> FidelityResult:
         frame_width=o.image_width,
         frame_height=o.image_height,
         chat_prompt_tokens=o.chat_prompt_tokens[1],
+        frame_filler_words=o.frame_filler_words,
         repeats=o.fidelity_repeats,
         seed=o.seed,
     )

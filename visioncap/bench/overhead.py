@@ -29,7 +29,7 @@ from typing import Any
 
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.machine import machine_facts
-from visioncap.bench.servers import measured_vllm
+from visioncap.bench.servers import measured_vllm, without_prefix_cache
 from visioncap.bench.stats import percentile
 from visioncap.serve.launcher import ENTRY, group_members
 from visioncap.serve.profiles import ModelProfile
@@ -268,9 +268,7 @@ def run_overhead(options: OverheadOptions) -> dict[str, Any]:
     # Both blocks of a pair send the same prompts: with vLLM's prefix cache the second would find the first's
     # prompts cached (seen: TTFT p50 ~21 ms against ~37 ms for whichever arm went first), a difference of order,
     # not of arm. Off, each block pays for its prompts.
-    profile = options.profile.model_copy(
-        update={"vllm_args": [*options.profile.vllm_args, "--no-enable-prefix-caching"]}
-    )
+    profile = without_prefix_cache(options.profile)
     with measured_vllm(profile, options.server_python, options.work_dir, "overhead") as server:
         config = gateway_config(
             server.base_url,

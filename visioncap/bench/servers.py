@@ -33,3 +33,11 @@ def measured_vllm(
     with VllmServer(profile, python=python, port=free_port(), log_file=log_file, plan=plan) as server:
         log.info("vLLM (%s) ready in %.1f s at %s", label, time.monotonic() - started, server.base_url)
         yield server
+
+
+def without_prefix_cache(profile: ModelProfile) -> ModelProfile:
+    """The profile with vLLM's prefix cache off, for measurements that send the same prompts again (the pairs of
+    `bench overhead`, fidelity runs one after another on one server): a cached prompt costs next to nothing."""
+    if "--no-enable-prefix-caching" in profile.vllm_args:
+        return profile
+    return profile.model_copy(update={"vllm_args": [*profile.vllm_args, "--no-enable-prefix-caching"]})

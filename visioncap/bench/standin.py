@@ -2,19 +2,21 @@
 
 What the scheduler and a chat user feel is dimensionless (see `visioncap.bench.fidelity`): a frame's encoder
 pass and prompt prefill and a chat prompt's prefill, each in decode steps, and token counts relative to the chunk
-budget. A small model on a CPU has the wrong ratios at the target's sizes (its prefill per token is dearer
-relative to its decode step than a 7B model's on an H200), so its workload is scaled: fewer tokens per frame and
-per chat prompt, and a budget scaled by the same factor, chosen from measurements of the stand-in:
+budget. A small model on a CPU has other ratios at the target's sizes, so its workload is sized from measurements
+of the stand-in, three figures with three knobs:
 
-- prefill cost in decode steps is close to linear in prompt tokens: `a + b * tokens`, fitted to the
-  measured frame-sized and chat-sized text prompts of two calibration runs;
-- the stand-in's frame prompt then gets `(P - a) / b` tokens for the target's frame prefill P, its chat prompt
-  `(C - a) / b` for the target's chat prefill C, its frame the image tokens that leaves after the caption text,
-  and its chunk budget the target's budget times the frame prompts' ratio (the same chunks per frame);
-- the encoder's cost per frame follows the vision tower's shape, not these sizes: the fitted `c + d * image
-  tokens` at the chosen frame tells whether the tower needs to be smaller or larger.
+- prefill cost in decode steps is close to linear in prompt tokens: `a + b * tokens`, fitted to the measured
+  frame-sized and chat-sized text prompts of two calibration runs; the frame prompt gets `(P - a) / b` tokens for
+  the target's frame prefill P and the chat prompt `(C - a) / b` for its chat prefill C;
+- the encoder's cost grows with the image's tokens: `c + d * image tokens`, fitted to the calibration frames;
+  the frame gets the size whose image tokens cost the target's encoder steps E, `(E - c) / d`;
+- the frame prompt's tokens that the image does not fill are filler text after the image. A CPU's vision tower
+  costs more per image token, relative to its decode step, than an H200's (a one-layer tower of width 64 is still
+  ~3x too dear at 640x480), so a stand-in frame is a smaller image with text that keeps its prompt as long as the
+  cost asks for: the encoder pass and the prefill each cost what the target's do;
+- the chunk budget is the target's times the frame prompts' ratio (the same chunks per frame).
 
-The result is checked by measuring it (`visioncap bench fidelity`), never assumed.
+The result is checked by measuring it (`visioncap bench standin`, `visioncap bench fidelity`), never assumed.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 
 from visioncap.bench.fidelity import FidelityProbe, FidelityResult, FidelityTarget, measure, report_lines
 from visioncap.qwen_images import smart_resize
+from visioncap.serve.profiles import ModelProfile, StandInSpec, StandInWorkload
 
 PIXELS_PER_TOKEN_SIDE = 28  # Qwen2-VL: 14-pixel patches, 2x2 merged into one language token
 
@@ -45,11 +48,12 @@ class CalibrationPoint:
 
 @dataclass(frozen=True)
 class StandInSizes:
-    """The stand-in's workload for one target: frame size, chat prompt length, chunk budget."""
+    """The stand-in's workload for one target: frame size and filler, chat prompt length, chunk budget."""
 
     frame_width: int
     frame_height: int
     image_tokens: int
+    frame_filler_words: int  # text after the image (about a token a word)
     frame_prompt_tokens: int
     chat_prompt_tokens: int
     max_num_batched_tokens: int
@@ -95,30 +99,35 @@ def solve(
     points: Sequence[CalibrationPoint],
     aspect: float = 4 / 3,
 ) -> StandInSizes:
-    """The stand-in's sizes for `target`, from calibration points measured on the stand-in."""
-    prefill = [(p.frame_prompt_tokens, p.frame_prefill_steps) for p in points]
-    prefill += [(p.chat_prompt_tokens, p.chat_prefill_steps) for p in points]
-    a, b = fit_line(prefill)
+    """The stand-in's sizes for `target`, from calibration points measured on the stand-in (frames without
+    filler, so each point's prompt beyond its image is the caption text and the chat template)."""
+    a, b = fit_line(
+        [(p.frame_prompt_tokens, p.frame_prefill_steps) for p in points]
+        + [(p.chat_prompt_tokens, p.chat_prefill_steps) for p in points]
+    )
     if b <= 0:
         raise ValueError("prefill cost does not grow with prompt length: the calibration is noise")
-    text_tokens = round(sum(p.frame_prompt_tokens - p.image_tokens for p in points) / len(points))
-    frame_prompt = max(text_tokens + 4, round((target.frame_prefill_steps - a) / b))
-    chat = max(8, round((target.chat_prefill_steps - a) / b))
-    width, height = frame_for_tokens(frame_prompt - text_tokens, aspect)
-    tokens = image_tokens(width, height)
     c, d = fit_line([(p.image_tokens, p.frame_encoder_steps) for p in points])
-    scale = (tokens + text_tokens) / target_frame_prompt_tokens
+    if d <= 0:
+        raise ValueError("encoder cost does not grow with image tokens: the calibration is noise")
+    text_tokens = round(sum(p.frame_prompt_tokens - p.image_tokens for p in points) / len(points))
+    width, height = frame_for_tokens(max(4, round((target.frame_encoder_steps - c) / d)), aspect)
+    tokens = image_tokens(width, height)
+    frame_prompt = max(tokens + text_tokens, round((target.frame_prefill_steps - a) / b))
+    chat = max(8, round((target.chat_prefill_steps - a) / b))
+    scale = frame_prompt / target_frame_prompt_tokens
     return StandInSizes(
         frame_width=width,
         frame_height=height,
         image_tokens=tokens,
-        frame_prompt_tokens=tokens + text_tokens,
+        frame_filler_words=frame_prompt - tokens - text_tokens,
+        frame_prompt_tokens=frame_prompt,
         chat_prompt_tokens=chat,
         max_num_batched_tokens=max(16, math.ceil(target_budget * scale / 16) * 16),
         scale=scale,
         predicted=FidelityTarget(
             frame_encoder_steps=c + d * tokens,
-            frame_prefill_steps=a + b * (tokens + text_tokens),
+            frame_prefill_steps=a + b * frame_prompt,
             chat_prefill_steps=a + b * chat,
             source="stand-in calibration fits",
         ),
@@ -133,6 +142,7 @@ class TargetShape:
     costs: FidelityTarget
     frame_prompt_tokens: int
     budget: int
+    chat_prompt_tokens: int  # the cost model's chat prompt, whose prefill `costs` gives
 
 
 def target_shape(profile: str, gpu: str, models_dir: Path) -> TargetShape:
@@ -145,7 +155,10 @@ def target_shape(profile: str, gpu: str, models_dir: Path) -> TargetShape:
     loaded = load_profile(profile, models_dir)
     args = plan_serving(loaded, gpu=gpu).args
     budget = int(args[args.index("--max-num-batched-tokens") + 1])
-    return TargetShape(gpu, target_for(profile, gpu, models_dir), for_profile(loaded, gpu).frame_prompt_tokens, budget)
+    cost = for_profile(loaded, gpu)
+    return TargetShape(
+        gpu, target_for(profile, gpu, models_dir), cost.frame_prompt_tokens, budget, cost.workload.chat_prompt_tokens
+    )
 
 
 def calibration_point(result: FidelityResult) -> CalibrationPoint:
@@ -185,9 +198,91 @@ def size_stand_in(
             frame_width=sizes.frame_width,
             frame_height=sizes.frame_height,
             chat_prompt_tokens=sizes.chat_prompt_tokens,
+            frame_filler_words=sizes.frame_filler_words,
             repeats=repeats,
         )
         result = measure(base_url, model, target.costs, probe)
         log("\n".join([f"{target.gpu}: solved {asdict(sizes)}", *report_lines(result)]))
         solved[target.gpu] = {"target": asdict(target), "sizes": asdict(sizes), "verified": result.to_dict()}
     return {"calibration": points, "targets": solved}
+
+
+# -- the profile's generated stand_in block --------------------------------------------------------------------
+
+STAND_IN_START = "# --- sized by `visioncap bench standin --write` (generated: re-run it rather than editing) ---"
+STAND_IN_END = "# --- end of stand_in ---"
+
+
+def stand_in_spec(target: str, result: dict[str, Any], measured_at: str) -> StandInSpec:
+    """The profile's `stand_in` section from a `size_stand_in` result (every target, faithful or not: the
+    fidelity figures say which, and `bench mixed` measures them again before it judges anything)."""
+    from visioncap.bench.fidelity import FIGURES
+
+    workloads = {}
+    for gpu, entry in result["targets"].items():
+        sizes, verified = entry["sizes"], entry["verified"]
+        workloads[gpu] = StandInWorkload(
+            frame_width=sizes["frame_width"],
+            frame_height=sizes["frame_height"],
+            frame_filler_words=sizes["frame_filler_words"],
+            chat_prompt_tokens=sizes["chat_prompt_tokens"],
+            target_chat_prompt_tokens=entry["target"]["chat_prompt_tokens"],
+            max_num_batched_tokens=sizes["max_num_batched_tokens"],
+            fidelity={name: round(verified["ratio"][name] or 0.0, 3) for name in FIGURES},
+            measured_at=measured_at,
+        )
+    return StandInSpec(target=target, workloads=workloads)
+
+
+def write_stand_in(profile_path: Path, spec: StandInSpec) -> None:
+    """Put `spec` into the profile as a generated block (before `visioncap tune`'s block, which ends the file);
+    the rest of the file stays byte for byte, and nothing is written unless the result loads as a profile."""
+    import yaml
+
+    from visioncap.errors import ConfigError
+    from visioncap.serve.profiles import ModelProfile
+    from visioncap.tune.write import split_block
+
+    text = profile_path.read_text(encoding="utf-8")
+    start = text.find(STAND_IN_START)
+    if start >= 0:
+        end = text.find(STAND_IN_END, start)
+        if end < 0:
+            raise ConfigError(f"{profile_path}: the generated stand_in block has lost its end marker")
+        text = text[:start] + text[end + len(STAND_IN_END) :].lstrip("\n")
+    elif "stand_in" in (yaml.safe_load(text) or {}):
+        raise ConfigError(f"{profile_path}: its `stand_in:` section is not the generated block; remove it first")
+    body = yaml.safe_dump({"stand_in": spec.model_dump(mode="json")}, sort_keys=False, width=120)
+    head, tuned = split_block(text)
+    new_text = f"{head.rstrip()}\n{STAND_IN_START}\n{body}{STAND_IN_END}\n{tuned}"
+    try:
+        ModelProfile.model_validate(yaml.safe_load(new_text))
+    except ValueError as exc:
+        raise ConfigError(f"{profile_path}: the profile would not load, so it was not written: {exc}") from exc
+    temporary = profile_path.with_suffix(profile_path.suffix + ".tmp")
+    temporary.write_text(new_text, encoding="utf-8")
+    temporary.replace(profile_path)
+
+
+def workload_for(profile: ModelProfile, target: str | None, gpu: str) -> StandInWorkload | None:
+    """The profile's sized workload for `target` on `gpu`, if it has one."""
+    spec = profile.stand_in
+    if spec is None or target is None or spec.target != target:
+        return None
+    return spec.workloads.get(gpu)  # type: ignore[call-overload]
+
+
+def scaled_chat_prompts(workload: StandInWorkload, tokens: tuple[int, int]) -> tuple[int, int]:
+    """A range of the target's chat prompt lengths as the stand-in's (the same cost in decode steps)."""
+    scale = workload.chat_prompt_tokens / workload.target_chat_prompt_tokens
+    return max(8, round(tokens[0] * scale)), max(8, round(tokens[1] * scale))
+
+
+def with_vllm_flag(profile: ModelProfile, flag: str, value: str) -> ModelProfile:
+    """The profile with one `vllm serve` flag set to `value` in its argument list."""
+    args = list(profile.vllm_args)
+    if flag in args:
+        args[args.index(flag) + 1] = value
+    else:
+        args += [flag, value]
+    return profile.model_copy(update={"vllm_args": args})

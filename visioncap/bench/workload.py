@@ -139,11 +139,26 @@ def data_uri(jpeg: bytes) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
 
 
+def filler_text(words: int, seed: int) -> str:
+    """`words` words of the tiny tokenizer's vocabulary (about a token each), different for each seed."""
+    start = seed * 7919
+    return " ".join(WORDS[(start + i * 31) % len(WORDS)] for i in range(max(0, words)))
+
+
 def caption_body(
-    model: str, image_uri: str, max_tokens: int, camera: str, priority: int | None = None
+    model: str, image_uri: str, max_tokens: int, camera: str, priority: int | None = None, filler: str = ""
 ) -> dict[str, Any]:
-    """A caption request as the pipeline sends it (non-streaming), with an output of exactly `max_tokens`."""
-    content = [{"type": "text", "text": CAPTION_PROMPT}, {"type": "image_url", "image_url": {"url": image_uri}}]
+    """A caption request as the pipeline sends it (non-streaming), with an output of exactly `max_tokens`.
+
+    `filler`: text after the image, which a stand-in's frame carries so that its prompt is as long as the
+    target's while its image is smaller (see `visioncap.bench.standin`).
+    """
+    content: list[dict[str, Any]] = [
+        {"type": "text", "text": CAPTION_PROMPT},
+        {"type": "image_url", "image_url": {"url": image_uri}},
+    ]
+    if filler:
+        content.append({"type": "text", "text": filler})
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -187,13 +202,13 @@ class FramePool:
 
 
 def caption_bodies(
-    uris: list[str], model: str, max_tokens: int, cameras: int, priority: int | None
+    uris: list[str], model: str, max_tokens: int, cameras: int, priority: int | None, filler: str = ""
 ) -> tuple[list[bytes], list[str]]:
     """Encoded caption requests for these frames, cameras taking turns; and each request's camera."""
     bodies, names = [], []
     for index, uri in enumerate(uris):
         camera = f"cam-{index % max(1, cameras) + 1}"
-        body = caption_body(model, uri, max_tokens, camera, priority)
+        body = caption_body(model, uri, max_tokens, camera, priority, filler)
         bodies.append(json.dumps(body, separators=(",", ":")).encode("utf-8"))
         names.append(camera)
     return bodies, names

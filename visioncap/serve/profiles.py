@@ -92,6 +92,45 @@ class MemorySpec(StrictModel):
     )
 
 
+class StandInWorkload(StrictModel):
+    """A CPU stand-in's workload for one target GPU class, sized and measured by `visioncap bench standin`."""
+
+    frame_width: int = Field(
+        gt=0,
+        description="Camera frame width in pixels: its image tokens cost the target's "
+        "vision encoder pass, in decode steps.",
+    )
+    frame_height: int = Field(gt=0, description="Camera frame height in pixels.")
+    frame_filler_words: int = Field(
+        ge=0,
+        description="Words of text after the frame's image (about a token each), so that the frame prompt's "
+        "prefill costs the target's in decode steps while the image is smaller than the target's.",
+    )
+    chat_prompt_tokens: int = Field(
+        gt=0, description="The stand-in's chat prompt that costs what the target's longest chat prompt costs."
+    )
+    target_chat_prompt_tokens: int = Field(
+        gt=0, description="That target chat prompt's length (the cost model's), to scale a range of chat prompts."
+    )
+    max_num_batched_tokens: int = Field(
+        gt=0, description="The stand-in's chunk budget: the target's, scaled by the frame prompts' token ratio."
+    )
+    fidelity: dict[str, float] = Field(
+        description="Measured over target, in decode steps, when sized: frame_encoder_steps, frame_prefill_steps, "
+        "chat_prefill_steps (within 0.75-1.25 is faithful); `bench mixed` measures it again at every start."
+    )
+    measured_at: str = Field(description="When it was measured (ISO 8601) and on what: see benchmarks/fidelity.")
+
+
+class StandInSpec(StrictModel):
+    """What a CPU test model stands in for: `bench mixed` and `tune` size their workload from it."""
+
+    target: str = Field(min_length=1, description="The profile stood in for (its cost model gives the targets).")
+    workloads: dict[GpuClass, StandInWorkload] = Field(
+        description="Per target GPU class: the workload at which this model costs what the target costs there."
+    )
+
+
 class ServingArgs(StrictModel):
     """vLLM serving arguments; None means 'inherit' (in `gpus`) or 'vLLM's default' (after merging)."""
 
@@ -205,6 +244,11 @@ class ModelProfile(StrictModel):
     vllm_args: list[str] = Field(default_factory=list, description="Further `vllm serve` arguments, for every class.")
     env: dict[str, str] = Field(default_factory=dict, description="Environment variables for the server.")
     startup_timeout_s: float = Field(default=900.0, gt=0, description="Seconds to wait for /health.")
+    stand_in: StandInSpec | None = Field(
+        default=None,
+        description="For a CPU test model: the target it stands in for and its workload per target GPU class "
+        "(written by `visioncap bench standin --write`).",
+    )
     tuned: dict[str, TunedRecord] | None = Field(
         default=None,
         description="Written by `visioncap tune`, per GPU class: when and on what the serving values were tuned, "

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from visioncap.bench.load import Target
 from visioncap.bench.machine import hardware, machine_facts
 from visioncap.bench.mixed import MixedOptions, Run
 from visioncap.bench.servers import measured_vllm
+from visioncap.bench.standin import scaled_chat_prompts, workload_for
 from visioncap.errors import VisioncapError
 from visioncap.serve import VllmServer, load_profile
 from visioncap.serve.launcher import ServerError
@@ -73,6 +74,7 @@ class TuneOptions:
     caption_max_tokens: int = 24
     image_width: int = 640
     image_height: int = 480
+    frame_filler_words: int = 0  # text after each frame's image (a sized stand-in's; visioncap.bench.standin)
     seed: int = 0
     write: bool = True
     quick: bool = False
@@ -155,6 +157,7 @@ def mixed_options(options: TuneOptions) -> MixedOptions:
         caption_max_tokens=options.caption_max_tokens,
         image_width=options.image_width,
         image_height=options.image_height,
+        frame_filler_words=options.frame_filler_words,
     )
 
 
@@ -311,6 +314,15 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     started = time.monotonic()
     started_at = datetime.now(UTC)
     profile = load_profile(options.profile, options.models_dir)
+    workload = workload_for(profile, options.fidelity_target, options.fidelity_gpu)
+    if workload is not None:  # a sized stand-in: its frames, filler and chat prompts (the budgets are swept)
+        options = replace(
+            options,
+            image_width=workload.frame_width,
+            image_height=workload.frame_height,
+            frame_filler_words=workload.frame_filler_words,
+            chat_prompt_tokens=scaled_chat_prompts(workload, options.chat_prompt_tokens),
+        )
     options.work_dir.mkdir(parents=True, exist_ok=True)
     run = Run(mixed_options(options), profile)
     runs: list[CandidateRun] = []
@@ -442,6 +454,7 @@ def _fidelity(options: TuneOptions, server: VllmServer, model: str) -> FidelityR
         frame_width=options.image_width,
         frame_height=options.image_height,
         chat_prompt_tokens=options.chat_prompt_tokens[1],
+        frame_filler_words=options.frame_filler_words,
         seed=options.seed,
     )
     target = target_for(options.fidelity_target, options.fidelity_gpu, options.models_dir)
