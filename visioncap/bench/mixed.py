@@ -39,7 +39,7 @@ from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import PhaseResult, PhaseSpec, Target, paired_streams, run_phase_sync
 from visioncap.bench.machine import machine_facts
 from visioncap.bench.servers import measured_vllm
-from visioncap.bench.standin import scaled_chat_prompts, with_vllm_flag, workload_for
+from visioncap.bench.standin import with_vllm_flag, workload_for, workload_options
 from visioncap.bench.stats import percentile, ratio
 from visioncap.bench.workload import (
     ChatTurn,
@@ -144,13 +144,7 @@ def as_stand_in(options: MixedOptions, profile: ModelProfile) -> tuple[MixedOpti
     workload = workload_for(profile, options.fidelity_target, options.fidelity_gpu)
     if workload is None:
         return options, profile
-    sized = replace(
-        options,
-        image_width=workload.frame_width,
-        image_height=workload.frame_height,
-        frame_filler_words=workload.frame_filler_words,
-        chat_prompt_tokens=scaled_chat_prompts(workload, options.chat_prompt_tokens),
-    )
+    sized = replace(options, **workload_options(workload, options.chat_prompt_tokens))
     return sized, with_vllm_flag(profile, "--max-num-batched-tokens", str(workload.max_num_batched_tokens))
 
 

@@ -240,8 +240,7 @@ def write_stand_in(profile_path: Path, spec: StandInSpec) -> None:
     import yaml
 
     from visioncap.errors import ConfigError
-    from visioncap.serve.profiles import ModelProfile
-    from visioncap.tune.write import split_block
+    from visioncap.tune.write import replace_profile, split_block
 
     text = profile_path.read_text(encoding="utf-8")
     start = text.find(STAND_IN_START)
@@ -254,14 +253,7 @@ def write_stand_in(profile_path: Path, spec: StandInSpec) -> None:
         raise ConfigError(f"{profile_path}: its `stand_in:` section is not the generated block; remove it first")
     body = yaml.safe_dump({"stand_in": spec.model_dump(mode="json")}, sort_keys=False, width=120)
     head, tuned = split_block(text)
-    new_text = f"{head.rstrip()}\n{STAND_IN_START}\n{body}{STAND_IN_END}\n{tuned}"
-    try:
-        ModelProfile.model_validate(yaml.safe_load(new_text))
-    except ValueError as exc:
-        raise ConfigError(f"{profile_path}: the profile would not load, so it was not written: {exc}") from exc
-    temporary = profile_path.with_suffix(profile_path.suffix + ".tmp")
-    temporary.write_text(new_text, encoding="utf-8")
-    temporary.replace(profile_path)
+    replace_profile(profile_path, f"{head.rstrip()}\n{STAND_IN_START}\n{body}{STAND_IN_END}\n{tuned}")
 
 
 def workload_for(profile: ModelProfile, target: str | None, gpu: str) -> StandInWorkload | None:
@@ -270,6 +262,16 @@ def workload_for(profile: ModelProfile, target: str | None, gpu: str) -> StandIn
     if spec is None or target is None or spec.target != target:
         return None
     return spec.workloads.get(gpu)  # type: ignore[call-overload]
+
+
+def workload_options(workload: StandInWorkload, chat_prompt_tokens: tuple[int, int]) -> dict[str, Any]:
+    """The bench options a sized workload sets: frame size and filler, the chat prompt range scaled to it."""
+    return {
+        "image_width": workload.frame_width,
+        "image_height": workload.frame_height,
+        "frame_filler_words": workload.frame_filler_words,
+        "chat_prompt_tokens": scaled_chat_prompts(workload, chat_prompt_tokens),
+    }
 
 
 def scaled_chat_prompts(workload: StandInWorkload, tokens: tuple[int, int]) -> tuple[int, int]:

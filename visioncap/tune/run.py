@@ -28,7 +28,7 @@ from visioncap.bench.load import Target
 from visioncap.bench.machine import hardware, machine_facts
 from visioncap.bench.mixed import MixedOptions, Run
 from visioncap.bench.servers import measured_vllm
-from visioncap.bench.standin import scaled_chat_prompts, workload_for
+from visioncap.bench.standin import workload_for, workload_options
 from visioncap.errors import VisioncapError
 from visioncap.serve import VllmServer, load_profile
 from visioncap.serve.launcher import ServerError
@@ -316,13 +316,7 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     profile = load_profile(options.profile, options.models_dir)
     workload = workload_for(profile, options.fidelity_target, options.fidelity_gpu)
     if workload is not None:  # a sized stand-in: its frames, filler and chat prompts (the budgets are swept)
-        options = replace(
-            options,
-            image_width=workload.frame_width,
-            image_height=workload.frame_height,
-            frame_filler_words=workload.frame_filler_words,
-            chat_prompt_tokens=scaled_chat_prompts(workload, options.chat_prompt_tokens),
-        )
+        options = replace(options, **workload_options(workload, options.chat_prompt_tokens))
     options.work_dir.mkdir(parents=True, exist_ok=True)
     run = Run(mixed_options(options), profile)
     runs: list[CandidateRun] = []

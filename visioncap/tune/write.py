@@ -192,12 +192,16 @@ def write_tuned(
         workload=options.workload_line(),
         candidates=marked,
     )
-    new_text = head.rstrip("\n") + "\n" + render_block(records)
-    try:  # the written file must still load as a profile, or nothing is written at all
+    replace_profile(profile_path, head.rstrip("\n") + "\n" + render_block(records))
+    return records[gpu_class]
+
+
+def replace_profile(profile_path: Path, new_text: str) -> None:
+    """Write a profile's new text in one step, only if it still loads as a profile (else nothing is written)."""
+    try:
         ModelProfile.model_validate(yaml.safe_load(new_text))
     except ValidationError as exc:
-        raise ConfigError(f"{profile_path}: the tuned profile would not load, so it was not written: {exc}") from exc
+        raise ConfigError(f"{profile_path}: the edited profile would not load, so it was not written: {exc}") from exc
     temporary = profile_path.with_suffix(profile_path.suffix + ".tmp")
     temporary.write_text(new_text, encoding="utf-8")
     temporary.replace(profile_path)
-    return records[gpu_class]
