@@ -243,16 +243,18 @@ async def _prompt_tokens(client: httpx.AsyncClient, base_url: str, body: dict[st
 
 
 async def _text_body(
-    client: httpx.AsyncClient, base_url: str, model: str, tokens: int, seed: int
+    client: httpx.AsyncClient, base_url: str, model: str, tokens: int, seed: int, first_word: str
 ) -> tuple[dict[str, Any], int]:
-    """A chat body whose prompt is `tokens` tokens (to within a few), found by counting with vLLM."""
+    """A chat body whose prompt is `tokens` tokens (to within a few), found by counting with vLLM; its first word
+    is `first_word`, shaped like the unique first word each injection puts there."""
     words = tokens
     body: dict[str, Any] = {}
     counted = 0
     for _ in range(6):
+        text = text_of_tokens(words, seed).split(" ")
         body = {
             "model": model,
-            "messages": [{"role": "user", "content": text_of_tokens(words, seed)}],
+            "messages": [{"role": "user", "content": " ".join([first_word, *text[1:]])}],
             "temperature": 0,
         }
         counted = await _prompt_tokens(client, base_url, body)
@@ -312,13 +314,17 @@ async def measure_async(
 
         # Warms the image path (processor, encoder) before anything is timed, and counts the frame's tokens.
         frame_tokens = await _prompt_tokens(client, base_url, _frame_body(model, probe, -1))
-        same_body, _ = await _text_body(client, base_url, model, frame_tokens, probe.seed + 1)
-        chat_body, chat_tokens = await _text_body(client, base_url, model, probe.chat_prompt_tokens, probe.seed + 2)
-        # Made before any timing, one per frame injection and a spare per round for retries: a frame sent twice
-        # would find its prompt in vLLM's prefix cache. The salt keeps this run's texts apart from an earlier
-        # run's on the same server (same seed, same words).
-        frames = [_frame_body(model, probe, i) for i in range((probe.repeats + 1) * 2)]
+        # Every injected text starts with a unique word: a vocabulary word, this run's salt (so an earlier run's
+        # texts on the same server, same seed and same words, are not found in the prefix cache) and a counter.
         salt = secrets.token_hex(3)
+        shape = f"{WORDS[0]}{salt}10"
+        same_body, _ = await _text_body(client, base_url, model, frame_tokens, probe.seed + 1, shape)
+        chat_body, chat_tokens = await _text_body(
+            client, base_url, model, probe.chat_prompt_tokens, probe.seed + 2, shape
+        )
+        # Made before any timing, one per frame injection and a spare per round for retries: a frame sent twice
+        # would find its prompt in vLLM's prefix cache.
+        frames = [_frame_body(model, probe, i) for i in range((probe.repeats + 1) * 2)]
         sent_frames = 0
         # The shortest prompt there is (the chat template's tokens and one word): nothing to search for.
         tiny_body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}

@@ -9,8 +9,9 @@ Inter-token latency (ITL), everywhere it is measured here (the gateway's `vision
 and its controller's window, `bench mixed`'s and `tune`'s `itl_ms`):
 
 - An *arrival* is what one network read delivers. Every output chunk completed by bytes of the same read gets
-  that read's time stamp, also when the HTTP client hands the read over in several pieces (httpx yields one
-  piece per HTTP chunk, i.e. per SSE event, even when one read held many: see `CountingTransport`).
+  that read's time stamp, also when the HTTP client hands the read over in several pieces (httpx, which `bench
+  mixed` and `tune` read with, yields one piece per HTTP chunk, i.e. per SSE event, even when one read held
+  many: see `CountingTransport`; the gateway's aiohttp client hands over one piece per read, so it needs none).
 - The first output arrival ends the time to first token. Its tokens have no gaps: they were produced somewhere
   inside that wait, and nothing tells where.
 - The gap g between an arrival and the previous output arrival, when the arrival carries k tokens, counts as k
