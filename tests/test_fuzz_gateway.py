@@ -14,15 +14,14 @@ to the generator, most requests would ask for thousands of tokens, or be answere
 from __future__ import annotations
 
 import json
-from collections import Counter, defaultdict
 from collections.abc import Iterator
 from typing import Any
 
+import fuzzing
 import hypothesis
 import pytest
 import schemathesis
-from helpers import ARTIFACTS, TINY_MODEL
-from hypothesis.configuration import set_hypothesis_home_dir
+from helpers import TINY_MODEL
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from visioncap.config.gateway import GatewayConfig, hash_key
@@ -33,18 +32,8 @@ from visioncap.serve import VllmServer
 KEY = "fuzz-interactive-key"
 TIMEOUT = 120  # seconds; a bound on a broken test, never a measurement
 MAX_TOKENS = 4
-# Hypothesis' caches (never an example database: `database=None` below) go with the test artifacts, not into the
-# working tree's .hypothesis/.
-set_hypothesis_home_dir(ARTIFACTS / "hypothesis")
-# Per operation. Derandomized: the same cases on every run, so CI never fails on a case it did not try before.
-SETTINGS = hypothesis.settings(
-    max_examples=25,
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=list(hypothesis.HealthCheck),
-)
-ANSWERS: dict[str, Counter[int]] = defaultdict(Counter)  # operation -> status -> cases
+SETTINGS = fuzzing.settings(max_examples=25)
+TALLY = fuzzing.Tally("fuzz-gateway-cases")
 TITLE = "visioncap gateway"
 GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
@@ -159,16 +148,9 @@ def test_gateway_answers_every_generated_request_as_its_schema_says(case: schema
         excluded_checks=[positive_data_acceptance, negative_data_rejection],
         additional_checks=[positive_data_accepted_unless_refused_as_documented],
     )
-    ANSWERS[case.operation.label][response.status_code] += 1
+    TALLY.count(case, response.status_code)
 
 
 def test_every_operation_was_fuzzed_and_answered_with_success() -> None:
     """After the generated cases (pytest runs this module in order): none left out, none only ever refused."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    counts = {label: dict(sorted(statuses.items())) for label, statuses in sorted(ANSWERS.items())}
-    (ARTIFACTS / "fuzz-gateway-cases.json").write_text(json.dumps(counts, indent=1) + "\n")
-    operations = {result.ok().label for result in schema.get_all_operations()}
-    assert set(ANSWERS) == operations, operations - set(ANSWERS)
-    for label, statuses in ANSWERS.items():
-        if label != "POST /v1/embeddings":
-            assert any(200 <= status < 300 for status in statuses), (label, statuses)
+    TALLY.check_coverage(schema, never_succeeds=frozenset({"POST /v1/embeddings"}))

@@ -16,6 +16,11 @@ def bench() -> None:
     """Benchmarks against a real vLLM server; results go under benchmarks/."""
 
 
+# The options `bench fidelity` and `bench standin` share.
+StandInProfile = Annotated[str, typer.Option(help="The stand-in's model profile (models/NAME.yaml), served here.")]
+TargetProfile = Annotated[str, typer.Option(help="The profile it stands in for (its cost model is the target).")]
+
+
 @bench_app.command("mixed")
 def mixed_command(
     quick: Annotated[bool, typer.Option("--quick", help="Short phases and one vLLM start (~3 min).")] = False,
@@ -82,12 +87,8 @@ def mixed_command(
 
 @bench_app.command("fidelity")
 def fidelity_command(
-    profile: Annotated[str, typer.Option(help="The stand-in's model profile (models/NAME.yaml), served here.")] = (
-        "standin"
-    ),
-    target: Annotated[str, typer.Option(help="The profile it stands in for (its cost model is the target).")] = (
-        "qwen2.5-vl-7b"
-    ),
+    profile: StandInProfile = "standin",
+    target: TargetProfile = "qwen2.5-vl-7b",
     gpu: Annotated[str, typer.Option(help="The target's GPU class (h200, l4, ...).")] = "h200",
     frame_width: Annotated[int, typer.Option(help="The stand-in's camera frame width.")] = 640,
     frame_height: Annotated[int, typer.Option(help="The stand-in's camera frame height.")] = 480,
@@ -138,12 +139,8 @@ def fidelity_command(
 
 @bench_app.command("standin")
 def standin_command(
-    profile: Annotated[str, typer.Option(help="The stand-in's model profile (models/NAME.yaml), served here.")] = (
-        "standin"
-    ),
-    target: Annotated[str, typer.Option(help="The profile it stands in for (its cost model is the target).")] = (
-        "qwen2.5-vl-7b"
-    ),
+    profile: StandInProfile = "standin",
+    target: TargetProfile = "qwen2.5-vl-7b",
     gpu: Annotated[list[str] | None, typer.Option(help="Target GPU classes (repeat the option).")] = None,
     calibrate: Annotated[
         list[str] | None,
