@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import io
+import itertools
 import json
 import signal
 import socket
@@ -447,6 +448,7 @@ def test_interactive_traffic_starts_background_at_the_floor_and_healthy_latency_
         objectives={"itl_p99_ms": 50},
         # No automatic steps (the test makes them) and interactive stays "active" once seen.
         controller={"interval_s": 3600, "idle_after_s": 3600, "increase_interval_s": 0},
+        pacing={"enabled": False},  # the concurrency-limit policy
     )
     assert post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2, user="chat")).status_code == 200
     assert gw.call_soon(gw.gateway.control_step).caps.concurrency == 1
@@ -473,6 +475,53 @@ def test_interactive_traffic_starts_background_at_the_floor_and_healthy_latency_
     assert second.result(TIMEOUT).status_code == 200
 
 
+def test_paced_background_keeps_flowing_while_chat_is_active(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """The pacing policy spreads frames while chat is active instead of stopping them: with chat active the
+    whole time, latency objectives missed (so the rate sits at its floor) and no room for a limit policy to give
+    (min_concurrency 0 would stop background), every frame is answered, and no two start closer than the
+    floor's interval."""
+    gw = tapped_gateway(
+        background={"max_concurrency": 4, "min_concurrency": 0, "deadline_s": 60},
+        # Always missed: the controller would cut the rate, but it is at the floor.
+        objectives={"ttft_p99_ms": 1, "itl_p99_ms": 1},
+        controller={"interval_s": 0.05, "idle_after_s": 3600},
+        pacing={"start_per_s": 5, "min_per_s": 5, "max_per_s": 5, "min_fresh_gaps": 1, "first_token_hold_s": 0},
+    )
+    stream = {**chat_body(max_tokens=8, user="chat"), "stream": True}
+    assert post_chat(gw, INTERACTIVE_KEY, stream).status_code == 200
+    decision = gw.call_soon(gw.gateway.control_step)
+    assert decision.caps.interactive_active and decision.action == "hold" and "ttft" in decision.reasons
+    frames = [pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user=f"f{i}")) for i in range(6)]
+    assert all(frame.result(TIMEOUT).status_code == 200 for frame in frames)
+    admitted = sorted(gw.call_soon(lambda: list(gw.gateway.scheduler.recent_starts)))
+    assert len(admitted) == 6
+    assert min(b - a for a, b in itertools.pairwise(admitted)) >= 1 / 5 - 1e-3
+    text = httpx.get(f"{gw.root_url}/metrics").text
+    assert metric(text, "visioncap_gateway_background_starts_per_second") == 5
+
+
+def test_a_chat_waiting_for_its_first_token_holds_background_starts_back(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """Chat-aware admission: a frame arriving while a chat's prefill is pending waits for the chat's first token
+    (so the two never share an engine step), then starts at once."""
+    gw = tapped_gateway(
+        controller={"interval_s": 3600, "idle_after_s": 3600},
+        pacing={"first_token_hold_s": 3600},
+    )
+    release_chat = tap.hold("chat")
+    chat = pool.submit(post_chat, gw, INTERACTIVE_KEY, {**chat_body(max_tokens=4, user="chat"), "stream": True})
+    tap.wait_for_user("chat")  # the chat is at vLLM, its first token held back by the tap
+    frame = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="frame"))
+    state = wait_queue(gw, lambda s: s.waiting == 1)
+    assert state.in_flight == 0 and "frame" not in tap.users_seen()
+    release_chat.set()
+    assert chat.result(TIMEOUT).status_code == 200
+    assert frame.result(TIMEOUT).status_code == 200
+
+
 def test_interactive_arrival_preempts_fresh_background_which_is_redone_later(
     tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
 ) -> None:
@@ -481,6 +530,7 @@ def test_interactive_arrival_preempts_fresh_background_which_is_redone_later(
     gw = tapped_gateway(
         background={"max_concurrency": 2, "min_concurrency": 0, "preempt_window_s": 3600},
         controller={"interval_s": 0.05, "idle_after_s": 0.3},
+        pacing={"enabled": False},  # the concurrency-limit policy: the chat cuts the cap to 0
     )
     hold = tap.hold("frame")
     background = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=3, user="frame"))
@@ -859,6 +909,7 @@ def test_gateway_metrics(tapped_gateway: Callable[..., GatewayThread], tap: Tap)
     for gauge in (
         "visioncap_gateway_background_concurrency_cap",
         "visioncap_gateway_background_image_tokens_cap",
+        "visioncap_gateway_background_starts_per_second",
         "visioncap_gateway_image_tokens_in_flight",
         "visioncap_gateway_queue_depth",
     ):

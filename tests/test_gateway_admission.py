@@ -7,11 +7,13 @@ on its state, never on time.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import time
 from collections.abc import Iterable
 
 import pytest
 
-from visioncap.config.gateway import BackgroundConfig, ControllerConfig, ObjectivesConfig
+from visioncap.config.gateway import BackgroundConfig, ControllerConfig, ObjectivesConfig, PacingConfig
 from visioncap.gateway.admission import AdmissionController, Caps, Decision
 from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
 
@@ -424,5 +426,114 @@ def test_preemption_asks_the_newest_fresh_grants_beyond_the_cap() -> None:
         assert first.enqueued_at == grants[2].enqueued_at and not other.done()
         first.release()
         (await asyncio.wait_for(other, 10)).release()
+
+    asyncio.run(scenario())
+
+
+# -- the pacing policy ----------------------------------------------------------------------------------------
+
+PACING = PacingConfig(start_per_s=2.0, min_per_s=0.5, max_per_s=3.0, increase_per_s=0.5, decrease_factor=0.5)
+
+
+def pacer(**pacing: float) -> AdmissionController:
+    return AdmissionController(OBJECTIVES, BACKGROUND, CONTROLLER, pacing=PACING.model_copy(update=pacing))
+
+
+def test_pacing_spreads_starts_only_while_interactive_is_active() -> None:
+    ctl = pacer(first_token_hold_s=0)
+    assert ctl.caps(0.0) == Caps(8, 4000, False)  # idle: full caps, not paced
+    ctl.interactive_started(1.0)
+    # Active: the idle caps (a frame's decode beside chat is cheap), but starts spread at the rate.
+    assert ctl.caps(1.0) == Caps(8, 4000, True, starts_per_s=2.0)
+
+
+def test_pacing_slows_when_over_one_percent_of_fresh_gaps_miss_and_waits_for_new_evidence() -> None:
+    ctl = pacer(min_fresh_gaps=100, evidence_z=0)  # any count above 1 % is a miss
+    # 1 s of gaps every 10 ms, 2 of them (2 %) above the 20 ms objective.
+    gaps = [(i / 100, "itl", 50.0 if i in (30, 60) else 5.0) for i in range(100)]
+    events = merged([(0.0, "start", 0)], gaps, [(1.0, "tick", 0)])
+    decisions = replay(ctl, events)
+    assert decisions[-1].action == "decrease" and ctl.starts_per_s == 1.0 and decisions[-1].reasons == ("itl",)
+    # The same window still holds those misses, but no new gaps have come: no second decrease.
+    assert replay(ctl, [(1.25, "tick", 0)])[-1].action == "hold"
+    # 100 new gaps with one miss (1 %: within p99) do not count either.
+    fresh = [(1.3 + i / 100, "itl", 50.0 if i == 10 else 5.0) for i in range(100)]
+    assert replay(ctl, [*fresh, (2.5, "tick", 0)])[-1].action == "hold"
+    assert ctl.starts_per_s == 1.0
+
+
+def test_a_miss_must_clear_one_percent_by_the_evidence_margin() -> None:
+    def decide(misses: int) -> str:
+        ctl = pacer(min_fresh_gaps=100, evidence_z=2.0)
+        gaps = [(i / 100, "itl", 50.0 if i % (100 // misses) == 0 else 5.0) for i in range(100)]
+        return replay(ctl, merged([(0.0, "start", 0)], gaps, [(1.0, "tick", 0)]))[-1].action
+
+    # 2 of 100 is what a true 1 % shows half of the time; 8 of 100 clears 1 % by 2 x sqrt(8) = 5.7.
+    assert [decide(2), decide(4), decide(10)] == ["hold", "hold", "decrease"]
+
+
+def test_pacing_never_goes_below_its_floor() -> None:
+    ctl = pacer(min_fresh_gaps=10)
+    events = [(0.0, "start", 0)]
+    for second in range(6):
+        events += [(second + i / 100, "itl", 80.0) for i in range(20)] + [(second + 0.5, "tick", 0)]
+    actions = [d.action for d in replay(ctl, events)]
+    assert actions == ["decrease", "decrease", "hold", "hold", "hold", "hold"]  # 2 -> 1 -> 0.5, the floor
+    assert ctl.starts_per_s == 0.5
+    assert ctl.caps(6.0).starts_per_s == 0.5  # background still starts, every 2 s
+
+
+def test_pacing_grows_while_healthy_only_when_frames_wait() -> None:
+    ctl = pacer()
+    healthy = merged([(0.0, "start", 0)], itl_stream(0.0, 5.0, gap_ms=5))
+    nothing_waits = replay(ctl, merged(healthy, ticks(0.25, 5.0, in_flight=1)))
+    assert {d.action for d in nothing_waits} == {"hold"} and ctl.starts_per_s == 2.0
+    more = merged(itl_stream(5.0, 10.0, gap_ms=5), ticks(5.25, 10.0, in_flight=FULL))
+    grown = [d.starts_per_s for d in replay(ctl, more) if d.action == "increase"]
+    assert grown == [2.5, 3.0]  # up to max_per_s
+
+
+def test_a_chat_awaiting_its_first_token_holds_background_starts_for_at_most_the_hold() -> None:
+    ctl = pacer(first_token_hold_s=0.5)
+    first = ctl.interactive_started(1.0)
+    assert ctl.caps(1.2).hold_until == 1.5
+    assert ctl.caps(1.6).hold_until is None  # a prefill that long is not held for
+    second = ctl.interactive_started(2.0)
+    ctl.interactive_first_token(second)
+    assert ctl.caps(2.1).hold_until is None
+    ctl.interactive_finished(2.2, first)
+    third = ctl.interactive_started(3.0)
+    ctl.interactive_finished(3.1, third)  # ended without a token (an error): holds nothing
+    assert ctl.caps(3.2).hold_until is None
+
+
+def test_paced_starts_are_spread_one_at_a_time_even_after_a_quiet_spell() -> None:
+    async def scenario() -> list[float]:
+        caps = FixedCaps(8)
+        caps.caps = Caps(8, 10_000, True, starts_per_s=20.0)
+        scheduler = BackgroundScheduler(caps, queue_size=10)
+        tasks = [asyncio.create_task(scheduler.acquire(c, 0, deadline_s=10)) for c in "abcdef"]
+        grants = [await asyncio.wait_for(t, 10) for t in tasks]
+        for grant in grants:
+            grant.release()
+        return sorted(g.admitted_at for g in grants)
+
+    starts = asyncio.run(scenario())
+    # Six requests at once: one starts now, the others one every 50 ms, woken by the pacer's timer.
+    assert min(b - a for a, b in itertools.pairwise(starts)) >= 0.05 - 1e-4
+
+
+def test_a_hold_keeps_background_back_until_it_ends_or_the_caps_drop_it() -> None:
+    async def scenario() -> None:
+        caps = FixedCaps(8)
+        now = time.monotonic()
+        caps.caps = Caps(8, 10_000, True, starts_per_s=1000.0, hold_until=now + 3600)
+        scheduler = BackgroundScheduler(caps, queue_size=10)
+        waiting = asyncio.create_task(scheduler.acquire("a", 0, deadline_s=10))
+        await _waiting(scheduler, 1)
+        assert not waiting.done()
+        caps.caps = Caps(8, 10_000, True, starts_per_s=1000.0)  # the chat's first token came
+        scheduler.dispatch()
+        (await asyncio.wait_for(waiting, 10)).release()
 
     asyncio.run(scenario())

@@ -42,6 +42,17 @@ def mixed_command(
     gw_max_concurrency: Annotated[int, typer.Option(help="Gateway: background.max_concurrency.")] = 8,
     gw_min_concurrency: Annotated[int, typer.Option(help="Gateway: background.min_concurrency.")] = 0,
     gw_idle_after: Annotated[float, typer.Option(help="Gateway: controller.idle_after_s.")] = 5.0,
+    gw_pacing: Annotated[
+        bool,
+        typer.Option(
+            "--gw-pacing/--gw-no-pacing",
+            help="S3's gateway paces background starts (default) or uses the concurrency-limit policy.",
+        ),
+    ] = True,
+    gw_start_per_s: Annotated[
+        float | None,
+        typer.Option(help="Gateway: pacing.start_per_s; default: this run's cost-model ceiling at 1.25x."),
+    ] = None,
     gw_active_max_image_tokens: Annotated[
         int, typer.Option(help="S3-downscale: gateway's background.active_max_image_tokens; 0 skips S3-downscale.")
     ] = 64,
@@ -68,6 +79,8 @@ def mixed_command(
         "gw_max_concurrency": gw_max_concurrency,
         "gw_min_concurrency": gw_min_concurrency,
         "gw_idle_after_s": gw_idle_after,
+        "gw_pacing": gw_pacing,
+        "gw_start_per_s": gw_start_per_s,
         "gw_active_max_image_tokens": gw_active_max_image_tokens or None,
         "ttft_objective_ms": ttft_objective_ms,
         "itl_objective_ms": itl_objective_ms,

@@ -32,8 +32,10 @@ def gateway_config(
     background: dict[str, Any],
     controller: dict[str, Any],
     max_tokens_per_image: int,
+    pacing: dict[str, Any] | None = None,
 ) -> GatewayConfig:
-    """A gateway with one interactive and one background key, validated as `visioncap gateway` would."""
+    """A gateway with one interactive and one background key, validated as `visioncap gateway` would;
+    `pacing`: the pacing section (None: its defaults)."""
     return GatewayConfig.model_validate(
         {
             "upstream": {"base_url": upstream_base_url, "metrics_poll_s": 0.5},
@@ -49,6 +51,7 @@ def gateway_config(
             "background": background,
             "controller": controller,
             "images": {"max_tokens_per_image": max_tokens_per_image},
+            **({} if pacing is None else {"pacing": pacing}),
         }
     )
 

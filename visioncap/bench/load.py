@@ -337,6 +337,7 @@ def _probe_value(url: str, text: str) -> Any:
         "waiting": background.get("waiting"),
         "cap": background.get("concurrency_cap"),
         "limit": background.get("limit"),
+        "starts_per_s": background.get("starts_per_s"),
         "interactive_active": (health.get("interactive") or {}).get("active"),
     }
 

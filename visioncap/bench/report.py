@@ -16,6 +16,7 @@ ROWS = (
     ("S1", "chat + flood, vLLM FCFS"),
     ("S2", "chat + flood, vLLM priority"),
     ("S3", "chat + flood, gateway"),
+    ("S3-steady", "chat + flood offered below S3's rate, gateway"),
     ("S3-downscale", "chat + flood, gateway shrinking images while chat is active"),
     ("S0-gateway", "chat alone, gateway"),
     ("S1-idle", "flood alone, direct"),
@@ -57,6 +58,8 @@ def write_outputs(results: dict[str, Any], run: Run, options: MixedOptions) -> d
         paths["raw"].write_text(json.dumps(_round(raw, 4), separators=(",", ":")) + "\n", encoding="utf-8")
     paths["markdown"].write_text(markdown(results), encoding="utf-8")
     plot(results, run, paths["png"])
+    if (out / f"{options.name}-frontier.png").exists():
+        paths["frontier_png"] = out / f"{options.name}-frontier.png"
     results["files"] = {key: str(path) for key, path in paths.items()}
     return paths
 
@@ -72,7 +75,9 @@ def table(results: dict[str, Any]) -> str:
         "caption latency p50 / p99 (ms) | load (1 min) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, what in ROWS:
+    extra = [(name, "frontier point") for name in setups if name.startswith("F-")]
+    extra += [(name, "reference: cameras throttled by hand") for name in setups if name.startswith("R-")]
+    for name, what in (*ROWS, *extra):
         summary = setups.get(name)
         if summary is None:
             continue
@@ -115,6 +120,67 @@ def goals_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def frontier_text(results: dict[str, Any]) -> str:
+    """The frontier (visioncap.bench.frontier): each configuration's best captions/s per chat objective, and the
+    points it is made of."""
+    front = results.get("frontier") or {}
+    levels = front.get("levels") or {}
+    if not levels:
+        return ""
+    configs = sorted({c for row in levels.values() for c in row["best"]})
+    lines = [
+        "Frontier: the most captions/s each configuration delivered during chat while chat's inter-token p99 "
+        "stayed within the level x S0 and TTFT p99 within 1.5x S0 (point estimates):",
+        "",
+        "| level | " + " | ".join(configs) + " | gateway / best vLLM | met (>= 1.5x) |",
+        "|---|" + "---:|" * len(configs) + "---:|:---:|",
+    ]
+    for level, row in levels.items():
+        cells = [
+            "-" if row["best"].get(c) is None else f"{row['best'][c]['captions_per_s']:.2f} ({row['best'][c]['phase']})"
+            for c in configs
+        ]
+        met = {True: "yes", False: "**no**", None: "-"}[row["met"]]
+        lines.append(f"| {level}x | " + " | ".join(cells) + f" | {_f(row['gateway_over_vllm'], 2)} | {met} |")
+    lines += [
+        "",
+        "| point | configuration | setting | captions/s | ITL p99 / S0 [95 %] | TTFT p99 / S0 [95 %] |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    for point in front.get("points") or []:
+
+        def shown(value: float | None, interval: list[float] | None) -> str:
+            bracket = "" if not interval else f" [{interval[0]:.2f}-{interval[1]:.2f}]"
+            return _f(value, 2) + bracket
+
+        lines.append(
+            f"| {point['phase']} | {point['config']} | {point['setting']} | {_f(point['captions_per_s'], 2)} | "
+            f"{shown(point['itl_p99_ratio'], point['itl_interval'])} | "
+            f"{shown(point['ttft_p99_ratio'], point['ttft_interval'])} |"
+        )
+    return "\n".join(lines) + "\n\n"
+
+
+def ceiling_text(results: dict[str, Any]) -> str:
+    found = results.get("ceilings")
+    if not found:
+        return ""
+    lines = [
+        f"Cost-model ceilings (visioncap.bench.ceiling): decode step {found['step_ms']} ms (S0's median gap), a frame "
+        f"costs {found['frame_steps']} decode steps ({found['frame_steps_source']}):",
+        "",
+        "| level | deterministic steps (GPU-like): frames/s, step share | S0 gaps here: frames/s, step share |",
+        "|---|---:|---:|",
+    ]
+    for level, row in found["levels"].items():
+        det, mea = row["deterministic"], row["measured"]
+        lines.append(
+            f"| {level}x | {det['frames_per_s']:.2f}, {det['step_share']:.3f} ({det['bound']}) | "
+            f"{mea['frames_per_s']:.2f}, {mea['step_share']:.3f} ({mea['bound']}) |"
+        )
+    return "\n".join(lines) + "\n\n"
+
+
 def _fidelity_text(fidelity: dict[str, Any] | None) -> str:
     """The stand-in fidelity table, measured at the start of the run (nothing when it was not measured)."""
     if not fidelity:
@@ -155,6 +221,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{_fidelity_text(results.get('fidelity'))}"
         f"Gateway objectives in S3: {json.dumps(results.get('gateway_objectives'))}.\n\n"
         f"{table(results)}\n\n{goals_table(results)}\n\n"
+        f"{ceiling_text(results)}{frontier_text(results)}"
         f"S0 blocks, gateway / direct p50 per ABBA pair: {pairs}.\n\n"
         f"S3 gateway probes (every 0.5 s): {json.dumps(results.get('s3_gateway_timeline'))}.\n"
     )
@@ -228,7 +295,11 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
         times = [t for t, _ in samples]
         ax_gw.step(times, [v.get("cap") or 0 for _, v in samples], where="post", label="background cap")
         ax_gw.step(times, [v.get("in_flight") or 0 for _, v in samples], where="post", label="background in flight")
-        ax_gw.step(times, [v.get("limit") or 0 for _, v in samples], where="post", label="AIMD limit", alpha=0.6)
+        if any(v.get("starts_per_s") is not None for _, v in samples):
+            rate = [v.get("starts_per_s") or 0 for _, v in samples]
+            ax_gw.step(times, rate, where="post", label="paced starts/s", alpha=0.8)
+        else:
+            ax_gw.step(times, [v.get("limit") or 0 for _, v in samples], where="post", label="AIMD limit", alpha=0.6)
         for chat in s3.chats:
             if chat.finished_at is not None:
                 ax_gw.plot([chat.sent_at, chat.finished_at], [-0.3, -0.3], color="#2ca02c", linewidth=4, alpha=0.4)
@@ -254,6 +325,51 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
         f"ratios from one run on a shared {results['machine']['cpu_count']}-CPU machine",
         fontsize=10,
     )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    plot_frontier(results, path.with_name(path.stem + "-frontier.png"))
+
+
+def plot_frontier(results: dict[str, Any], path: Path) -> None:
+    """Captions/s against chat's inter-token and TTFT p99 (x S0), every point of every configuration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = (results.get("frontier") or {}).get("points") or []
+    if not points:
+        return
+    markers = {"vllm-fcfs": ("o", "#d62728"), "vllm-priority": ("s", "#ff7f0e"), "gateway": ("^", "#2ca02c")}
+    spare = iter([("v", "#8c564b"), ("P", "#e377c2"), ("X", "#7f7f7f"), ("*", "#bcbd22"), ("h", "#17becf")] * 3)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    for ax, metric, label, limits in (
+        (axes[0], "itl", "chat inter-token p99 / S0", (1.25, 1.5, 2.0, 3.0)),
+        (axes[1], "ttft", "chat TTFT p99 / S0", (1.5,)),
+    ):
+        for config in sorted({p["config"] for p in points}):
+            mine = [p for p in points if p["config"] == config and p[f"{metric}_p99_ratio"] is not None]
+            if config not in markers:
+                markers[config] = next(spare, ("D", "#9467bd"))
+            marker, color = markers[config]
+            xs = [p[f"{metric}_p99_ratio"] for p in mine]
+            ys = [p["captions_per_s"] or 0 for p in mine]
+            errors = [
+                [max(0.0, x - (p[f"{metric}_interval"] or [x, x])[0]) for x, p in zip(xs, mine, strict=True)],
+                [max(0.0, (p[f"{metric}_interval"] or [x, x])[1] - x) for x, p in zip(xs, mine, strict=True)],
+            ]
+            ax.errorbar(xs, ys, xerr=errors, fmt=marker, color=color, label=config, capsize=3, alpha=0.8)
+            for x, y, p in zip(xs, ys, mine, strict=True):
+                ax.annotate(p["phase"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        for limit in limits:
+            ax.axvline(limit, color="#888888", linestyle=":", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_xlabel(label + " (log; bars: bootstrap 95 %)")
+        ax.grid(True, alpha=0.3)
+    axes[0].set_ylabel("captions/s during chat")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"visioncap bench mixed - frontier - {results['started_at']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

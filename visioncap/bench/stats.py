@@ -65,3 +65,33 @@ def ecdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
     ordered = sorted(values)
     n = len(ordered)
     return ordered, [(index + 1) / n for index in range(n)]
+
+
+def bootstrap_ratio_interval(
+    numerator: Sequence[Sequence[float]],
+    denominator: Sequence[Sequence[float]],
+    q: float,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """95 % interval of percentile-q(numerator) / percentile-q(denominator), resampling whole clusters.
+
+    A cluster is what was measured together: one chat's inter-token gaps (they share that chat's fate), or one
+    TTFT. Each arm's clusters are drawn with replacement and pooled, so an interval reflects how few chats a
+    p99 rests on, not only how many gaps. None when either arm is empty.
+    """
+    if not numerator or not denominator:
+        return None
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        top = percentile([v for c in rng.choices(numerator, k=len(numerator)) for v in c], q)
+        bottom = percentile([v for c in rng.choices(denominator, k=len(denominator)) for v in c], q)
+        value = ratio(top, bottom)
+        if value is not None:
+            ratios.append(value)
+    if not ratios:
+        return None
+    low, high = percentile(ratios, 2.5), percentile(ratios, 97.5)
+    assert low is not None and high is not None
+    return low, high

@@ -4,7 +4,16 @@ Pure logic, no I/O and no clock of its own: the gateway feeds it measurements wi
 (interactive streams' time to first token and inter-token gaps, vLLM's waiting/running counts, interactive
 requests starting and ending) and asks it for decisions, so recorded sequences replay exactly in tests.
 
-The policy is AIMD on a background concurrency limit, with the image-token cap scaled alongside it:
+Two policies, both AIMD. The default paces (`PacingConfig`): while interactive traffic is active, background
+requests start one at a time at an adaptive rate (starts per second) under the idle caps, never below a floor,
+and none starts while a chat waits for its first token (bounded by `first_token_hold_s`). The rate falls by
+`decrease_factor` when clearly more than 1 % of the inter-token gaps measured since the last decrease (at least
+`min_fresh_gaps` of them; `evidence_z` standard errors above 1 %) exceed the objective, or the TTFT objective is
+missed as below; it grows by
+`increase_per_s` while the objectives hold and frames wait.
+
+The older policy (`pacing.enabled: false`) is AIMD on a background concurrency limit, with the image-token cap
+scaled alongside it:
 
 - Work-conserving: with no interactive request active (none running and none ended within `idle_after_s`),
   background gets `max_concurrency` and `max_image_tokens_in_flight` whatever the adaptive limit is.
@@ -30,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
-from visioncap.config.gateway import BackgroundConfig, ControllerConfig, ObjectivesConfig
+from visioncap.config.gateway import BackgroundConfig, ControllerConfig, ObjectivesConfig, PacingConfig
 
 Action = Literal["idle", "decrease", "increase", "hold"]
 
@@ -87,6 +96,16 @@ class SlidingWindow:
     def any_since(self, since: float) -> bool:
         return bool(self._samples) and self._samples[-1][0] > since
 
+    def above_since(self, since: float, threshold: float) -> tuple[int, int]:
+        """(samples above `threshold`, samples) among those newer than `since` (reads only the newer samples)."""
+        above = count = 0
+        for t, value in reversed(self._samples):
+            if t <= since:
+                break
+            count += 1
+            above += value > threshold
+        return above, count
+
 
 @dataclass(frozen=True)
 class Caps:
@@ -96,6 +115,8 @@ class Caps:
     image_tokens: int
     interactive_active: bool
     max_tokens_per_image: int | None = None  # larger background images are downscaled to this; None: as sent
+    starts_per_s: float | None = None  # background starts are spread at this rate; None: not paced
+    hold_until: float | None = None  # no background request starts before this time (a chat awaits its first token)
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,7 @@ class Decision:
     reasons: tuple[str, ...]
     ttft_p99_s: float | None
     itl_p99_s: float | None
+    starts_per_s: float | None = None  # the paced start rate while interactive traffic is active; None: not pacing
 
 
 @dataclass(frozen=True)
@@ -129,11 +151,17 @@ class AdmissionController:
         background: BackgroundConfig,
         controller: ControllerConfig,
         start_limit: float | None = None,
+        pacing: PacingConfig | None = None,
     ) -> None:
-        """`start_limit`: the adaptive limit to begin with (default the floor; replays may restore a state)."""
+        """`start_limit`: the adaptive limit to begin with (default the floor; replays may restore a state).
+        `pacing`: the pacing policy's settings; None or disabled: the concurrency-limit policy."""
         self.objectives = objectives
         self.background = background
         self.settings = controller
+        self.pacing = pacing if pacing is not None and pacing.enabled else None
+        self._rate = self.pacing.start_per_s if self.pacing is not None else None
+        self._next_handle = 0
+        self._awaiting_first: dict[int, float] = {}  # interactive requests without a first token: start times
         self.ttft = SlidingWindow(objectives.window_s, objectives.window_max_samples)
         self.itl = SlidingWindow(objectives.window_s, objectives.window_max_samples)
         self._limit = float(background.min_concurrency if start_limit is None else start_limit)
@@ -149,13 +177,22 @@ class AdmissionController:
 
     # -- measurements ---------------------------------------------------------------------------------
 
-    def interactive_started(self, now: float) -> None:
+    def interactive_started(self, now: float) -> int:
+        """An interactive request begins; returns its handle for `interactive_first_token` and `_finished`."""
         self._active += 1
         self._last_interactive_at = now
+        self._next_handle += 1
+        self._awaiting_first[self._next_handle] = now
+        return self._next_handle
 
-    def interactive_finished(self, now: float) -> None:
+    def interactive_first_token(self, handle: int) -> None:
+        self._awaiting_first.pop(handle, None)
+
+    def interactive_finished(self, now: float, handle: int | None = None) -> None:
         self._active = max(0, self._active - 1)
         self._last_interactive_at = now
+        if handle is not None:
+            self._awaiting_first.pop(handle, None)
 
     def observe_ttft(self, now: float, seconds: float) -> None:
         self.ttft.add(now, seconds)
@@ -174,6 +211,11 @@ class AdmissionController:
         return self._limit
 
     @property
+    def starts_per_s(self) -> float | None:
+        """The paced start rate (applies while interactive traffic is active); None under the limit policy."""
+        return self._rate
+
+    @property
     def interactive_in_flight(self) -> int:
         return self._active
 
@@ -185,6 +227,15 @@ class AdmissionController:
         background = self.background
         if not self.interactive_active(now):
             return Caps(background.max_concurrency, background.max_image_tokens_in_flight, interactive_active=False)
+        if self.pacing is not None:
+            return Caps(
+                background.max_concurrency,
+                background.max_image_tokens_in_flight,
+                interactive_active=True,
+                max_tokens_per_image=background.active_max_image_tokens,
+                starts_per_s=self._rate,
+                hold_until=self._hold_until(now),
+            )
         concurrency = int(self._limit)
         share = self._limit / background.max_concurrency
         tokens = max(1, int(background.max_image_tokens_in_flight * share))
@@ -192,12 +243,23 @@ class AdmissionController:
             concurrency, tokens, interactive_active=True, max_tokens_per_image=background.active_max_image_tokens
         )
 
+    def _hold_until(self, now: float) -> float | None:
+        """Until when a chat awaiting its first token holds background starts back; None: nothing holds."""
+        assert self.pacing is not None
+        hold = self.pacing.first_token_hold_s
+        if hold <= 0 or not self._awaiting_first:
+            return None
+        until = max(self._awaiting_first.values()) + hold
+        return until if until > now else None
+
     def tick(self, now: float, background_in_flight: int, background_waiting: int = 0) -> Decision:
         """One control step; call every `interval_s` with the scheduler's current counts."""
         self.ttft.prune(now)
         self.itl.prune(now)
         ttft_p99 = self.ttft.percentile(99)
         itl_p99 = self.itl.percentile(99)
+        if self.pacing is not None:
+            return self._pace(now, background_waiting, ttft_p99, itl_p99)
         if self._settled_since is None and background_in_flight <= int(self._limit):
             self._settled_since = now
         reasons: tuple[str, ...] = ()
@@ -231,6 +293,58 @@ class AdmissionController:
         self.last_decision = decision
         return decision
 
+    def _pace(self, now: float, waiting: int, ttft_p99: float | None, itl_p99: float | None) -> Decision:
+        """The pacing policy's step: AIMD on the start rate (see the module docstring)."""
+        pacing = self.pacing
+        assert pacing is not None and self._rate is not None
+        reasons: tuple[str, ...] = ()
+        if not self.interactive_active(now):
+            action: Action = "idle"
+        else:
+            reasons = self._pace_violations(now, ttft_p99)
+            if reasons and self._rate > pacing.min_per_s:
+                action = "decrease"
+                self._rate = max(pacing.min_per_s, self._rate * pacing.decrease_factor)
+                self._last_decrease = now
+                self._settled_since = now
+            elif reasons:
+                action = "hold"  # at the floor: frames keep moving at the floor rate
+            elif (
+                self._rate < pacing.max_per_s
+                and waiting > 0
+                and now - self._last_increase >= self.settings.increase_interval_s
+                and self._healthy_since(max(self._last_tick, self._last_increase))
+            ):
+                action = "increase"
+                self._rate = min(pacing.max_per_s, self._rate + pacing.increase_per_s)
+                self._last_increase = now
+            else:
+                action = "hold"
+        self._last_tick = now
+        decision = Decision(
+            now, action, self._limit, self.caps(now), reasons, ttft_p99, itl_p99, starts_per_s=self._rate
+        )
+        self.last_decision = decision
+        return decision
+
+    def _pace_violations(self, now: float, ttft_p99: float | None) -> tuple[str, ...]:
+        """Missed objectives on evidence newer than the last decrease (and inside the window)."""
+        assert self.pacing is not None
+        since = max(self._settled_since if self._settled_since is not None else now, now - self.objectives.window_s)
+        found = []
+        above, count = self.itl.above_since(since, self.objectives.itl_p99_ms / 1000)
+        # p99 within the objective means at most 1 % of the gaps above it. Fewer fresh gaps than `min_fresh_gaps`
+        # cannot show a miss, and the count above must clear 1 % by `evidence_z` standard errors: on a noisy
+        # engine a true 1 % shows as 2 of 100 half of the time, and each false miss costs captions.
+        margin = self.pacing.evidence_z * math.sqrt(above)
+        if count >= self.pacing.min_fresh_gaps and above - margin > 0.01 * count:
+            found.append("itl")
+        target = self.objectives.ttft_p99_ms / 1000
+        fresh = self.ttft.max_since(since)
+        if ttft_p99 is not None and ttft_p99 > target and fresh is not None and fresh > target:
+            found.append("ttft")
+        return (*found, *self._upstream_violations(now, since))
+
     def _violations(self, now: float, ttft_p99: float | None, itl_p99: float | None) -> tuple[str, ...]:
         # Only evidence newer than the point from which the last decrease took effect can ask for another.
         since = self._settled_since if self._settled_since is not None else now
@@ -243,13 +357,19 @@ class AdmissionController:
             fresh = window.max_since(since)
             if p99 is not None and p99 > target and fresh is not None and fresh > target:
                 found.append(name)
+        return (*found, *self._upstream_violations(now, since))
+
+    def _upstream_violations(self, now: float, since: float) -> tuple[str, ...]:
+        """vLLM's fresh counts above their limits (only a reading newer than `since` counts)."""
         upstream = self._upstream
-        if upstream is not None and now - upstream.at <= self.settings.upstream_stale_s and upstream.at > since:
-            if upstream.waiting > self.settings.upstream_waiting_limit:
-                found.append("upstream_waiting")
-            running_limit = self.settings.upstream_running_limit
-            if running_limit is not None and upstream.running > running_limit:
-                found.append("upstream_running")
+        if upstream is None or now - upstream.at > self.settings.upstream_stale_s or upstream.at <= since:
+            return ()
+        found = []
+        if upstream.waiting > self.settings.upstream_waiting_limit:
+            found.append("upstream_waiting")
+        running_limit = self.settings.upstream_running_limit
+        if running_limit is not None and upstream.running > running_limit:
+            found.append("upstream_running")
         return tuple(found)
 
     def _healthy_since(self, since: float) -> bool:

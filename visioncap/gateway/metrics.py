@@ -116,6 +116,12 @@ class GatewayMetrics:
             "The controller's adaptive concurrency limit (applies while interactive traffic is active).",
             registry=r,
         )
+        self.starts_per_s = Gauge(
+            "visioncap_gateway_background_starts_per_second",
+            "The paced rate at which background requests start while interactive traffic is active "
+            "(NaN under the concurrency-limit policy).",
+            registry=r,
+        )
         self.cap_image_tokens = Gauge(
             "visioncap_gateway_background_image_tokens_cap",
             "Background image tokens allowed in flight now.",
@@ -133,6 +139,12 @@ class GatewayMetrics:
         self.decisions = Counter(
             "visioncap_gateway_controller_decisions_total", "Controller steps by action.", ["action"], registry=r
         )
+        self.decreases = Counter(
+            "visioncap_gateway_controller_decreases_total",
+            "Controller decreases by the objective whose miss asked for them (one decision may count several).",
+            ["reason"],
+            registry=r,
+        )
         self.upstream_waiting = Gauge(
             "visioncap_gateway_upstream_requests_waiting", "vllm:num_requests_waiting at the last poll.", registry=r
         )
@@ -149,7 +161,11 @@ class GatewayMetrics:
 
     def decision(self, decision: Decision) -> None:
         self.decisions.labels(decision.action).inc()
+        if decision.action == "decrease":
+            for reason in decision.reasons:
+                self.decreases.labels(reason).inc()
         self.cap_limit.set(decision.limit)
+        self.starts_per_s.set(decision.starts_per_s if decision.starts_per_s is not None else float("nan"))
         self.cap_concurrency.set(decision.caps.concurrency)
         self.cap_image_tokens.set(decision.caps.image_tokens)
         self.interactive_active.set(1 if decision.caps.interactive_active else 0)

@@ -7,6 +7,11 @@ than the cap still runs, alone). Waiting requests are served one camera at a tim
 within a camera; a camera whose turn comes waits for room rather than being overtaken (no starvation of
 large images).
 
+Pacing: while the caps carry a start rate, a request may start only when the pacer has a whole start of
+credit (credit grows at the rate and holds at most one start, so starts after a quiet spell are spread, not
+bunched into one engine step), and not before the caps' `hold_until`. A request held back only by the pacer
+is woken by a timer at the moment it may start; one held back by room waits for a release or a caps change.
+
 Preemption: when the caps shrink below what is in flight (interactive traffic arrived, or the controller cut
 the limit), the newest preemptible grants beyond the cap are asked to give their place back; the gateway
 cancels their vLLM request and queues them again at the head of their camera's line, with their first
@@ -102,6 +107,12 @@ class BackgroundScheduler:
         self._service_s = 1.0  # moving average of admitted requests' time in flight, for Retry-After
         self._granted: list[Grant] = []  # in flight, oldest admission first
         self._watchers: list[tuple[Callable[[SchedulerState], bool], asyncio.Future[None]]] = []
+        # Admission times of the newest grants: what a pacing check (healthz, tests, tools) reads; bounded.
+        self.recent_starts: deque[float] = deque(maxlen=256)
+        self._credit = 1.0  # paced starts allowed now (at most one)
+        self._credit_at = clock()
+        self._wake: asyncio.TimerHandle | None = None
+        self._wake_at = math.inf
 
     # -- public ---------------------------------------------------------------------------------------
 
@@ -121,8 +132,9 @@ class BackgroundScheduler:
         """
         now = self._clock()
         grant = Grant(self, camera, tokens, enqueued_at=now if requeue_of is None else requeue_of.enqueued_at)
-        if self._waiting == 0 and self._fits(tokens, self._caps()):
-            self._admit(grant)
+        caps = self._caps()
+        if self._waiting == 0 and self._fits(tokens, caps) and self._pace_wait(caps, now) <= 0:
+            self._admit(grant, caps)
             self._changed()
             return grant
         if requeue_of is None and self._waiting >= self.queue_size:
@@ -135,6 +147,7 @@ class BackgroundScheduler:
             self._queues.move_to_end(camera, last=False)
         self._waiting += 1
         self._changed()
+        self.dispatch()  # arms the pacer's timer when only the pacer holds it back
         try:
             await asyncio.wait_for(asyncio.shield(waiter.future), timeout=max(0.0, deadline_s))
         except TimeoutError:
@@ -163,10 +176,15 @@ class BackgroundScheduler:
         """Admit waiting requests while the caps allow, camera by camera in turn."""
         admitted = False
         caps = self._caps()
+        now = self._clock()
         while self._queues:
             camera, queue = next(iter(self._queues.items()))
             waiter = queue[0]
             if not self._fits(waiter.grant.tokens, caps):
+                break  # a release or a change of the caps dispatches again
+            wait_s = self._pace_wait(caps, now)
+            if wait_s > 0:
+                self._wake_in(wait_s, now)
                 break
             queue.popleft()
             self._waiting -= 1
@@ -174,7 +192,7 @@ class BackgroundScheduler:
                 self._queues.move_to_end(camera)
             else:
                 del self._queues[camera]
-            self._admit(waiter.grant)
+            self._admit(waiter.grant, caps)
             waiter.future.set_result(None)
             admitted = True
         if admitted:
@@ -229,9 +247,42 @@ class BackgroundScheduler:
             return False
         return self._in_flight == 0 or self._tokens + self._sent_tokens(tokens, caps) <= caps.image_tokens
 
-    def _admit(self, grant: Grant) -> None:
-        caps = self._caps()
+    def _pace_wait(self, caps: Caps, now: float) -> float:
+        """Seconds until the pacer and the hold let one more request start; 0: now."""
+        if caps.starts_per_s is None:
+            self._credit, self._credit_at = 1.0, now
+            return 0.0 if caps.hold_until is None else max(0.0, caps.hold_until - now)
+        self._credit = min(1.0, self._credit + max(0.0, now - self._credit_at) * caps.starts_per_s)
+        self._credit_at = now
+        # A hair of slack: a timer that fires a few microseconds early must not be re-armed for nothing.
+        wait_s = 0.0 if self._credit >= 1.0 - 1e-6 else (1.0 - self._credit) / caps.starts_per_s
+        if caps.hold_until is not None:
+            wait_s = max(wait_s, caps.hold_until - now)
+        return max(0.0, wait_s)
+
+    def _wake_in(self, wait_s: float, now: float) -> None:
+        """Dispatch again in `wait_s` (one timer; an earlier wake-up replaces a later one)."""
+        at = now + wait_s
+        if self._wake is not None and self._wake_at <= at + 1e-4:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller, tests): the next dispatch re-checks
+            return
+        if self._wake is not None:
+            self._wake.cancel()
+        self._wake_at = at
+        self._wake = loop.call_later(wait_s, self._woken)
+
+    def _woken(self) -> None:
+        self._wake, self._wake_at = None, math.inf
+        self.dispatch()
+
+    def _admit(self, grant: Grant, caps: Caps) -> None:
+        if caps.starts_per_s is not None:
+            self._credit -= 1.0
         grant.admitted_at = self._clock()
+        self.recent_starts.append(grant.admitted_at)
         grant.max_tokens_per_image = caps.max_tokens_per_image
         grant.tokens = self._sent_tokens(grant.tokens, caps)
         self._in_flight += 1

@@ -70,7 +70,9 @@ class Gateway:
         self.clock = clock
         self.metrics = GatewayMetrics()
         self.keys = KeyRing(config)
-        self.controller = AdmissionController(config.objectives, config.background, config.controller)
+        self.controller = AdmissionController(
+            config.objectives, config.background, config.controller, pacing=config.pacing
+        )
         self.scheduler = BackgroundScheduler(
             caps=lambda: self.controller.caps(self.clock()),
             queue_size=config.background.queue_size,
@@ -299,6 +301,9 @@ class Gateway:
                     "concurrency_cap": caps.concurrency,
                     "image_tokens_cap": caps.image_tokens,
                     "limit": round(self.controller.limit, 3),
+                    "starts_per_s": (
+                        None if self.controller.starts_per_s is None else round(self.controller.starts_per_s, 3)
+                    ),
                 },
                 "interactive": {
                     "in_flight": self.controller.interactive_in_flight,
@@ -350,16 +355,22 @@ class Gateway:
         self, request: Request, endpoint: Endpoint, caller: Caller, payload: bytes, stream: bool, started: float
     ) -> Response:
         class_name = caller.class_name
-        self.controller.interactive_started(started)
+        handle = self.controller.interactive_started(started)
         self._preempt()  # the caps may have shrunk from the idle ceiling to the learned limit just now
         self.metrics.in_flight.labels(class_name).inc()
         self.metrics.queue_wait.labels(class_name).observe(0.0)
 
+        def first_token() -> None:
+            self.controller.interactive_first_token(handle)
+            self.scheduler.dispatch()  # background held back for this chat's prefill may start now
+
         def done(outcome: Outcome) -> None:
-            self.controller.interactive_finished(self.clock())
+            self.controller.interactive_finished(self.clock(), handle)
             self.scheduler.dispatch()  # with idle_after_s = 0 the caps may grow at once
 
-        return await self._proxy(request, endpoint, class_name, payload, stream, started, done, measure=True)
+        return await self._proxy(
+            request, endpoint, class_name, payload, stream, started, done, measure=True, first_token=first_token
+        )
 
     async def _forward_background(
         self,
@@ -435,6 +446,7 @@ class Gateway:
         done: Callable[[Outcome], None],
         measure: bool,
         grant: Grant | None = None,
+        first_token: Callable[[], None] | None = None,
     ) -> Response | None:
         """Open the upstream request; `done` runs exactly once when the exchange is over, however it ends.
 
@@ -500,6 +512,8 @@ class Gateway:
                 ttft.observe(seconds)
                 if measure:
                     self.controller.observe_ttft(now, seconds)
+                if first_token is not None:
+                    first_token()
 
             def on_gap(now: float, seconds: float) -> None:  # one per token: see visioncap.gateway.sse
                 itl.observe(seconds)

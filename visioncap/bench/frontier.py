@@ -1,0 +1,78 @@
+"""The latency/throughput frontier of `visioncap bench mixed` (#12 item 4): captions per second against chat's
+inter-token and TTFT p99, for vLLM alone and for the gateway, from the phases of one run.
+
+A configuration is what an operator can set while the cameras offer what they offer: vLLM alone with its own
+knobs (FCFS or priority policy, the chunk budget, `--long-prefill-token-threshold`; configs named `vllm-*`), or
+the gateway with an objective level (`gateway*`). Its frontier value at a chat objective (inter-token p99 at most
+`level` x chat alone, TTFT p99 at most 1.5x alongside) is the most captions per second any of its measured
+points delivered during chat while meeting it. Points of other configurations (cameras throttled by hand, named
+`throttled-*`) are shown for reference and never enter the dominance comparison.
+
+Judged on point estimates of the p99 ratios (their bootstrap intervals are recorded beside them): the frontier
+is a comparison of configurations measured in the same run, and the goals on the gateway's own latency are
+judged on the upper bounds elsewhere (`visioncap.bench.mixed.evaluate_goals`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+TTFT_LIMIT = 1.5  # TTFT p99 / chat alone, alongside every level
+DOMINANCE = 1.5  # the gateway's captions/s over the best vLLM-only configuration's, at every level
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One measured phase: a configuration at one setting, and what chat and the cameras got."""
+
+    phase: str
+    config: str  # "vllm-fcfs", "vllm-priority", "gateway", ...
+    setting: str  # "offered 2/s", "objective 1.5x", ...
+    captions_per_s: float | None
+    itl_p99_ratio: float | None
+    ttft_p99_ratio: float | None
+    itl_interval: tuple[float, float] | None = None
+    ttft_interval: tuple[float, float] | None = None
+
+    def meets(self, level: float) -> bool:
+        return (
+            self.itl_p99_ratio is not None
+            and self.ttft_p99_ratio is not None
+            and self.itl_p99_ratio <= level
+            and self.ttft_p99_ratio <= TTFT_LIMIT
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def frontier(points: Iterable[FrontierPoint], levels: Iterable[float]) -> dict[str, Any]:
+    """Per level: each configuration's best captions/s meeting it (and which phase), and the gateway's dominance."""
+    points = list(points)
+    configs = sorted({p.config for p in points})
+    table: dict[str, Any] = {}
+    for level in levels:
+        best: dict[str, Any] = {}
+        for config in configs:
+            meeting = [p for p in points if p.config == config and p.meets(level) and p.captions_per_s is not None]
+            top = max(meeting, key=lambda p: p.captions_per_s or 0.0, default=None)
+            best[config] = None if top is None else {"captions_per_s": top.captions_per_s, "phase": top.phase}
+        table[str(level)] = {"best": best, **dominance(best)}
+    return table
+
+
+def dominance(best: Mapping[str, Any]) -> dict[str, Any]:
+    """The gateway against the best vLLM-only configuration at one level: the ratio and whether it is >= 1.5x
+    (or vLLM alone meets nothing and the gateway delivers > 0)."""
+    gateway = max(
+        (v["captions_per_s"] for k, v in best.items() if k.startswith("gateway") and v is not None), default=None
+    )
+    alone = max((v["captions_per_s"] for k, v in best.items() if k.startswith("vllm") and v is not None), default=None)
+    if gateway is None:
+        return {"gateway_over_vllm": None, "met": False}
+    if alone is None or alone <= 0:
+        return {"gateway_over_vllm": None, "met": gateway > 0}
+    value = gateway / alone
+    return {"gateway_over_vllm": round(value, 3), "met": value >= DOMINANCE}
