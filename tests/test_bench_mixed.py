@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from visioncap.bench.ceiling import ceiling
 from visioncap.bench.frontier import FrontierPoint, frontier
 from visioncap.bench.load import CaptionResult, ChatResult, PhaseResult
 from visioncap.bench.mixed import GOALS, compute_ratios, evaluate_goals, with_policy
@@ -21,6 +20,7 @@ from visioncap.bench.workload import FramePool, caption_bodies, chat_body, chat_
 from visioncap.config.gateway import ImagesConfig
 from visioncap.gateway.images import data_uri_size, image_tokens
 from visioncap.serve import load_profile
+from visioncap.serve.ceiling import ceiling
 
 REPO = Path(__file__).resolve().parents[1]
 

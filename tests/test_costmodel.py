@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, run_cli
 
+from visioncap.config.gateway import GatewayConfig
 from visioncap.serve import costmodel as cm
 from visioncap.serve.profiles import load_profile
 
@@ -146,6 +147,13 @@ def test_dry_run_prints_the_cost_model() -> None:
     assert f"encoder {model.encoder_ms_per_frame:.2f} ms" in result.stderr
     assert "parameters: language model 7.616B (published 7.60B" in result.stderr
     assert "encoder budget 2048 tokens = 5 frame encoder pass(es) per step" in result.stderr
+    # The gateway's pacing default comes from here: one step in a hundred may carry a frame.
+    typical = model.decode_ms[model.workload.typical_batch] / 1000
+    assert model.frame_encoder_steps is not None and model.frame_prefill_steps is not None
+    frame_steps = model.frame_encoder_steps[1] + model.frame_prefill_steps[1]
+    expected = 0.01 / (typical * (1 + 0.01 * frame_steps))
+    assert f"{expected:.2f} frames/s started one at a time (1% of steps" in result.stderr
+    assert GatewayConfig.model_fields["pacing"].default_factory().start_per_s == pytest.approx(expected, rel=0.05)
     assert "vllm_entry.py" in result.stdout  # the command, still alone on stdout
 
 

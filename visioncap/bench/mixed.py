@@ -9,7 +9,7 @@
 - S1-idle / S3-idle: the flood alone (chat idle), direct and through the gateway: caption throughput.
 - The frontier (visioncap.bench.frontier): vLLM alone at other chunk budgets and long-prefill thresholds (one
   server each, `F-priority-*`), the gateway at other objective levels (`F-gateway-*`), and for reference vLLM with
-  the cameras throttled by hand (`R-priority-*`). The cost model's frame-rate ceilings (visioncap.bench.ceiling)
+  the cameras throttled by hand (`R-priority-*`). The cost model's frame-rate ceilings (visioncap.serve.ceiling)
   and bootstrap intervals on every p99 ratio go with them.
 - Gateway overhead: chat alone through the gateway against direct, in alternating blocks (S0 is the direct
   blocks pooled), and single requests one at a time in ABBA pairs.
@@ -37,7 +37,6 @@ from typing import Any
 import httpx
 
 from visioncap.bench.calibrate import calibrate, tokens_per_word
-from visioncap.bench.ceiling import ceiling, step_of
 from visioncap.bench.fidelity import FidelityProbe, FidelityResult, gate_goals, target_for
 from visioncap.bench.fidelity import measure as measure_fidelity
 from visioncap.bench.fidelity import report_lines as fidelity_lines
@@ -57,6 +56,7 @@ from visioncap.bench.workload import (
     filler_text,
 )
 from visioncap.serve import VllmServer, load_profile
+from visioncap.serve.ceiling import ceiling, step_of
 from visioncap.serve.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
@@ -552,7 +552,7 @@ def _objectives(run: Run, level: float = GOALS["itl_p99_at_1_25"]) -> dict[str, 
 
 
 def _ceilings(run: Run) -> dict[str, Any]:
-    """The cost model's frame-rate ceilings for this run's chat (visioncap.bench.ceiling), at every level."""
+    """The cost model's frame-rate ceilings for this run's chat (visioncap.serve.ceiling), at every level."""
     gaps = [gap for chat in run.phases["S0"].chats for gap in chat.gaps_s]
     fidelity = run.extra.get("fidelity")
     if fidelity is not None:

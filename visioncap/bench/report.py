@@ -166,7 +166,7 @@ def ceiling_text(results: dict[str, Any]) -> str:
     if not found:
         return ""
     lines = [
-        f"Cost-model ceilings (visioncap.bench.ceiling): decode step {found['step_ms']} ms (S0's median gap), a frame "
+        f"Cost-model ceilings (visioncap.serve.ceiling): decode step {found['step_ms']} ms (S0's median gap), a frame "
         f"costs {found['frame_steps']} decode steps ({found['frame_steps_source']}):",
         "",
         "| level | deterministic steps (GPU-like): frames/s, step share | S0 gaps here: frames/s, step share |",

@@ -241,11 +241,12 @@ class PacingConfig(StrictModel):
         "adaptive concurrency limit that may reach `background.min_concurrency` (0 stops background).",
     )
     start_per_s: float = Field(
-        default=2.0,
+        default=1.8,
         gt=0,
         description="Background requests started per second while interactive traffic is active, before any "
         "measurement has moved it (kept across idle spells once learnt). The default is the cost model's "
-        'ceiling for qwen2.5-vl-7b on an H200 at an inter-token p99 of 1.25x chat alone (README, "pacing").',
+        "ceiling for qwen2.5-vl-7b on an H200 at an inter-token p99 of 1.25x chat alone (1.84/s); `visioncap "
+        "serve --profile P --gpu G --dry-run` prints it for other profiles and GPU classes (an L4: 0.16/s).",
     )
     min_per_s: float = Field(
         default=0.25,

@@ -107,7 +107,7 @@ class BackgroundScheduler:
         self._service_s = 1.0  # moving average of admitted requests' time in flight, for Retry-After
         self._granted: list[Grant] = []  # in flight, oldest admission first
         self._watchers: list[tuple[Callable[[SchedulerState], bool], asyncio.Future[None]]] = []
-        # Admission times of the newest grants: what a pacing check (healthz, tests, tools) reads; bounded.
+        # Admission times of the newest grants, for checks of the pacing (tests, tools); bounded.
         self.recent_starts: deque[float] = deque(maxlen=256)
         self._credit = 1.0  # paced starts allowed now (at most one)
         self._credit_at = clock()

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from visioncap.qwen_images import smart_resize
+from visioncap.serve.ceiling import ceiling
 
 if TYPE_CHECKING:
     from visioncap.serve.profiles import ModelProfile
@@ -758,6 +759,15 @@ def report_lines(cost: CostModel, model: str = "") -> list[str]:
         lines.append(
             f"cost model: a batch-{b} step that also runs one frame's encoder and first prefill chunk: "
             f"{cost.step_with_frame_ms:.2f} ms ({cost.step_with_frame_ms / typical:.2f} decode steps)"
+        )
+    if cost.frame_encoder_steps and cost.frame_prefill_steps:
+        typical = cost.decode_ms.get(b) or decode_step_ms(shape.text, cost.gpu, b, w.context_tokens, cost.efficiency)
+        frame_steps = cost.frame_encoder_steps[1] + cost.frame_prefill_steps[1]
+        top = ceiling(1.25, typical / 1000, frame_steps)
+        lines.append(
+            f"cost model: pacing ceiling for chat inter-token p99 <= 1.25x alone, steady steps of {typical:.2f} ms: "
+            f"{top.frames_per_s:.2f} frames/s started one at a time ({top.step_share:.0%} of steps carry a "
+            f"frame of {frame_steps:.2f} decode steps; the gateway's pacing.start_per_s)"
         )
     lines += [f"cost model: note: {note}" for note in cost.notes]
     return lines
