@@ -23,7 +23,14 @@ from pathlib import Path
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import Target
 from visioncap.bench.machine import machine_facts
-from visioncap.bench.mixed import MixedOptions, Run, as_stand_in, max_model_pixels_tokens, with_policy
+from visioncap.bench.mixed import (
+    MixedOptions,
+    Run,
+    as_stand_in,
+    max_model_pixels_tokens,
+    ttft_clusters,
+    with_policy,
+)
 from visioncap.bench.servers import measured_vllm
 from visioncap.bench.stats import bootstrap_ratio_interval, percentile
 from visioncap.serve import load_profile
@@ -74,9 +81,7 @@ def main() -> None:
                     gateway=gateway,
                 )
                 blocks[arm].append(name)
-    ttfts = {
-        arm: [[c.ttft_s] for name in names for c in run.phases[name].chats if c.ttft_s] for arm, names in blocks.items()
-    }
+    ttfts = {arm: [c for name in names for c in ttft_clusters(run.phases[name])] for arm, names in blocks.items()}
     arms = {}
     for arm, clusters in ttfts.items():
         values = [v[0] * 1000 for v in clusters]

@@ -95,9 +95,13 @@ class PhaseResult:
     probes: dict[str, list[tuple[float, Any]]]
     unsent_flood: list[int] = field(default_factory=list)  # indices of flood bodies never sent
 
+    def ok_chats(self) -> list[ChatResult]:
+        """Chats answered 200 with a first token and no error: the ones every latency figure is taken over."""
+        return [c for c in self.chats if c.status == 200 and c.ttft_s is not None and c.error is None]
+
     def summary(self) -> dict[str, Any]:
         window = self.duration_s - self.warmup_s
-        ok_chats = [c for c in self.chats if c.status == 200 and c.ttft_s is not None and c.error is None]
+        ok_chats = self.ok_chats()
         # Answered, but not one chunk carried text (a random-weight model can emit only invisible tokens).
         no_text = [c for c in self.chats if c.status == 200 and c.ttft_s is None and c.error is None]
         gaps = [gap for c in ok_chats for gap in c.gaps_s]

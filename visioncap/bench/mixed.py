@@ -702,22 +702,20 @@ def intervals(run_phases: dict[str, PhaseResult], resamples: int, seed: int) -> 
         if setup == "S0" or blocks or not phase.chats:
             continue
         key = setup.lower().replace("-", "_")
-        for metric, clusters in (("itl", _gap_clusters), ("ttft", _ttft_clusters)):
+        for metric, clusters in (("itl", gap_clusters), ("ttft", ttft_clusters)):
             interval = bootstrap_ratio_interval(clusters(phase), clusters(s0), 99, resamples, seed)
             found[f"{key}_{metric}_p99_over_s0"] = None if interval is None else [round(v, 3) for v in interval]
     return found
 
 
-def _ok(phase: PhaseResult) -> list[Any]:
-    return [c for c in phase.chats if c.status == 200 and c.ttft_s is not None and c.error is None]
+def gap_clusters(phase: PhaseResult) -> list[list[float]]:
+    """Each answered chat's inter-token gaps: the unit a bootstrap resamples."""
+    return [c.gaps_s for c in phase.ok_chats() if c.gaps_s]
 
 
-def _gap_clusters(phase: PhaseResult) -> list[list[float]]:
-    return [c.gaps_s for c in _ok(phase) if c.gaps_s]
-
-
-def _ttft_clusters(phase: PhaseResult) -> list[list[float]]:
-    return [[c.ttft_s] for c in _ok(phase)]
+def ttft_clusters(phase: PhaseResult) -> list[list[float]]:
+    """Each answered chat's TTFT, one cluster each."""
+    return [[c.ttft_s] for c in phase.ok_chats() if c.ttft_s is not None]
 
 
 def evaluate_goals(

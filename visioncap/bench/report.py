@@ -148,17 +148,17 @@ def frontier_text(results: dict[str, Any]) -> str:
         "|---|---|---|---:|---:|---:|",
     ]
     for point in front.get("points") or []:
-
-        def shown(value: float | None, interval: list[float] | None) -> str:
-            bracket = "" if not interval else f" [{interval[0]:.2f}-{interval[1]:.2f}]"
-            return _f(value, 2) + bracket
-
         lines.append(
             f"| {point['phase']} | {point['config']} | {point['setting']} | {_f(point['captions_per_s'], 2)} | "
-            f"{shown(point['itl_p99_ratio'], point['itl_interval'])} | "
-            f"{shown(point['ttft_p99_ratio'], point['ttft_interval'])} |"
+            f"{_with_interval(point['itl_p99_ratio'], point['itl_interval'])} | "
+            f"{_with_interval(point['ttft_p99_ratio'], point['ttft_interval'])} |"
         )
     return "\n".join(lines) + "\n\n"
+
+
+def _with_interval(value: float | None, interval: list[float] | None) -> str:
+    bracket = "" if not interval else f" [{interval[0]:.2f}-{interval[1]:.2f}]"
+    return _f(value, 2) + bracket
 
 
 def ceiling_text(results: dict[str, Any]) -> str:

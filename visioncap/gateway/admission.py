@@ -9,8 +9,7 @@ requests start one at a time at an adaptive rate (starts per second) under the i
 and none starts while a chat waits for its first token (bounded by `first_token_hold_s`). The rate falls by
 `decrease_factor` when clearly more than 1 % of the inter-token gaps measured since the last decrease (at least
 `min_fresh_gaps` of them; `evidence_z` standard errors above 1 %) exceed the objective, or the TTFT objective is
-missed as below; it grows by
-`increase_per_s` while the objectives hold and frames wait.
+missed as below; it grows by `increase_per_s` while the objectives hold and frames wait.
 
 The older policy (`pacing.enabled: false`) is AIMD on a background concurrency limit, with the image-token cap
 scaled alongside it:
@@ -339,9 +338,7 @@ class AdmissionController:
         margin = self.pacing.evidence_z * math.sqrt(above)
         if count >= self.pacing.min_fresh_gaps and above - margin > 0.01 * count:
             found.append("itl")
-        target = self.objectives.ttft_p99_ms / 1000
-        fresh = self.ttft.max_since(since)
-        if ttft_p99 is not None and ttft_p99 > target and fresh is not None and fresh > target:
+        if _window_missed(self.ttft, ttft_p99, self.objectives.ttft_p99_ms, since):
             found.append("ttft")
         return (*found, *self._upstream_violations(now, since))
 
@@ -353,9 +350,7 @@ class AdmissionController:
             ("ttft", ttft_p99, self.ttft, self.objectives.ttft_p99_ms),
             ("itl", itl_p99, self.itl, self.objectives.itl_p99_ms),
         ):
-            target = target_ms / 1000
-            fresh = window.max_since(since)
-            if p99 is not None and p99 > target and fresh is not None and fresh > target:
+            if _window_missed(window, p99, target_ms, since):
                 found.append(name)
         return (*found, *self._upstream_violations(now, since))
 
@@ -381,3 +376,11 @@ class AdmissionController:
         return (ttft_p99 is None or ttft_p99 <= self.objectives.ttft_p99_ms / 1000) and (
             itl_p99 is None or itl_p99 <= self.objectives.itl_p99_ms / 1000
         )
+
+
+def _window_missed(window: SlidingWindow, p99: float | None, target_ms: float, since: float) -> bool:
+    """The window's p99 misses the target, and so does a sample newer than `since` (old evidence never counts
+    twice)."""
+    target = target_ms / 1000
+    fresh = window.max_since(since)
+    return p99 is not None and p99 > target and fresh is not None and fresh > target

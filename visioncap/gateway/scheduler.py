@@ -250,12 +250,12 @@ class BackgroundScheduler:
     def _pace_wait(self, caps: Caps, now: float) -> float:
         """Seconds until the pacer and the hold let one more request start; 0: now."""
         if caps.starts_per_s is None:
-            self._credit, self._credit_at = 1.0, now
-            return 0.0 if caps.hold_until is None else max(0.0, caps.hold_until - now)
-        self._credit = min(1.0, self._credit + max(0.0, now - self._credit_at) * caps.starts_per_s)
+            self._credit, wait_s = 1.0, 0.0
+        else:
+            self._credit = min(1.0, self._credit + max(0.0, now - self._credit_at) * caps.starts_per_s)
+            # A hair of slack: a timer that fires a few microseconds early must not be re-armed for nothing.
+            wait_s = 0.0 if self._credit >= 1.0 - 1e-6 else (1.0 - self._credit) / caps.starts_per_s
         self._credit_at = now
-        # A hair of slack: a timer that fires a few microseconds early must not be re-armed for nothing.
-        wait_s = 0.0 if self._credit >= 1.0 - 1e-6 else (1.0 - self._credit) / caps.starts_per_s
         if caps.hold_until is not None:
             wait_s = max(wait_s, caps.hold_until - now)
         return max(0.0, wait_s)
