@@ -487,7 +487,14 @@ def test_paced_background_keeps_flowing_while_chat_is_active(
         # Always missed: the controller would cut the rate, but it is at the floor.
         objectives={"ttft_p99_ms": 1, "itl_p99_ms": 1},
         controller={"interval_s": 0.05, "idle_after_s": 3600},
-        pacing={"start_per_s": 5, "min_per_s": 5, "max_per_s": 5, "min_fresh_gaps": 1, "first_token_hold_s": 0},
+        pacing={
+            "start_per_s": 5,
+            "min_per_s": 5,
+            "max_per_s": 5,
+            "min_fresh_gaps": 1,
+            "evidence_z": 0,  # one missed first token is a miss
+            "first_token_hold_s": 0,
+        },
     )
     stream = {**chat_body(max_tokens=8, user="chat"), "stream": True}
     assert post_chat(gw, INTERACTIVE_KEY, stream).status_code == 200

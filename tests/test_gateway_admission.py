@@ -472,6 +472,23 @@ def test_a_miss_must_clear_one_percent_by_the_evidence_margin() -> None:
     assert [decide(2), decide(4), decide(10)] == ["hold", "hold", "decrease"]
 
 
+def test_first_tokens_need_the_same_evidence_and_keep_it_beyond_the_window() -> None:
+    """One slow first token (a host stall) is not evidence; several are, even spread over more than the 10 s
+    window; a decrease answers them once."""
+    ctl = pacer(evidence_z=2.0)
+    # One chat a second; the 3rd is slow: one miss in 20 is within what a p99 allows at this sample size.
+    chats = [(0.0, "start", 0)] + [(t + 0.5, "ttft", 400.0 if t == 3 else 30.0) for t in range(20)]
+    decisions = replay(ctl, merged(chats, ticks(0.25, 20.0, in_flight=1)))
+    assert "decrease" not in {d.action for d in decisions} and ctl.starts_per_s == 2.0
+    # Then slow ones 4 s apart. The 4th (at 32.5 s) makes 5 with the one at 3.5 s, 29 s earlier and long out of
+    # the window: 5 of 33 clears 1 % by 2 x sqrt(5); 4 of 29 did not.
+    slow = [(20.0 + t + 0.5, "ttft", 400.0 if t % 4 == 0 else 30.0) for t in range(20)]
+    decisions = replay(ctl, merged(slow, ticks(20.25, 40.0, in_flight=1)))
+    first = next(d for d in decisions if d.action == "decrease")
+    assert first.reasons == ("ttft",) and first.at == 32.5 and ctl.starts_per_s == 1.0
+    assert [d.action for d in decisions].count("decrease") == 1  # the same misses never count twice
+
+
 def test_pacing_never_goes_below_its_floor() -> None:
     ctl = pacer(min_fresh_gaps=10)
     events = [(0.0, "start", 0)]

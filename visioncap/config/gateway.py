@@ -274,10 +274,11 @@ class PacingConfig(StrictModel):
     evidence_z: float = Field(
         default=2.0,
         ge=0,
-        description="How sure a miss must be before the rate falls: the gaps above the inter-token objective must "
-        "exceed 1 % of the fresh gaps by this many standard errors (Poisson: z x sqrt(count above)). Chat alone "
+        description="How sure a miss must be before the rate falls: the samples above an objective (inter-token "
+        "gaps since the last decrease; first tokens since the last decrease, the newest 1,000) must exceed 1 % of "
+        "them by this many standard errors (Poisson: z x sqrt(count above)); with 2, at least 5 above. Chat alone "
         "already puts about 1 % of its gaps near its own p99, so a bare count above 1 % of a hundred gaps is a coin "
-        "toss; 0: any count above 1 %.",
+        "toss, and one slow first token in a hundred is what the objective allows; 0: any count above 1 %.",
     )
     first_token_hold_s: float = Field(
         default=0.25,
