@@ -12,7 +12,7 @@ as the pipeline does, readers hitting the same API, and open live streams (`/v1/
 Goal: p99 < 50 ms for each query on each database. The query plans of the searches (as `search.py` builds them)
 are recorded beside the figures.
 
-Run: `.venv/bin/python -m benchmarks.api_search [--quick] [--rows N] [--databases sqlite,postgresql]`
+Run: `.venv/bin/python -m visioncap.bench.api_search [--quick] [--rows N] [--databases sqlite,postgresql]`
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, create_engine, event, text
 
-from benchmarks.common import RESULTS_DIR, ROOT, command_line, machine_facts, median, percentile, write_results
 from visioncap.api.settings import ApiSettings, hash_key
+from visioncap.bench.machine import REPO, machine_facts
+from visioncap.bench.outputs import RESULTS_DIR, command_line, write_results
+from visioncap.bench.stats import percentile
 from visioncap.frames import Caption
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.records import CaptionRecord
@@ -54,7 +56,7 @@ GOAL_P99_MS = 50.0
 KEY = "bench-read-key"
 CAMERAS = [f"cam-{n:02d}" for n in range(1, 21)]
 SPAN = timedelta(days=60)
-DATA_DIR = ROOT / "data" / "benchmarks" / "api_search"
+DATA_DIR = REPO / "data" / "benchmarks" / "api_search"
 
 # -- the corpus -------------------------------------------------------------------------------------------------
 
@@ -552,7 +554,7 @@ class ApiProcess:
         command = [sys.executable, "-m", "visioncap", "api", "--port", str(self.port), "--log-level", "WARNING"]
         self.log = (data_dir / "api.log").open("w")
         self.process = subprocess.Popen(
-            command, env=api_env(database_url, data_dir), cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT
+            command, env=api_env(database_url, data_dir), cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + 60
         while True:
@@ -582,7 +584,7 @@ def auth() -> dict[str, str]:
 
 
 class LoadProcess:
-    """`python -m benchmarks.api_search load ...` in a second process; its counts come back in a JSON file."""
+    """`python -m visioncap.bench.api_search load ...` in a second process; its counts come back in a JSON file."""
 
     def __init__(self, api_url: str, database_url: str, data_dir: Path, args: argparse.Namespace) -> None:
         self.report = data_dir / "load.json"
@@ -592,7 +594,7 @@ class LoadProcess:
         command = [
             sys.executable,
             "-m",
-            "benchmarks.api_search",
+            "visioncap.bench.api_search",
             "load",
             "--api-url",
             api_url,
@@ -609,7 +611,7 @@ class LoadProcess:
             "--streams",
             str(args.streams),
         ]
-        self.process = subprocess.Popen(command, cwd=ROOT, env=api_env(database_url, data_dir))
+        self.process = subprocess.Popen(command, cwd=REPO, env=api_env(database_url, data_dir))
         deadline = time.monotonic() + 60
         while not self.ready.exists():  # its writer has stored a row, its streams are connected
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -843,11 +845,11 @@ def measure(api_url: str, corpus: Corpus, samples: int, cpu: CpuMeter, budget_s:
                 cpu_s[name][1] += cpu.used(db_before, db_after)
     return {
         name: {
-            "p50_ms": round(median(values), 2),
-            "p99_ms": round(percentile(values, 0.99) or 0.0, 2),
+            "p50_ms": round(percentile(values, 50) or 0.0, 2),
+            "p99_ms": round(percentile(values, 99) or 0.0, 2),
             "max_ms": round(max(values), 2),
             "samples": len(values),
-            "items_median": median(sizes[name]),
+            "items_median": percentile(sizes[name], 50),
             "partial_share": round(partial_pages[name] / len(values), 3),
             "search_timeouts": timeouts[name],
             "api_cpu_ms_mean": round(1000 * cpu_s[name][0] / len(values), 2),
@@ -886,8 +888,8 @@ def measure_queries(engine: Engine, corpus: Corpus, samples: int, budget_s: floa
             latencies[name].append((time.perf_counter() - t0) * 1000)
     return {
         name: {
-            "p50_ms": round(median(values), 2),
-            "p99_ms": round(percentile(values, 0.99) or 0.0, 2),
+            "p50_ms": round(percentile(values, 50) or 0.0, 2),
+            "p99_ms": round(percentile(values, 99) or 0.0, 2),
             "samples": len(values),
         }
         for name, values in latencies.items()
@@ -1023,7 +1025,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     corpus = Corpus(args.rows, end=datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=1))
     results: dict[str, Any] = {
         "benchmark": "api_search",
-        "command": command_line("benchmarks.api_search", argv),
+        "command": command_line("visioncap.bench.api_search", argv),
         "machine": machine_facts(),
         "goal": f"p99 < {GOAL_P99_MS:g} ms for each query, idle and under load, on each database",
         "rows": args.rows,

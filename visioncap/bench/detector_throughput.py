@@ -10,7 +10,7 @@ per repetition and its median reported, so the machine's noise hits both sides a
 Two cameras: both clips through one hub, so each `detect` gets up to two frames (one predict call), against two
 sequential plain predicts per step.
 
-Run: `.venv/bin/python -m benchmarks.detector_throughput [--quick]`
+Run: `.venv/bin/python -m visioncap.bench.detector_throughput [--quick]`
 """
 
 from __future__ import annotations
@@ -31,15 +31,10 @@ import cv2
 import numpy as np
 import torch
 
-from benchmarks.common import (
-    WEIGHTS,
-    command_line,
-    detector_config,
-    machine_facts,
-    median,
-    write_results,
-)
-from benchmarks.scenes import DATA_DIR, Scene
+from visioncap.bench.detection import WEIGHTS, detector_config, detector_machine_facts
+from visioncap.bench.outputs import command_line, write_results
+from visioncap.bench.scenes import DATA_DIR, Scene
+from visioncap.bench.stats import percentile
 from visioncap.caption.encode import compose, encode_jpeg
 from visioncap.config.caption import CaptionConfig
 from visioncap.config.detector import DetectorConfig
@@ -271,7 +266,7 @@ class Plain:
 
 def _ratio_stats(values: Sequence[float]) -> dict[str, Any]:
     return {
-        "median": round(median(values), 3),
+        "median": round(percentile(values, 50) or 0.0, 3),
         "min": round(min(values), 3),
         "max": round(max(values), 3),
         "all": [round(v, 3) for v in values],
@@ -316,15 +311,15 @@ def compare(
         "ratio": _ratio_stats(ratios),
         "ratio_vs_plain_decode": _ratio_stats([row["pipeline"].fps / row["plain+decode"].fps for row in rows]),
         "cpu_ratio": _ratio_stats(cpu_ratios),
-        "fps_median": {name: round(median([row[name].fps for row in rows]), 2) for name in runners},
+        "fps_median": {name: round(percentile([row[name].fps for row in rows], 50) or 0.0, 2) for name in runners},
         "ms_per_frame": {name: ms(name) for name in runners},
         "cpu_ms_per_frame": {name: ms(name, "cpu_s") for name in runners},
-        "pipeline_startup_ms_median": round(1000 * median([p.startup_s for p in piped]), 1),
+        "pipeline_startup_ms_median": round(1000 * (percentile([p.startup_s for p in piped], 50) or 0.0), 1),
         # Per analysed frame, summed over all pipeline trials; "wait" is time blocked on the hub (decoding).
         "pipeline_ms_per_frame": stage_ms,
         "pipeline_batch_sizes": {str(k): v for k, v in sorted(batches.items())},
         "selected_per_trial": piped[0].selected,
-        "meets_goal": median(ratios) >= GOAL,
+        "meets_goal": (percentile(ratios, 50) or 0.0) >= GOAL,
     }
 
 
@@ -348,7 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeats = args.repeats or (3 if args.quick else 10)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
 
-    facts = machine_facts()
+    facts = detector_machine_facts()
     scene = Scene()
     clips = make_clips(scene, frames)
     decoded = [decode(p) for p in clips]
@@ -356,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise RuntimeError(f"clips decoded to {[len(d) for d in decoded]} frames, expected {frames}")
     results: dict[str, Any] = {
         "benchmark": "detector_throughput",
-        "command": command_line("benchmarks.detector_throughput", argv if argv is not None else sys.argv[1:]),
+        "command": command_line("visioncap.bench.detector_throughput", argv if argv is not None else sys.argv[1:]),
         "machine": facts,
         "goal": f"pipeline fps / plain fps >= {GOAL}",
         "image_size": args.image_size,
@@ -414,7 +409,7 @@ def _markdown(r: dict[str, Any]) -> str:
         + (" with uncommitted changes under visioncap/" if m["visioncap_uncommitted_changes"] else ""),
         "",
         f"Weights `{r['weights']}` (and its ONNX export), image size {r['image_size']}, "
-        f"{r['frame_size'][0]}x{r['frame_size'][1]} frames from `benchmarks/scenes.py` (people in every frame). "
+        f"{r['frame_size'][0]}x{r['frame_size'][1]} frames from `visioncap/bench/scenes.py` (people in every frame). "
         f"Goal: {r['goal']}. Ratio = median over alternating repetitions of (pipeline fps / plain fps).",
         "",
         "| variant | frames x repeats | **ratio** median (min-max) | vs plain+decode | CPU ratio | fps: pipeline / "

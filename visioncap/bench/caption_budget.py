@@ -1,6 +1,6 @@
 """VLM requests and image tokens per minute of people, by selection policy, on the same tracked detections.
 
-The scene video (`benchmarks/scenes.py`) goes once through the real source, detector and tracker; the tracked
+The scene video (`visioncap/bench/scenes.py`) goes once through the real source, detector and tracker; the tracked
 detections are then replayed (pixels decoded again) into every policy side by side:
 
 - the real `EventSelector` with the default `SelectionConfig` and a few other settings;
@@ -13,7 +13,7 @@ got at least one caption (ground-truth events from the scene, and tracker events
 frames), and time to first caption per ground-truth event: from the event's first frame in view to the frame that
 was selected (what the caption shows) and to the moment it was selected (when the request would be queued).
 
-Run: `.venv/bin/python -m benchmarks.caption_budget [--quick]`
+Run: `.venv/bin/python -m visioncap.bench.caption_budget [--quick]`
 """
 
 from __future__ import annotations
@@ -29,20 +29,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import (
+from visioncap.bench.detection import (
     TrackedFrame,
     assign_tracks,
-    command_line,
     detect_and_track,
     detection_quality,
     detector_config,
-    machine_facts,
-    percentile,
+    detector_machine_facts,
     replay,
     track_spans,
-    write_results,
 )
-from benchmarks.scenes import DATA_DIR, Scene
+from visioncap.bench.outputs import command_line, write_results
+from visioncap.bench.scenes import DATA_DIR, Scene
+from visioncap.bench.stats import percentile
 from visioncap.caption.encode import compose, encode_jpeg
 from visioncap.config.detector import DetectorConfig
 from visioncap.config.selection import SelectionConfig
@@ -253,10 +252,10 @@ def evaluate(
         "gt_events_captioned": sum(1 for e in per_event if e["captions"]) / len(per_event),
         "tracker_events_captioned": len(stable & captioned_tracks) / len(stable) if stable else None,
         "tracker_events_missed": sorted(stable - captioned_tracks),
-        "time_to_first_caption_frame_s": {"p50": percentile(shown, 0.5), "p95": percentile(shown, 0.95)},
+        "time_to_first_caption_frame_s": {"p50": percentile(shown, 50), "p95": percentile(shown, 95)},
         "time_to_first_caption_chosen_s": {
-            "p50": percentile(chosen, 0.5),
-            "p95": percentile(chosen, 0.95),
+            "p50": percentile(chosen, 50),
+            "p95": percentile(chosen, 95),
             "max": max(chosen, default=None),
         },
         "reasons": dict(Counter(p.reason for p in outcome.picks)),
@@ -281,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     argv_used = list(argv) if argv is not None else sys.argv[1:]
 
-    facts = machine_facts()
+    facts = detector_machine_facts()
     scene = Scene(quick=args.quick)
     video = scene.video()
     config = detector_config(image_size=args.image_size)
@@ -310,7 +309,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     default = rows[0]
     results = {
         "benchmark": "caption_budget",
-        "command": command_line("benchmarks.caption_budget", argv_used),
+        "command": command_line("visioncap.bench.caption_budget", argv_used),
         "machine": facts,
         "goals": {
             "events_captioned": GOAL_EVENTS,

@@ -6,7 +6,7 @@ bob. Events (one person or a small group) are separated by empty stretches, one 
 so that "nothing to describe" is not simply a still picture. Every frame is a pure function of its index, so the
 same video (and ground truth) comes out on every machine, and any sub-range can be rendered on its own.
 
-Run `python -m benchmarks.scenes [--quick] [--check]` to write the video and print its ground truth; `--check`
+Run `python -m visioncap.bench.scenes [--quick] [--check]` to write the video and print its ground truth; `--check`
 runs the real detector and tracker over it and reports how well the events are found.
 """
 
@@ -27,11 +27,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from visioncap.bench.machine import REPO
+
 WIDTH, HEIGHT, FPS = 640, 480, 10
 # A person counts as in view (ground truth) while at least this share of their cut-out is inside the frame:
 # a sliver at the edge is not something a detector, or a viewer, would call a person.
 VISIBLE_SHARE = 0.5
-DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "benchmarks"
+DATA_DIR = REPO / "data" / "benchmarks"
 
 
 @dataclass(frozen=True, slots=True)
@@ -466,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{event.people} people, {event.label}"
         )
     if args.check:
-        from benchmarks.common import detect_and_track, detection_quality, detector_config
+        from visioncap.bench.detection import detect_and_track, detection_quality, detector_config
 
         tracked, _ = detect_and_track(path, detector_config(image_size=args.image_size), analyze_fps=None)
         print(json.dumps(detection_quality(scene, tracked), indent=2))

@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import queue
 import shutil
 import signal
@@ -29,17 +28,17 @@ from typing import IO, Any
 
 import psutil
 
-from benchmarks.soak.analysis import analyse_file
+from visioncap.bench.machine import REPO, machine_facts
+from visioncap.bench.soak.analysis import MODULE, analyse_file
 
-ROOT = Path(__file__).resolve().parents[2]
-OUT_DIR = Path(__file__).resolve().parent
-RTSP_SERVER = ROOT / "tests" / "servers" / "rtsp_server.py"
+OUT_DIR = REPO / "benchmarks" / "soak"  # where the committed results live (samples.jsonl, soak.json, README.md)
+RTSP_SERVER = REPO / "tests" / "servers" / "rtsp_server.py"
 SYSTEM_PYTHON = "/usr/bin/python3"  # the only interpreter with GStreamer's `gi` bindings (see tests/streams.py)
 CAMERAS = ("soak-a", "soak-b")
 STOP_GRACE_S = 120.0  # the pipeline stops vLLM with a 30 s grace of its own, then its worker threads
 
 PIPELINE_YAML = """\
-# Written by benchmarks/soak/run.py: two live RTSP cameras, the tiny random-weight VLM served by vLLM on the CPU.
+# Written by visioncap/bench/soak/run.py: two live RTSP cameras, the tiny random-weight VLM served by vLLM on the CPU.
 name: soak
 sources:
 {sources}
@@ -92,29 +91,10 @@ def _version(name: str) -> str | None:
 def _git(*args: str) -> str:
     try:
         return subprocess.run(
-            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False, timeout=30
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=False, timeout=30
         ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return ""
-
-
-def machine_facts() -> dict[str, Any]:
-    cpu = platform.processor()
-    with contextlib.suppress(OSError, StopIteration):
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    return {
-        "date": _now(),
-        "host": platform.node(),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-        "load_average": [round(x, 2) for x in os.getloadavg()],
-        "python": sys.version.split()[0],
-    }
 
 
 def software_facts(server_python: Path) -> dict[str, Any]:
@@ -129,7 +109,7 @@ def software_facts(server_python: Path) -> dict[str, Any]:
         ).stdout.strip()
     return {
         # The tree the benchmark runs from is the code measured (run it from a frozen worktree, see README).
-        "tree": str(ROOT),
+        "tree": str(REPO),
         "git_commit": _git("rev-parse", "HEAD"),
         "git_commit_subject": _git("log", "-1", "--format=%s"),
         "visioncap_uncommitted_changes": bool(_git("status", "--porcelain", "visioncap")),
@@ -409,7 +389,7 @@ def run(args: argparse.Namespace) -> Path:
     work = Path(tempfile.mkdtemp(prefix="visioncap-soak-", dir=args.work_parent))
     data_dir = work / "data"
     data_dir.mkdir()
-    server_python = Path(os.environ.get("VISIONCAP_SERVER_PYTHON") or ROOT / ".venv-vllm" / "bin" / "python")
+    server_python = Path(os.environ.get("VISIONCAP_SERVER_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
     metrics_port = _free_port()
     stop = _Stop()
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -420,7 +400,7 @@ def run(args: argparse.Namespace) -> Path:
         video = work / "people.mp4"
         subprocess.run(
             [sys.executable, "-m", "visioncap", "make-demo-video", str(video)],
-            cwd=ROOT,
+            cwd=REPO,
             check=True,
             capture_output=True,
             timeout=120,
@@ -444,7 +424,7 @@ def run(args: argparse.Namespace) -> Path:
             "VISIONCAP_DATA_DIR": str(data_dir),
             "VISIONCAP_DATABASE_URL": f"sqlite:///{data_dir / 'visioncap.db'}",
             "VISIONCAP_SERVER_PYTHON": str(server_python),
-            "VISIONCAP_MODELS_DIR": str(ROOT / "models"),
+            "VISIONCAP_MODELS_DIR": str(REPO / "models"),
             "YOLO_OFFLINE": "1",
             "YOLO_AUTOINSTALL": "False",
             "YOLO_CONFIG_DIR": os.environ.get("YOLO_CONFIG_DIR") or str(work / "ultralytics"),
@@ -465,9 +445,10 @@ def run(args: argparse.Namespace) -> Path:
             "--progress",
             "log",
         ]
-        facts = machine_facts()
+        facts = machine_facts(memory_gib=round(psutil.virtual_memory().total / 2**30, 1))
         header = {
             "kind": "start",
+            "module": MODULE,
             "at": facts["date"],
             "argv": sys.argv[1:],
             "minutes": args.minutes,
@@ -489,7 +470,7 @@ def run(args: argparse.Namespace) -> Path:
             samples.flush()
             t0 = time.monotonic()
             started.pipeline = subprocess.Popen(
-                command, cwd=ROOT, env=env, stdout=plog, stderr=subprocess.STDOUT, start_new_session=True
+                command, cwd=REPO, env=env, stdout=plog, stderr=subprocess.STDOUT, start_new_session=True
             )
             # Until the pipeline serves metrics (vLLM up, detector loaded) only the start-up timeout bounds the
             # wait; from then on the run lasts --minutes, so a slow start on a busy machine does not eat the warm-up.
@@ -574,7 +555,7 @@ def run(args: argparse.Namespace) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--minutes", type=float, default=70.0, help="run length from the moment the pipeline serves its metrics"
     )

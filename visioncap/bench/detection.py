@@ -1,32 +1,32 @@
-"""What the benchmarks share: offline Ultralytics settings, the detector config, detect+track over a video,
-detection quality against the scene's ground truth, statistics and machine facts."""
+"""What the detector benchmarks share (`detector_throughput`, `caption_budget`, `scenes --check`): offline
+Ultralytics settings, the detector config, detect+track over a video, detection quality against the scene's
+ground truth, and the machine facts with the detector's.
+
+Importing this module sets the YOLO_* environment defaults, so import it before anything imports ultralytics."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from visioncap.bench.machine import REPO
 
 # Before anything imports ultralytics: no downloads, no run-time pip installs, settings inside the repo's data/.
 os.environ.setdefault("YOLO_OFFLINE", "1")
 os.environ.setdefault("YOLO_AUTOINSTALL", "False")
-os.environ.setdefault("YOLO_CONFIG_DIR", str(ROOT / "data" / "ultralytics"))
+os.environ.setdefault("YOLO_CONFIG_DIR", str(REPO / "data" / "ultralytics"))
 
-import json  # noqa: E402
-import statistics  # noqa: E402
-from collections.abc import Iterator, Sequence  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from typing import TYPE_CHECKING, Any  # noqa: E402
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from visioncap.config.detector import DetectorConfig  # noqa: E402
-from visioncap.config.selection import SelectionConfig  # noqa: E402
-from visioncap.config.sources import FileSourceConfig  # noqa: E402
-from visioncap.frames import Detection, Frame, PersonBox  # noqa: E402
+from visioncap.config.detector import DetectorConfig
+from visioncap.config.selection import SelectionConfig
+from visioncap.config.sources import FileSourceConfig
+from visioncap.frames import Detection, Frame, PersonBox
 
 if TYPE_CHECKING:
-    from benchmarks.scenes import Scene
+    from visioncap.bench.scenes import Scene
 
 WEIGHTS = "pkg:fall_detection/models/best.pt"
 PERSON_CLASSES = [0, 1]  # the fall detector's Normal and Fall: both are people
@@ -180,29 +180,16 @@ def detection_quality(scene: Scene, frames: Sequence[TrackedFrame], stable_frame
     }
 
 
-# -- statistics and reporting -----------------------------------------------------------------------------------
+# -- machine facts ----------------------------------------------------------------------------------------------
 
 
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values) if values else float("nan")
-
-
-def percentile(values: Sequence[float], share: float) -> float | None:
-    """The one percentile convention of visioncap's measurements (linear interpolation, as numpy's default):
-    `visioncap.bench.stats.percentile` at `share` x 100. Results files written before 2026-11-30 used the
-    nearest rank here instead."""
-    from visioncap.bench.stats import percentile as shared_percentile
-
-    return shared_percentile(values, share * 100)
-
-
-def machine_facts() -> dict[str, Any]:
+def detector_machine_facts() -> dict[str, Any]:
     """visioncap.bench.machine's facts, with the detector's: torch and its threads, ultralytics, onnxruntime, opencv."""
     import torch
 
-    from visioncap.bench.machine import machine_facts as shared_facts
+    from visioncap.bench.machine import machine_facts
 
-    facts = shared_facts()
+    facts = machine_facts()
     versions = facts["versions"]
     facts.update(
         torch=torch.__version__,
@@ -213,17 +200,3 @@ def machine_facts() -> dict[str, Any]:
         opencv=versions.get("opencv-python") or versions.get("opencv-python-headless"),
     )
     return facts
-
-
-def write_results(name: str, data: dict[str, Any], markdown: str, directory: Path = RESULTS_DIR) -> tuple[Path, Path]:
-    directory.mkdir(parents=True, exist_ok=True)
-    json_path = directory / f"{name}.json"
-    md_path = directory / f"{name}.md"
-    json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    md_path.write_text(markdown, encoding="utf-8")
-    return json_path, md_path
-
-
-def command_line(module: str, argv: Sequence[str]) -> str:
-    env = "YOLO_OFFLINE=1 YOLO_AUTOINSTALL=False YOLO_CONFIG_DIR=data/ultralytics"
-    return " ".join([env, ".venv/bin/python", "-m", module, *argv])

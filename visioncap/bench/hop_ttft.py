@@ -10,19 +10,19 @@ flow. Three arms, 60 s each, in the order A B C C B A (one vLLM, one gateway pro
 If chat-via-gw shows the tail, the hop does (not the gateway's handling of frames). Results: TTFT p50/p99 per arm
 pooled over its two blocks, and p99 ratios against `direct` with bootstrap 95 % intervals (whole chats resampled).
 
-    .venv/bin/python -m benchmarks.hop_ttft     # ~8 min; writes benchmarks/mixed/hop-ttft.json
+    .venv/bin/python -m visioncap.bench.hop_ttft     # ~8 min; writes benchmarks/mixed/hop-ttft.json
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 from datetime import UTC, datetime
-from pathlib import Path
 
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import Target
-from visioncap.bench.machine import machine_facts
+from visioncap.bench.machine import REPO, machine_facts
 from visioncap.bench.mixed import (
     MixedOptions,
     Run,
@@ -35,16 +35,17 @@ from visioncap.bench.servers import measured_vllm
 from visioncap.bench.stats import bootstrap_ratio_interval, percentile
 from visioncap.serve import load_profile
 
-OUT = Path("benchmarks/mixed/hop-ttft.json")
+OUT = REPO / "benchmarks" / "mixed" / "hop-ttft.json"
 ARMS = ("direct", "chat-via-gw", "both-via-gw")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)  # --help, no options
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("visioncap.bench").setLevel(logging.INFO)
     started_at = datetime.now(UTC)
     options = MixedOptions(
-        duration_s=60, warmup_s=4, flood_rate_per_s=3.0, work_dir=Path("data/bench-hop"), out_dir=OUT.parent
+        duration_s=60, warmup_s=4, flood_rate_per_s=3.0, work_dir=REPO / "data" / "bench-hop", out_dir=OUT.parent
     )
     options, profile = as_stand_in(options, load_profile(options.profile, options.models_dir))
     options.work_dir.mkdir(parents=True, exist_ok=True)
@@ -101,8 +102,8 @@ def main() -> None:
             arms[arm]["ttft_p99_over_direct"] = None if ratio is None else round(ratio, 3)
             arms[arm]["interval_95"] = None if interval is None else [round(v, 3) for v in interval]
     results = {
-        "benchmark": "benchmarks.hop_ttft",
-        "command": ".venv/bin/python -m benchmarks.hop_ttft",
+        "benchmark": "visioncap.bench.hop_ttft",
+        "command": ".venv/bin/python -m visioncap.bench.hop_ttft",
         "started_at": started_at.isoformat(timespec="seconds"),
         "what": __doc__.split("\n\n")[1],
         "machine": machine_facts(),

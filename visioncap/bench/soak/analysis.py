@@ -13,6 +13,7 @@ from typing import Any
 RSS_GOAL_MB_H = 10.0
 MIN_POST_SAMPLES = 3  # fewer after the warm-up and no slope is worth printing
 FLAT_TOLERANCE = 5  # open files or threads: largest minus smallest count after the warm-up that still counts as flat
+MODULE = "visioncap.bench.soak"  # what runs it; recorded in samples.jsonl
 NOTES_FILE = "notes.md"  # hand-written observations, kept out of the generated part so a re-analysis keeps them
 
 
@@ -295,7 +296,9 @@ def analyse(
 
 def command_text(header: dict[str, Any]) -> str:
     env = "YOLO_OFFLINE=1 YOLO_AUTOINSTALL=False YOLO_CONFIG_DIR=/tmp/soak-yolo"
-    return f"{env} .venv/bin/python -m benchmarks.soak " + shlex.join(header.get("argv", []))
+    # Samples from before the move to visioncap/bench/ have no "module": they were run as benchmarks.soak.
+    module = header.get("module", "benchmarks.soak")
+    return f"{env} .venv/bin/python -m {module} " + shlex.join(header.get("argv", []))
 
 
 # -- report ---------------------------------------------------------------------------------------------------

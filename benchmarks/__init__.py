@@ -1,1 +1,0 @@
-"""Benchmarks of the visioncap pipeline; see benchmarks/README.md."""

@@ -1,5 +1,0 @@
-import sys
-
-from benchmarks.soak.run import main
-
-sys.exit(main())

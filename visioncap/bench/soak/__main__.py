@@ -1,0 +1,5 @@
+import sys
+
+from visioncap.bench.soak.run import main
+
+sys.exit(main())
