@@ -78,6 +78,7 @@ def _sized(gpu: str, width: int) -> dict[str, Any]:
             "frame_filler_words": 200,
             "chat_prompt_tokens": 230,
             "max_num_batched_tokens": 1728,
+            "scale": 1.2,
         },
         "verified": {"ratio": figures},
     }

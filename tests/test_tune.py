@@ -16,7 +16,7 @@ from visioncap.errors import ConfigError
 from visioncap.serve import load_profile
 from visioncap.tune.candidates import Candidate, build_candidates, parse_int_list
 from visioncap.tune.record import TunedMeasurement, TunedObjectives
-from visioncap.tune.run import choose, margins, objectives
+from visioncap.tune.run import StandInTarget, TuneError, choose, margins, objectives, reference_objectives
 from visioncap.tune.write import BLOCK_END, BLOCK_START, insert_key, replace_scalar, set_serving_value
 
 
@@ -89,6 +89,95 @@ def test_when_none_meets_the_objectives_the_lowest_inter_token_p99_is_taken() ->
     marked, chosen, met = choose(runs, [True, True], target)
     assert not met and chosen == 1
     assert not any(m.meets_objectives for m in marked)
+
+
+def test_objectives_relative_to_chat_alone_are_the_frontier_objective() -> None:
+    reference = {"chat": {"itl_ms": {"p99": 20.0}, "ttft_ms": {"p99": 80.0}}}
+    target = reference_objectives(reference, 1.25)
+    assert (target.itl_p99_ms, target.ttft_p99_ms) == (25.0, 120.0)
+    assert "chat alone" in target.itl_source and "chat alone" in target.ttft_source
+    with pytest.raises(TuneError, match="reference"):
+        reference_objectives({"chat": {"itl_ms": {"p99": None}}}, 1.25)
+
+
+# -- a GPU profile tuned on its CPU stand-in ----------------------------------------------------------------
+
+
+def test_a_stand_in_serves_the_targets_budgets_in_its_own_tokens_beside_the_cost_model() -> None:
+    target = StandInTarget(load_profile("qwen2.5-vl-7b", REPO / "models"), "h200", 1.2417)
+    # The stand-in's tokens: scaled and rounded up to 16 (2048 -> 2544, the workload the stand-in was sized with).
+    # The target's own threshold for the class (1024 on h200) goes with a candidate that leaves it open.
+    assert target.served(Candidate(2048)) == Candidate(2544, 1280)
+    assert target.served(Candidate(1024, 128)) == Candidate(1280, 160)
+    small, large = target.estimate(Candidate(512)), target.estimate(Candidate(4096))
+    # A budget beyond one frame's prompt changes nothing for one frame, but lets more frames' encoders (never
+    # split) into one step: the worst step grows with the budget.
+    assert small["step_with_frame_ms"] == large["step_with_frame_ms"]
+    assert small["frames_encoded_per_step"] == 1 and large["frames_encoded_per_step"] == 10
+    assert small["worst_step_ms"] is not None and large["worst_step_ms"] is not None
+    assert large["worst_step_ms"] > 5 * small["worst_step_ms"]
+    # A long-prefill threshold spreads the frame's prompt over steps: a smaller stall, more steps.
+    capped = target.estimate(Candidate(2048, 128))
+    assert capped["stall_steps"] is not None and small["stall_steps"] is not None
+    assert capped["stall_steps"] < small["stall_steps"] and capped["frame_prefill_steps"] == 4
+
+
+def test_the_choice_is_written_into_the_target_profile_in_its_tokens(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from visioncap.tune.run import TuneOptions
+    from visioncap.tune.write import write_tuned
+
+    path = tmp_path / "qwen2.5-vl-7b.yaml"
+    original = (REPO / "models" / "qwen2.5-vl-7b.yaml").read_text(encoding="utf-8")
+    path.write_text(original, encoding="utf-8")
+    target = StandInTarget(load_profile(str(path), tmp_path), "h200", 1.2417)
+    runs = [
+        measured(1024, 4.0, 20, 80).model_copy(update={"estimate": target.estimate(Candidate(1024))}),
+        measured(2048, 4.0, 30, 80).model_copy(update={"estimate": target.estimate(Candidate(2048))}),
+    ]
+    goal = reference_objectives({"chat": {"itl_ms": {"p99": 20.0}, "ttft_ms": {"p99": 80.0}}}, 1.25)
+    marked, chosen, met = choose(runs, [True, True], goal)
+    assert met and chosen == 0
+    options = TuneOptions(profile="standin", gpu_class="cpu", candidates=[Candidate(1024), Candidate(2048)])
+    results = {"chosen": marked[chosen].model_dump(), "hardware": "CPU test"}
+    write_tuned(path, "h200", results, marked, goal, met, datetime.now(UTC), options, "stand-in standin on cpu")
+    profile = load_profile(str(path), tmp_path)
+    assert profile.serving_for("h200").max_num_batched_tokens == 1024
+    assert profile.serving_for("h100").max_num_batched_tokens == 2048  # other classes as they were
+    assert profile.tuned is not None and profile.tuned["h200"].measured_on == "stand-in standin on cpu"
+    assert profile.tuned["h200"].candidates[0].estimate == target.estimate(Candidate(1024))
+    head = path.read_text(encoding="utf-8").split(BLOCK_START)[0]
+    assert head.rstrip("\n") == original.rstrip("\n").replace(
+        "max_num_seqs: 128, max_num_batched_tokens: 2048", "max_num_seqs: 128, max_num_batched_tokens: 1024"
+    )
+
+
+def test_stand_in_options_are_checked_before_any_server_starts(tmp_path: Path) -> None:
+    env = {"VISIONCAP_DATA_DIR": str(tmp_path / "data")}
+    for args, message in (
+        (["--profile", "qwen2.5-vl-7b", "--gpu", "h200", "--stand-in", "tiny"], "tiny does not stand in for"),
+        (["--profile", "qwen2.5-vl-7b", "--gpu", "a100", "--stand-in", "standin"], "has no workload for a100"),
+        (
+            [
+                "--profile",
+                "qwen2.5-vl-7b",
+                "--gpu",
+                "h200",
+                "--stand-in",
+                "standin",
+                "--level",
+                "1.25",
+                "--itl-p99-ms",
+                "20",
+            ],
+            "--level",
+        ),
+    ):
+        result = run_cli("tune", *args, "--out", str(tmp_path / "out"), env=env, timeout=60)
+        assert result.returncode == 2, (args, result.stdout, result.stderr)
+        assert message in " ".join(result.stderr.split()), (args, result.stderr)
+    assert not (tmp_path / "out").exists()
 
 
 # -- the profile edit ---------------------------------------------------------------------------------------
@@ -190,3 +279,53 @@ def test_tune_measures_each_budget_against_real_vllm_and_writes_the_profile(tmp_
     assert head.rstrip("\n") == original.rstrip("\n").replace(
         "max_num_batched_tokens: 512", f"max_num_batched_tokens: {chosen}"
     )
+
+
+def test_tune_on_the_stand_in_serves_scaled_budgets_and_writes_the_target_only_when_faithful(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    for name in ("qwen2.5-vl-7b.yaml", "standin.yaml"):
+        shutil.copy(REPO / "models" / name, models / name)
+    (models / "build").symlink_to(REPO / "models" / "build", target_is_directory=True)
+    (models / "build_tiny_qwen2vl.py").symlink_to(REPO / "models" / "build_tiny_qwen2vl.py")
+    original = (models / "qwen2.5-vl-7b.yaml").read_text()
+    out = tmp_path / "out"
+    env = {"VISIONCAP_MODELS_DIR": str(models), "VISIONCAP_DATA_DIR": str(tmp_path / "data")}
+    args = ["tune", "--profile", "qwen2.5-vl-7b", "--gpu", "h200", "--stand-in", "standin", "--budgets", "1024,2048"]
+    args += ["--quick", "--duration-s", "6", "--chat-rate", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args, env=env)
+    results_file = out / "qwen2.5-vl-7b-h200-on-standin.json"
+    assert results_file.is_file(), (result.output[-3000:], result.exception)
+    results = json.loads(results_file.read_text())
+    assert results["complete"], [c["error"] for c in results["candidates"]]
+    assert results["stand_in_for"]["profile"] == "qwen2.5-vl-7b" and results["stand_in_for"]["gpu_class"] == "h200"
+
+    # The stand-in served each budget in its own tokens; the results speak the target's, beside the cost model.
+    for candidate, served in zip(results["candidates"], (1280, 2544), strict=True):
+        args = candidate["vllm_args"]
+        assert args[args.index("--max-num-batched-tokens") + 1] == str(served)
+        assert args[args.index("--long-prefill-token-threshold") + 1] == "1280"  # the target's 1024 on h200
+        m = candidate["measurement"]
+        assert m["served_max_num_batched_tokens"] == served
+        assert m["estimate"]["decode_step_ms"] > 0 and m["estimate"]["frames_encoded_per_step"] >= 1
+    assert [c["max_num_batched_tokens"] for c in results["candidates"]] == [1024, 2048]
+    # The frontier objective: relative to chat alone, measured on the same server.
+    reference = results["reference_chat_alone"]["chat"]
+    assert results["objectives"]["itl_p99_ms"] == round(1.25 * reference["itl_ms"]["p99"], 1)
+    assert results["objectives"]["ttft_p99_ms"] == round(1.5 * reference["ttft_ms"]["p99"], 1)
+
+    # Fidelity was measured first; only a faithful stand-in's choice reaches the target profile.
+    fidelity = results["fidelity"]
+    assert fidelity is not None and set(fidelity["ratio"]) >= {"frame_encoder_steps", "frame_prefill_steps"}
+    profile = load_profile("qwen2.5-vl-7b", models)
+    if fidelity["faithful"]:
+        assert results["not_judged"] is None and results["profile_written"] == str(
+            (models / "qwen2.5-vl-7b.yaml").resolve()
+        )
+        assert profile.serving_for("h200").max_num_batched_tokens == results["chosen"]["max_num_batched_tokens"]
+        assert profile.tuned is not None and "standin" in (profile.tuned["h200"].measured_on or "")
+    else:
+        assert results["not_judged"] and results["objectives_met"] is None and results["profile_written"] is None
+        assert (models / "qwen2.5-vl-7b.yaml").read_text() == original
+        assert result.exit_code == 1 and "not judged" in result.output
+    assert (models / "standin.yaml").read_text() == (REPO / "models" / "standin.yaml").read_text()

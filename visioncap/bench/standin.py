@@ -92,6 +92,12 @@ def frame_for_tokens(tokens: int, aspect: float = 4 / 3) -> tuple[int, int]:
     return best[1] * PIXELS_PER_TOKEN_SIDE, best[0] * PIXELS_PER_TOKEN_SIDE
 
 
+def stand_in_tokens(target_tokens: int, scale: float) -> int:
+    """A target's per-step token count (a chunk budget, a prefill threshold) in the stand-in's tokens: scaled by
+    the frame prompts' ratio, rounded up to a multiple of 16 (vLLM's block-friendly sizes)."""
+    return max(16, math.ceil(target_tokens * scale / 16) * 16)
+
+
 def solve(
     target: FidelityTarget,
     target_frame_prompt_tokens: int,
@@ -123,7 +129,7 @@ def solve(
         frame_filler_words=frame_prompt - tokens - text_tokens,
         frame_prompt_tokens=frame_prompt,
         chat_prompt_tokens=chat,
-        max_num_batched_tokens=max(16, math.ceil(target_budget * scale / 16) * 16),
+        max_num_batched_tokens=stand_in_tokens(target_budget, scale),
         scale=scale,
         predicted=FidelityTarget(
             frame_encoder_steps=c + d * tokens,
@@ -228,6 +234,7 @@ def stand_in_spec(target: str, result: dict[str, Any], measured_at: str) -> Stan
             chat_prompt_tokens=sizes["chat_prompt_tokens"],
             target_chat_prompt_tokens=entry["target"]["chat_prompt_tokens"],
             max_num_batched_tokens=sizes["max_num_batched_tokens"],
+            token_scale=round(sizes["scale"], 4),
             fidelity={name: round(verified["ratio"][name] or 0.0, 3) for name in FIGURES},
             measured_at=measured_at,
         )

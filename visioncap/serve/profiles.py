@@ -115,6 +115,12 @@ class StandInWorkload(StrictModel):
     max_num_batched_tokens: int = Field(
         gt=0, description="The stand-in's chunk budget: the target's, scaled by the frame prompts' token ratio."
     )
+    token_scale: float = Field(
+        gt=0,
+        description="The stand-in's frame prompt tokens per target frame prompt token: budgets and thresholds "
+        "carry between the two by this factor (`visioncap tune --stand-in` measures in the stand-in's tokens and "
+        "writes the target's).",
+    )
     fidelity: dict[str, float] = Field(
         description="Measured over target, in decode steps, when sized: frame_encoder_steps, frame_prefill_steps, "
         "chat_prefill_steps (within 0.75-1.25 is faithful); `bench mixed` measures it again at every start."

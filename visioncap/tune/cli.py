@@ -7,7 +7,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,6 +17,10 @@ from rich.table import Table
 
 from visioncap.errors import ConfigError
 from visioncap.tune.progress import Progress
+
+if TYPE_CHECKING:
+    from visioncap.serve.profiles import ModelProfile
+    from visioncap.tune.run import StandInTarget
 
 err = Console(stderr=True)
 
@@ -73,6 +77,33 @@ def results_table(results: dict[str, Any]) -> Table:
     return table
 
 
+def target_budgets(current: int | None) -> list[int]:
+    """A GPU profile's budgets to try on a stand-in: a quarter, half, once and twice its current one."""
+    base = current or 2048
+    return sorted({max(64, base // 4), max(64, base // 2), base, base * 2})
+
+
+def _stand_in(
+    name: str, target: ModelProfile, gpu: str | None, gpu_class: str, models_dir: Path
+) -> tuple[ModelProfile, StandInTarget]:
+    """The stand-in profile and what it is measured for; ConfigError when it does not stand in for `target`."""
+    from visioncap.serve import load_profile
+    from visioncap.tune.run import StandInTarget
+
+    if gpu is None or gpu_class == "cpu":
+        raise ConfigError("--stand-in: name the GPU class to tune for with --gpu (e.g. --gpu h200)")
+    served = load_profile(name, models_dir)
+    spec = served.stand_in
+    if spec is None or spec.target != target.name:
+        raise ConfigError(f"--stand-in: {served.name} does not stand in for {target.name} (its stand_in.target)")
+    workload = spec.workloads.get(gpu_class)  # type: ignore[call-overload]
+    if workload is None:
+        raise ConfigError(
+            f"--stand-in: {served.name} has no workload for {gpu_class} (visioncap bench standin --write sizes one)"
+        )
+    return served, StandInTarget(target, gpu_class, workload.token_scale)
+
+
 def tune_command(
     profile: Annotated[str, typer.Option(help="Model profile name (models/NAME.yaml) or a profile file.")],
     gpu: Annotated[
@@ -106,7 +137,13 @@ def tune_command(
     ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="Short phases (about a minute per candidate here).")] = False,
     chat_rate: Annotated[float, typer.Option(help="Chat requests per second (Poisson arrivals).")] = 1.0,
-    flood_rate: Annotated[float, typer.Option(help="Camera frames offered per second (more than served).")] = 12.0,
+    flood_rate: Annotated[
+        float | None,
+        typer.Option(
+            help="Camera frames offered per second (default 12, more than served; with --stand-in 4, the rate "
+            "`bench mixed` offers beside chat)."
+        ),
+    ] = None,
     flood_concurrency: Annotated[int, typer.Option(help="Caption requests in flight at most.")] = 8,
     image_size: Annotated[str, typer.Option(help="Camera frame size WIDTHxHEIGHT.")] = "640x480",
     out: Annotated[Path, typer.Option(help="Folder for the results (JSON and PNG).")] = Path("benchmarks/tune"),
@@ -120,6 +157,22 @@ def tune_command(
         ),
     ] = None,
     fidelity_gpu: Annotated[str, typer.Option(help="The GPU class of --fidelity-target.")] = "h200",
+    stand_in: Annotated[
+        str | None,
+        typer.Option(
+            help="Tune --profile for --gpu on this CPU stand-in (a profile whose stand_in.target is --profile): "
+            "the budgets are --profile's, served scaled by the stand-in's token ratio with its workload for --gpu; "
+            "the choice is written into --profile's gpus.GPU with the cost model's figures beside it, unless the "
+            "stand-in's fidelity, measured first, is off target."
+        ),
+    ] = None,
+    level: Annotated[
+        float | None,
+        typer.Option(
+            help="Objectives relative to chat alone: inter-token p99 <= LEVEL x chat alone's and TTFT p99 <= 1.5x "
+            "(the frontier objective of `bench mixed`; default 1.25 with --stand-in, else the best candidate's)."
+        ),
+    ] = None,
 ) -> None:
     """Measure candidate chunked-prefill budgets under interactive chat + a camera flood and tune the profile.
 
@@ -144,7 +197,23 @@ def tune_command(
     # The class as `visioncap serve` picks it (nvidia-smi, else cpu); a class the profile lacks is refused here.
     gpu_class = plan_serving(loaded, gpu=gpu or "auto").gpu_class
     serving = loaded.serving_for(gpu_class)
-    budget_list = parse_int_list(budgets, "--budgets") if budgets is not None else default_budgets(gpu_class)
+    target: StandInTarget | None = None
+    served = loaded
+    if stand_in is not None:
+        served, target = _stand_in(stand_in, loaded, gpu, gpu_class, settings.models_dir)
+        gpu_class = plan_serving(served, gpu="auto").gpu_class  # where the stand-in runs: this machine
+        if level is None and ttft_p99_ms is None and itl_p99_ms is None:
+            level = 1.25
+    if level is not None and (ttft_p99_ms is not None or itl_p99_ms is not None):
+        raise ConfigError("--level: objectives relative to chat alone exclude --ttft-p99-ms/--itl-p99-ms")
+    if level is not None and level <= 0:
+        raise ConfigError(f"--level: must be above 0, not {level}")
+    if budgets is not None:
+        budget_list = parse_int_list(budgets, "--budgets")
+    elif target is not None:
+        budget_list = target_budgets(serving.max_num_batched_tokens)
+    else:
+        budget_list = default_budgets(gpu_class)
     threshold_list = parse_int_list(thresholds, "--thresholds") if thresholds is not None else None
     candidates = build_candidates(budget_list, threshold_list, serving.max_model_len, serving.max_num_seqs)
     try:
@@ -154,6 +223,8 @@ def tune_command(
     if width < 28 or height < 28:
         raise ConfigError(f"--image-size: {image_size!r} is smaller than one image token (28x28)")
     width, height = frame_size(width, height, loaded.image.max_pixels)
+    if flood_rate is None:
+        flood_rate = 4.0 if target is not None else 12.0
     for name, value in (
         ("--chat-rate", chat_rate),
         ("--flood-rate", flood_rate),
@@ -167,8 +238,11 @@ def tune_command(
     values: dict[str, Any] = TuneOptions.quick_defaults() if quick else {}
     if duration_s is not None:
         values["duration_s"] = duration_s
+    if level is not None:
+        # The objectives rest on chat alone: as long a reference as a candidate's phase.
+        values["reference_s"] = values.get("duration_s", TuneOptions.duration_s)
     options = TuneOptions(
-        profile=profile,
+        profile=served.name if target is not None else profile,
         gpu_class=gpu_class,
         candidates=candidates,
         models_dir=settings.models_dir,
@@ -185,16 +259,29 @@ def tune_command(
         seed=seed,
         fidelity_target=fidelity_target,
         fidelity_gpu=fidelity_gpu,
+        stand_in_for=target,
+        objective_level=level,
         write=not no_write,
         command=shlex.join(["visioncap", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else "visioncap tune",
         **values,
     )
     if options.duration_s <= options.warmup_s + 1:
         raise ConfigError(f"--duration-s: must be above the {options.warmup_s:g} s warm-up plus 1 s")
+    on = f" on the stand-in {served.name} ({gpu_class}, x{target.token_scale:g} tokens)" if target else ""
     err.print(
-        f"tuning {loaded.name} for {gpu_class}: {len(candidates)} candidates ({', '.join(c.label for c in candidates)})"
+        f"tuning {loaded.name} for {target.gpu_class if target else gpu_class}{on}: {len(candidates)} candidates "
+        f"({', '.join(c.label for c in candidates)})"
     )
-    err.print(f"workload: {options.workload_line()}", highlight=False)
+    shown = options
+    if target is not None and served.stand_in is not None:
+        from dataclasses import replace
+
+        from visioncap.bench.standin import workload_options
+
+        # What run_tune will send: the stand-in's frames, filler and chat prompts for the target's class.
+        workload = served.stand_in.workloads[target.gpu_class]  # type: ignore[index]
+        shown = replace(options, **workload_options(workload, options.chat_prompt_tokens))
+    err.print(f"workload: {shown.workload_line()}", highlight=False)
     # SIGTERM unwinds like Ctrl-C, so the candidate's vLLM (a process group of its own) is stopped, not orphaned.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -232,6 +319,9 @@ def tune_command(
             "[red]fewer than two candidates could be measured[/] (see the failures above and the vLLM logs in "
             f"{options.work_dir / 'logs'}); the profile was left as it was"
         )
+        raise typer.Exit(1)
+    if results.get("not_judged"):
+        err.print(f"[red]not judged[/]: {results['not_judged']}; the profile was left as it was", highlight=False)
         raise typer.Exit(1)
     if not results["objectives_met"]:
         err.print(

@@ -56,8 +56,14 @@ def plot(results: dict[str, Any], path: Path) -> None:
     threshold = any(c.get("long_prefill_token_threshold") for c in points)
     knob = "max_num_batched_tokens/long_prefill_token_threshold" if threshold else "max_num_batched_tokens"
     met = "" if results["objectives_met"] else " - NO candidate met the objectives"
+    if results.get("not_judged"):
+        met = " - NOT JUDGED (stand-in off target)"
+    subject = f"{results['profile']} on {results['gpu_class']}"
+    target = results.get("stand_in_for")
+    if target:
+        subject = f"{target['profile']} for {target['gpu_class']}, measured on the stand-in {subject}"
     fig.suptitle(
-        f"visioncap tune: {results['profile']} on {results['gpu_class']} ({results['hardware']}){met}\n"
+        f"visioncap tune: {subject} ({results['hardware']}){met}\n"
         f"labels: {knob}, and the 1-min load average during the phase; green meets the objectives",
         fontsize=10,
     )

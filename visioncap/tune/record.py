@@ -24,6 +24,18 @@ class TunedMeasurement(StrictModel):
     captions_per_s: float | None = Field(description="Captions completed per second in the measured window.")
     chat_requests: int = Field(description="Chat requests answered with at least one token in the phase.")
     meets_objectives: bool = Field(description="Both p99 objectives met and the phase measured without failures.")
+    served_max_num_batched_tokens: int | None = Field(
+        default=None,
+        description="Measured on a stand-in: the budget it served, in its own tokens (the target's times the "
+        "stand-in's token_scale); None: measured on the profile itself.",
+    )
+    estimate: dict[str, float | int | None] | None = Field(
+        default=None,
+        description="The cost model's figures for this budget on the target GPU class (visioncap.serve.costmodel), "
+        "beside the CPU measurement: decode_step_ms (typical batch), step_with_frame_ms (that step running one "
+        "frame's encoder and first prefill chunk too), stall_steps (their ratio), frames_encoded_per_step, "
+        "worst_step_ms (a step with that many frames), frame_prefill_steps.",
+    )
 
 
 class TunedObjectives(StrictModel):
@@ -49,4 +61,9 @@ class TunedRecord(StrictModel):
     )
     objectives: TunedObjectives = Field(description="The objectives the choice was made against.")
     workload: str = Field(description="The mixed workload in one line (chat rate, flood, image size, duration).")
+    measured_on: str | None = Field(
+        default=None,
+        description="The CPU stand-in measured for this GPU class, its token scale and its fidelity when measured; "
+        "None: the profile itself was served.",
+    )
     candidates: list[TunedMeasurement] = Field(description="Every candidate measured, in the order run.")

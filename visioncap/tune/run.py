@@ -6,6 +6,12 @@ workload of `visioncap bench mixed` (its code is reused, not copied). The flood 
 a worse priority than chat when the profile runs `--scheduling-policy priority` (what the pipeline's
 background class gets), and it offers more frames than the server absorbs, so captions per second is the
 server's capacity beside chat. Every candidate replays the same chat arrivals and lengths.
+
+With a stand-in (`StandInTarget`), the candidates are a GPU profile's budgets in its own tokens; each is served
+on the CPU stand-in scaled by the stand-in's token ratio, with the stand-in's workload for that GPU class (frames,
+filler text, chat prompts that cost what the target's cost there, in decode steps), and the choice is written in
+the target's tokens into the target profile, with the cost model's figures for each budget beside the measurement.
+Its fidelity is measured first: an off-target stand-in writes nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from visioncap.bench.load import Target
 from visioncap.bench.machine import hardware, machine_facts
 from visioncap.bench.mixed import MixedOptions, Run
 from visioncap.bench.servers import measured_vllm
-from visioncap.bench.standin import workload_for, workload_options
+from visioncap.bench.standin import stand_in_tokens, workload_for, workload_options
 from visioncap.errors import VisioncapError
 from visioncap.serve import VllmServer, load_profile
 from visioncap.serve.launcher import ServerError
@@ -48,6 +54,54 @@ BACKGROUND_PRIORITY = 10
 
 class TuneError(VisioncapError):
     """The tuning run could not measure what it needs (e.g. no candidate's server started)."""
+
+
+@dataclass(frozen=True)
+class StandInTarget:
+    """A GPU profile tuned on a CPU stand-in: the candidates are in the target's tokens."""
+
+    profile: ModelProfile  # the target, whose gpus.<gpu_class> is written
+    gpu_class: str
+    token_scale: float  # stand-in tokens per target token (the stand-in's workload for gpu_class)
+
+    def served(self, candidate: Candidate) -> Candidate:
+        """The candidate in the stand-in's tokens; a threshold it leaves open is the target's for the class, as
+        the target would serve it (the cost model's figures use it too)."""
+        threshold = candidate.long_prefill_token_threshold
+        if threshold is None:
+            threshold = self.profile.serving_for(self.gpu_class).long_prefill_token_threshold
+        return Candidate(
+            stand_in_tokens(candidate.max_num_batched_tokens, self.token_scale),
+            None if threshold is None else stand_in_tokens(threshold, self.token_scale),
+        )
+
+    def estimate(self, candidate: Candidate) -> dict[str, float | int | None]:
+        """The cost model's figures for the candidate on the target GPU class (rounded for the record)."""
+        from visioncap.serve.costmodel import for_profile, step_ms
+
+        values: dict[str, int] = {"max_num_batched_tokens": candidate.max_num_batched_tokens}
+        if candidate.long_prefill_token_threshold is not None:
+            values["long_prefill_token_threshold"] = candidate.long_prefill_token_threshold
+        cost = for_profile(self.profile.with_serving(self.gpu_class, **values), self.gpu_class)
+        w = cost.workload
+        decode = cost.decode_ms[w.typical_batch]
+        frames = cost.budget.frames_encoded_per_step
+        worst = None
+        if frames and cost.encoder_ms_per_frame is not None and cost.frame_prompt_tokens is not None:
+            # A step whose encoder budget runs `frames` frames (vLLM 0.32 never splits one), each prefilling after.
+            chunk = min(candidate.max_num_batched_tokens - w.typical_batch, frames * cost.frame_prompt_tokens)
+            text, batch, context = cost.shape.text, w.typical_batch, w.context_tokens
+            worst = step_ms(text, cost.gpu, batch, context, max(chunk, 0), cost.efficiency)
+            worst += frames * cost.encoder_ms_per_frame
+        with_frame = cost.step_with_frame_ms
+        return {
+            "decode_step_ms": round(decode, 2),
+            "step_with_frame_ms": None if with_frame is None else round(with_frame, 2),
+            "stall_steps": None if with_frame is None else round(with_frame / decode, 2),
+            "frames_encoded_per_step": frames,
+            "worst_step_ms": None if worst is None else round(worst, 2),
+            "frame_prefill_steps": cost.budget.frame_prefill_steps,
+        }
 
 
 @dataclass
@@ -83,6 +137,11 @@ class TuneOptions:
     # candidate's server; when the stand-in is off target nothing is judged and the profile is not written.
     fidelity_target: str | None = None
     fidelity_gpu: str = "h200"
+    # Tune a GPU profile on this (the served) stand-in; the fidelity target is then that profile on its class.
+    stand_in_for: StandInTarget | None = None
+    # Objectives as `level` x chat alone's inter-token p99 and TTFT_FACTOR x its TTFT p99 (the frontier objective
+    # of `bench mixed`), instead of factors of the best candidate; needs the chat-alone reference phase.
+    objective_level: float | None = None
 
     @classmethod
     def quick_defaults(cls) -> dict[str, Any]:
@@ -210,6 +269,21 @@ def _clean(summary: dict[str, Any]) -> bool:
     return bool(chat.get("ok")) and not chat.get("failed") and refused == 0
 
 
+def reference_objectives(reference: dict[str, Any] | None, level: float) -> TunedObjectives:
+    """The frontier objective of `bench mixed`: inter-token p99 at most `level` x chat alone's, TTFT p99 at most
+    TTFT_FACTOR x chat alone's."""
+    chat = (reference or {}).get("chat") or {}
+    itl, ttft = (chat.get("itl_ms") or {}).get("p99"), (chat.get("ttft_ms") or {}).get("p99")
+    if itl is None or ttft is None:
+        raise TuneError("the chat-alone reference measured no chat latency; the objectives cannot be derived")
+    return TunedObjectives(
+        ttft_p99_ms=round(TTFT_FACTOR * ttft, 1),
+        itl_p99_ms=round(level * itl, 1),
+        ttft_source=f"{TTFT_FACTOR} x chat alone's TTFT p99 ({ttft:.1f} ms)",
+        itl_source=f"{level:g} x chat alone's inter-token p99 ({itl:.1f} ms)",
+    )
+
+
 def objectives(measured: list[TunedMeasurement], ttft_ms: float | None, itl_ms: float | None) -> TunedObjectives:
     """Given objectives as they are; missing ones from the best candidate of this run times the factors."""
     itl_values = [m.itl_p99_ms for m in measured if m.itl_p99_ms is not None]
@@ -279,12 +353,13 @@ def margins(marked: list[TunedMeasurement], chosen: int) -> dict[str, Any]:
     return out
 
 
-def warnings(runs: list[CandidateRun]) -> list[str]:
-    """What makes a candidate's numbers weaker than they look."""
+def warnings(runs: list[CandidateRun], offered_rate: bool = False) -> list[str]:
+    """What makes a candidate's numbers weaker than they look (`offered_rate`: the flood is offered at a set rate
+    on purpose, the frontier's way, so a server that keeps up is the point, not a weakness)."""
     found = []
     for r in runs:
         captions = (r.summary or {}).get("captions") or {}
-        if r.summary is not None and not captions.get("dropped_at_client"):
+        if r.summary is not None and not captions.get("dropped_at_client") and not offered_rate:
             # No frame found every slot busy: the server kept up, so captions/s is the offer, not its capacity.
             found.append(
                 f"{r.candidate.label}: the flood never filled its slots; captions/s is the offered rate, not the "
@@ -314,16 +389,28 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     started = time.monotonic()
     started_at = datetime.now(UTC)
     profile = load_profile(options.profile, options.models_dir)
+    target_of = options.stand_in_for
+    if target_of is not None:
+        options = replace(options, fidelity_target=target_of.profile.name, fidelity_gpu=target_of.gpu_class)
     workload = workload_for(profile, options.fidelity_target, options.fidelity_gpu)
     if workload is not None:  # a sized stand-in: its frames, filler and chat prompts (the budgets are swept)
         options = replace(options, **workload_options(workload, options.chat_prompt_tokens))
+    elif target_of is not None:
+        raise TuneError(
+            f"{profile.name} has no stand-in workload for {target_of.profile.name} on {target_of.gpu_class} "
+            "(visioncap bench standin --write sizes one)"
+        )
+    if options.objective_level is not None and options.reference_s <= 0:
+        raise TuneError("objectives relative to chat alone need its reference phase (reference_s > 0)")
     options.work_dir.mkdir(parents=True, exist_ok=True)
     run = Run(mixed_options(options), profile)
     runs: list[CandidateRun] = []
     reference: dict[str, Any] | None = None
     fidelity: FidelityResult | None = None
     for index, candidate in enumerate(options.candidates):
-        served = candidate_profile(profile, options.gpu_class, candidate)
+        served = candidate_profile(
+            profile, options.gpu_class, target_of.served(candidate) if target_of is not None else candidate
+        )
         current = CandidateRun(candidate, served.command_args(options.gpu_class))
         runs.append(current)
         flood_priority = BACKGROUND_PRIORITY if _uses_priority(served, options.gpu_class) else None
@@ -365,6 +452,13 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
         steps.finish()  # steps a failed candidate did not reach count too, so the bar ends full
         if current.summary is not None:
             current.measurement = measurement(candidate, current.summary)
+            if target_of is not None:
+                current.measurement = current.measurement.model_copy(
+                    update={
+                        "served_max_num_batched_tokens": target_of.served(candidate).max_num_batched_tokens,
+                        "estimate": target_of.estimate(candidate),
+                    }
+                )
             m = current.measurement
             report.note(
                 f"{candidate.label}: {m.captions_per_s} captions/s, chat ITL p50/p99 {m.itl_p50_ms}/{m.itl_p99_ms} ms,"
@@ -374,7 +468,10 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     if not measured_runs:
         raise TuneError("no candidate could be measured: " + "; ".join(f"{r.candidate.label}: {r.error}" for r in runs))
     measured = [r.measurement for r in measured_runs if r.measurement is not None]
-    target = objectives(measured, options.ttft_p99_ms, options.itl_p99_ms)
+    if options.objective_level is not None:
+        target = reference_objectives(reference, options.objective_level)
+    else:
+        target = objectives(measured, options.ttft_p99_ms, options.itl_p99_ms)
     clean = [_clean(r.summary or {}) for r in measured_runs]
     marked, chosen, met = choose(measured, clean, target)
     not_judged = None
@@ -399,9 +496,18 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
             "line": options.workload_line(),
             "tokens_per_word": run.tokens_per_word,
             "flood_priority": BACKGROUND_PRIORITY if _uses_priority(profile, options.gpu_class) else None,
-            **{k: v for k, v in asdict(options).items() if k not in ("candidates", "command")},
+            **{k: v for k, v in asdict(options).items() if k not in ("candidates", "command", "stand_in_for")},
         },
         "objectives": target.model_dump(),
+        "objective_level": options.objective_level,
+        "stand_in_for": None
+        if target_of is None
+        else {
+            "profile": target_of.profile.name,
+            "profile_file": str(target_of.profile.path) if target_of.profile.path else None,
+            "gpu_class": target_of.gpu_class,
+            "token_scale": target_of.token_scale,
+        },
         "reference_chat_alone": reference,
         "candidates": [
             {
@@ -422,10 +528,12 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
         "fidelity": fidelity.to_dict() if fidelity is not None else None,
         "not_judged": not_judged,
         "margins": margins(marked, chosen),
-        "warnings": warnings(runs),
+        "warnings": warnings(runs, offered_rate=options.objective_level is not None),
     }
     results = _jsonable(results)
     stem = f"{profile.name}-{options.gpu_class}"
+    if target_of is not None:
+        stem = f"{target_of.profile.name}-{target_of.gpu_class}-on-{profile.name}"
     files = {"json": options.out_dir / f"{stem}.json", "png": options.out_dir / f"{stem}.png"}
     options.out_dir.mkdir(parents=True, exist_ok=True)
     results["files"] = {k: str(v) for k, v in files.items()}
@@ -435,9 +543,17 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     write_results(results, files["json"])
     plot(results, files["png"])
     # A choice needs a comparison: with one candidate left there is nothing to tune from.
-    if options.write and profile.path is not None and results["complete"] and not_judged is None:
-        write_tuned(profile.path, options.gpu_class, results, marked, target, met, finished_at, options)
-        results["profile_written"] = str(profile.path)
+    written, written_class, measured_on = profile.path, options.gpu_class, None
+    if target_of is not None:
+        written, written_class = target_of.profile.path, target_of.gpu_class
+        scale = target_of.token_scale
+        measured_on = f"stand-in {profile.name} on {options.gpu_class} ({hardware()}); its tokens = {scale:g} x these"
+        if fidelity is not None:
+            ratios = ", ".join(f"{k} {v:.2f}" for k, v in fidelity.ratio.items() if v is not None)
+            measured_on += f"; fidelity (measured / target, decode steps): {ratios}"
+    if options.write and written is not None and results["complete"] and not_judged is None:
+        write_tuned(written, written_class, results, marked, target, met, finished_at, options, measured_on)
+        results["profile_written"] = str(written)
         write_results(results, files["json"])
     return results
 

@@ -162,8 +162,10 @@ def write_tuned(
     met: bool,
     finished_at: datetime,
     options: TuneOptions,
+    measured_on: str | None = None,
 ) -> TunedRecord:
-    """Set the chosen values for the GPU class in the profile and record how they were chosen."""
+    """Set the chosen values for the GPU class in the profile and record how they were chosen (`measured_on`:
+    the stand-in that was served instead of the profile)."""
     text = profile_path.read_text(encoding="utf-8")
     data = yaml.safe_load(text) or {}
     chosen = results["chosen"]
@@ -190,6 +192,7 @@ def write_tuned(
         objectives_met=met,
         objectives=target,
         workload=options.workload_line(),
+        measured_on=measured_on,
         candidates=marked,
     )
     replace_profile(profile_path, head.rstrip("\n") + "\n" + render_block(records))
