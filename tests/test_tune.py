@@ -11,13 +11,13 @@ import yaml
 from helpers import REPO, run_cli
 from typer.testing import CliRunner
 
+from visioncap.bench.tune.candidates import Candidate, build_candidates, parse_int_list
+from visioncap.bench.tune.record import TunedMeasurement, TunedObjectives
+from visioncap.bench.tune.run import StandInTarget, TuneError, choose, margins, objectives, reference_objectives
+from visioncap.bench.tune.write import BLOCK_END, BLOCK_START, insert_key, replace_scalar, set_serving_value
 from visioncap.cli import app
 from visioncap.errors import ConfigError
 from visioncap.serve import load_profile
-from visioncap.tune.candidates import Candidate, build_candidates, parse_int_list
-from visioncap.tune.record import TunedMeasurement, TunedObjectives
-from visioncap.tune.run import StandInTarget, TuneError, choose, margins, objectives, reference_objectives
-from visioncap.tune.write import BLOCK_END, BLOCK_START, insert_key, replace_scalar, set_serving_value
 
 
 def measured(budget: int, tput: float, itl: float, ttft: float) -> TunedMeasurement:
@@ -125,8 +125,8 @@ def test_a_stand_in_serves_the_targets_budgets_in_its_own_tokens_beside_the_cost
 def test_the_choice_is_written_into_the_target_profile_in_its_tokens(tmp_path: Path) -> None:
     from datetime import UTC, datetime
 
-    from visioncap.tune.run import TuneOptions
-    from visioncap.tune.write import write_tuned
+    from visioncap.bench.tune.run import TuneOptions
+    from visioncap.bench.tune.write import write_tuned
 
     path = tmp_path / "qwen2.5-vl-7b.yaml"
     original = (REPO / "models" / "qwen2.5-vl-7b.yaml").read_text(encoding="utf-8")

@@ -15,9 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from visioncap.bench.cli import bench_app
+from visioncap.bench.tune.cli import tune_command
 from visioncap.errors import ConfigError, VisioncapError
 from visioncap.settings import Settings
-from visioncap.tune.cli import tune_command
 
 if TYPE_CHECKING:
     from visioncap.serve import VllmServer

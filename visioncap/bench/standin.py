@@ -246,8 +246,8 @@ def write_stand_in(profile_path: Path, spec: StandInSpec) -> None:
     the rest of the file stays byte for byte, and nothing is written unless the result loads as a profile."""
     import yaml
 
+    from visioncap.bench.tune.write import replace_profile, split_block
     from visioncap.errors import ConfigError
-    from visioncap.tune.write import replace_profile, split_block
 
     text = profile_path.read_text(encoding="utf-8")
     start = text.find(STAND_IN_START)

@@ -15,10 +15,10 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from visioncap.bench.tune.record import TunedRecord
 from visioncap.config.base import StrictModel
 from visioncap.config.loading import load_yaml_model
 from visioncap.errors import ConfigError
-from visioncap.tune.record import TunedRecord
 
 GpuClass = Literal["cpu", "l4", "a10", "a100", "h100", "h200"]
 GPU_CLASSES: tuple[str, ...] = ("cpu", "l4", "a10", "a100", "h100", "h200")

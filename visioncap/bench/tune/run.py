@@ -35,13 +35,13 @@ from visioncap.bench.machine import hardware, machine_facts
 from visioncap.bench.mixed import MixedOptions, Run
 from visioncap.bench.servers import measured_vllm
 from visioncap.bench.standin import stand_in_tokens, workload_for, workload_options
+from visioncap.bench.tune.candidates import Candidate, candidate_profile
+from visioncap.bench.tune.progress import Progress
+from visioncap.bench.tune.record import TunedMeasurement, TunedObjectives
 from visioncap.errors import VisioncapError
 from visioncap.serve import VllmServer, load_profile
 from visioncap.serve.launcher import ServerError
 from visioncap.serve.profiles import ModelProfile
-from visioncap.tune.candidates import Candidate, candidate_profile
-from visioncap.tune.progress import Progress
-from visioncap.tune.record import TunedMeasurement, TunedObjectives
 
 log = logging.getLogger(__name__)
 
@@ -382,8 +382,8 @@ def _label(m: TunedMeasurement) -> str:
 
 def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Measure every candidate, choose, write the results files (and the profile unless `write` is off)."""
-    from visioncap.tune.plot import plot
-    from visioncap.tune.write import write_results, write_tuned
+    from visioncap.bench.tune.plot import plot
+    from visioncap.bench.tune.write import write_results, write_tuned
 
     report = progress or Progress()
     started = time.monotonic()

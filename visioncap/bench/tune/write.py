@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
+from visioncap.bench.tune.record import TunedMeasurement, TunedObjectives, TunedRecord
 from visioncap.errors import ConfigError
 from visioncap.serve.profiles import ModelProfile
-from visioncap.tune.record import TunedMeasurement, TunedObjectives, TunedRecord
 
 if TYPE_CHECKING:
-    from visioncap.tune.run import TuneOptions
+    from visioncap.bench.tune.run import TuneOptions
 
 BLOCK_START = (
     "# --- tuned by `visioncap tune` (generated: re-run it rather than editing; the rest of the file is yours) ---"

@@ -15,12 +15,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColu
 from rich.progress import Progress as RichBar
 from rich.table import Table
 
+from visioncap.bench.tune.progress import Progress
 from visioncap.errors import ConfigError
-from visioncap.tune.progress import Progress
 
 if TYPE_CHECKING:
+    from visioncap.bench.tune.run import StandInTarget
     from visioncap.serve.profiles import ModelProfile
-    from visioncap.tune.run import StandInTarget
 
 err = Console(stderr=True)
 
@@ -87,8 +87,8 @@ def _stand_in(
     name: str, target: ModelProfile, gpu: str | None, gpu_class: str, models_dir: Path
 ) -> tuple[ModelProfile, StandInTarget]:
     """The stand-in profile and what it is measured for; ConfigError when it does not stand in for `target`."""
+    from visioncap.bench.tune.run import StandInTarget
     from visioncap.serve import load_profile
-    from visioncap.tune.run import StandInTarget
 
     if gpu is None or gpu_class == "cpu":
         raise ConfigError("--stand-in: name the GPU class to tune for with --gpu (e.g. --gpu h200)")
@@ -182,11 +182,11 @@ def tune_command(
     PROFILE-GPU.json and .png. Exit 0 when a candidate met the objectives, 1 when none did (the lowest
     inter-token p99 is then written, marked objectives_met: false), 2 for bad options or profile.
     """
+    from visioncap.bench.tune.candidates import build_candidates, default_budgets, parse_int_list
+    from visioncap.bench.tune.run import TuneOptions, frame_size, run_tune, total_steps
     from visioncap.serve import load_profile
     from visioncap.serve.plan import plan_serving
     from visioncap.settings import Settings
-    from visioncap.tune.candidates import build_candidates, default_budgets, parse_int_list
-    from visioncap.tune.run import TuneOptions, frame_size, run_tune, total_steps
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
