@@ -44,7 +44,7 @@ from sqlalchemy import Engine, create_engine, event, text
 
 from visioncap.api.settings import ApiSettings, hash_key
 from visioncap.bench.machine import REPO, machine_facts
-from visioncap.bench.outputs import RESULTS_DIR, command_line, write_results
+from visioncap.bench.outputs import RESULTS_DIR, command_line, machine_line, write_results
 from visioncap.bench.stats import percentile
 from visioncap.frames import Caption
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
@@ -1047,10 +1047,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in FILTER_QUERIES
     }
     results["by_status"] = dict(corpus.by_status)
-    results["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    name = "api_search" + (f"-{args.tag}" if args.tag else "")
-    json_path, md_path = write_results(name, results, _markdown(results), args.results_dir)
-    print(f"wrote {json_path} and {md_path}")
+    write_results("api_search" + (f"-{args.tag}" if args.tag else ""), results, _markdown, args.results_dir)
     return 0
 
 
@@ -1061,9 +1058,7 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         f"Command: `{r['command']}`",
         "",
-        f"Date: {m['date']}; machine: {m['cpu']}, {m['cpu_count']} cores, load average {m['load_average']} at start, "
-        f"{m.get('load_average_end')} at end; Python {m['python']}; commit {m['git_commit']}"
-        + (" with uncommitted changes under visioncap/" if m["visioncap_uncommitted_changes"] else ""),
+        machine_line(m, f"Python {m['python']}"),
         "",
         f"{r['rows']:,} captions ({', '.join(f'{k} {v:,}' for k, v in r['by_status'].items())}), 20 cameras over 60 "
         f"days. Client: one keep-alive HTTP connection to `visioncap api` (uvicorn, access log off), requests one "

@@ -338,8 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "image": {"mode": "full", "max_image_tokens": MAX_IMAGE_TOKENS, "token_size": TOKEN_SIZE},
         "policies": rows,
     }
-    json_path, md_path = write_results("caption_budget", results, _markdown(results))
-    print(f"wrote {json_path} and {md_path}")
+    write_results("caption_budget", results, _markdown)
     return 0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import shutil
 import sys
 import time
@@ -32,7 +31,7 @@ import numpy as np
 import torch
 
 from visioncap.bench.detection import WEIGHTS, detector_config, detector_machine_facts
-from visioncap.bench.outputs import command_line, write_results
+from visioncap.bench.outputs import command_line, machine_line, write_results
 from visioncap.bench.scenes import DATA_DIR, Scene
 from visioncap.bench.stats import percentile
 from visioncap.caption.encode import compose, encode_jpeg
@@ -389,10 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + ", ".join(f"{k} {v:.2f}" for k, v in fps.items()),
                 flush=True,
             )
-    results["machine"]["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
-    name = "detector_throughput" + (f"-{args.tag}" if args.tag else "")
-    json_path, md_path = write_results(name, results, _markdown(results))
-    print(f"wrote {json_path} and {md_path}")
+    write_results("detector_throughput" + (f"-{args.tag}" if args.tag else ""), results, _markdown)
     return 0
 
 
@@ -403,10 +399,11 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         f"Command: `{r['command']}`",
         "",
-        f"Date: {m['date']}; machine: {m['cpu']}, {m['cpu_count']} cores, load average {m['load_average']} at start, "
-        f"{m.get('load_average_end')} at end; Python {m['python']}, torch {m['torch']} (threads: {m['torch_threads']}"
-        f"), ultralytics {m['ultralytics']}, onnxruntime {m['onnxruntime']}; commit {m['git_commit']}"
-        + (" with uncommitted changes under visioncap/" if m["visioncap_uncommitted_changes"] else ""),
+        machine_line(
+            m,
+            f"Python {m['python']}, torch {m['torch']} (threads: {m['torch_threads']}), ultralytics "
+            f"{m['ultralytics']}, onnxruntime {m['onnxruntime']}",
+        ),
         "",
         f"Weights `{r['weights']}` (and its ONNX export), image size {r['image_size']}, "
         f"{r['frame_size'][0]}x{r['frame_size'][1]} frames from `visioncap/bench/scenes.py` (people in every frame). "
