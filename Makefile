@@ -26,11 +26,12 @@ export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
 SYSTEM_PACKAGES := gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
 	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql chromium
 
-.PHONY: help setup app-env server-env deploy-env system-deps demo test lint clean
+.PHONY: help setup app-env server-env deploy-env system-deps demo test test-unit lint clean
 
 help:
 	@echo "make demo   - set up everything, run the demo pipeline end to end, print its captions"
 	@echo "make test   - set up everything and run the test suite (real vLLM, real SQLite)"
+	@echo "make test-unit - the tests that need no server (no vLLM, PostgreSQL, RTSP, Chromium): app environment only"
 	@echo "make lint   - ruff"
 	@echo "make clean  - remove both environments and data/"
 
@@ -83,6 +84,12 @@ $(DEPLOY_VENV)/.installed:
 
 test: setup system-deps deploy-env
 	$(APP)/python -m pytest --durations=25 $(PYTEST_ARGS)
+
+# The fast tier while you work: pyproject's server markers left out, so only the app environment is needed; one
+# worker per core (pytest-xdist), as these tests share no server.
+UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy)
+test-unit: app-env
+	$(APP)/python -m pytest -q -n auto -m "$(UNIT_TIER)" --durations=10 $(PYTEST_ARGS)
 
 lint: app-env
 	$(APP)/ruff check .

@@ -22,6 +22,29 @@ from visioncap.serve.launcher import group_members
 from visioncap.settings import Settings
 from visioncap.store import CaptionStore, create_db_engine
 
+# Test tiers (pyproject's markers; `make test-unit` runs what needs none of these servers). A test is marked by
+# the fixtures it uses, directly or through others, and by a parameter that picks PostgreSQL; a test that starts
+# a server itself carries the marker in its module.
+SERVER_FIXTURES = {
+    "vllm_server": "vllm",
+    "postgres": "postgres",
+    "rtsp": "rtsp",
+    "own_rtsp": "rtsp",
+    "browser": "browser",
+    "cluster": "postgres",  # test_storage_outage's own cluster, which it stops and starts
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in SERVER_FIXTURES.items():
+            if fixture in used:
+                item.add_marker(marker)
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and "postgresql" in callspec.params.values():
+            item.add_marker("postgres")
+
 
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VllmServer]:

@@ -85,6 +85,7 @@ def api_url(tmp_path: Path) -> Iterator[str]:
         thread.join(TIMEOUT)
 
 
+@pytest.mark.browser
 def test_swagger_ui_renders_in_headless_chromium_without_any_other_host(api_url: str, tmp_path: Path) -> None:
     command = [
         chromium(),

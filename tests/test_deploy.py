@@ -27,6 +27,8 @@ from visioncap.api.settings import ApiSettings
 from visioncap.config.gateway import load_gateway_config
 from visioncap.config.pipeline import load_pipeline
 
+pytestmark = pytest.mark.deploy
+
 COMPOSE_FILE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
 DOCKERFILE = REPO / "Dockerfile"
@@ -207,6 +209,7 @@ def test_app_service_command_and_environment_are_accepted(
     assert str(settings.data_dir) == "/data"
 
 
+@pytest.mark.vllm
 @pytest.mark.parametrize("profile", PROFILES)
 def test_vllm_service_command_dry_runs_in_the_server_environment(profile: str) -> None:
     """The vllm service's entrypoint + command, with the server environment's Python standing in for the

@@ -29,6 +29,8 @@ from visioncap.gateway.app import create_app
 from visioncap.gateway.server import GatewayThread
 from visioncap.serve import VllmServer
 
+pytestmark = pytest.mark.vllm
+
 KEY = "fuzz-interactive-key"
 TIMEOUT = 120  # seconds; a bound on a broken test, never a measurement
 MAX_TOKENS = 4

@@ -25,6 +25,8 @@ from helpers import REPO, TINY_MODEL, wait_for
 from visioncap.serve import free_port
 from visioncap.serve.launcher import group_members
 
+pytestmark = pytest.mark.vllm
+
 # Starts the tiny profile's server the way visioncap does, but not tied to this process, and exits without
 # stopping it: a real server whose starter is gone, with its pid file left in DATA_DIR/run.
 STALE_SERVER = """

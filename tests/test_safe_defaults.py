@@ -84,6 +84,7 @@ def test_loopback_addresses(host: str, loopback: bool) -> None:
 # --- docker compose -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.deploy
 def test_compose_needs_keys_of_the_users_own() -> None:
     for name in KEYS:
         for value in (None, ""):  # unset, or left empty as in .env.example
@@ -105,6 +106,7 @@ def test_compose_needs_keys_of_the_users_own() -> None:
     assert not set(settings.values()) & set(PUBLISHED_DEMO_KEYS)
 
 
+@pytest.mark.deploy
 def test_vllm_is_not_published_and_only_the_gateway_holds_its_key() -> None:
     services = resolved("postgres")["services"]
     vllm = services["vllm"]
@@ -236,6 +238,7 @@ def test_gateway_with_the_demo_keys_serves_on_loopback(tmp_path: Path) -> None:
         pass
 
 
+@pytest.mark.vllm
 def test_gateway_with_its_own_keys_serves_on_all_interfaces_in_front_of_a_keyed_vllm(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

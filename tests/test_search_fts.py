@@ -138,6 +138,7 @@ def test_text_pages_match_plain_order(
         assert pages(engine, query, 25) == expected_pages(engine, query, 25), (disorder, query)
 
 
+@pytest.mark.postgres
 def test_postgresql_database_from_before_the_stored_tsvector_is_migrated(request: pytest.FixtureRequest) -> None:
     url = fresh_database(request.getfixturevalue("postgres"))
     engine = create_db_engine(url)

@@ -206,6 +206,7 @@ def test_gpu_names_map_to_classes(name: str, expected: str | None) -> None:
     assert classify(name, 81559) == expected
 
 
+@pytest.mark.vllm
 def test_every_profile_command_parses_with_the_real_vllm_parser() -> None:
     """vLLM's own argument parser and scheduler checks, in the server environment, for every profile and class."""
     commands: dict[str, list[str]] = {}
@@ -395,6 +396,7 @@ def test_profile_max_pixels_reaches_the_image_processor(vllm_server: VllmServer,
     assert full - shrunk == 391 - 234
 
 
+@pytest.mark.vllm
 def test_serve_command_starts_tiny_and_stops_it_on_sigterm(serve_command: ServeCommand) -> None:
     """`visioncap serve --profile tiny` as a user runs it: healthy, answering, gone with its workers on SIGTERM."""
     try:

@@ -423,6 +423,7 @@ def test_the_open_stream_cap_holds_for_requests_that_arrive_together(database_ur
             assert api_service.open_streams == 1
 
 
+@pytest.mark.postgres
 def test_streams_wait_out_a_database_restart(tmp_path: Path) -> None:
     """The database stops under an open stream: the stream stays open, a client that reconnects with its last id
     gets in (EventSource gives up on anything but 200), a new client gets 503 with Retry-After (there is no

@@ -220,6 +220,7 @@ def test_bad_candidate_lists_are_refused_before_any_server_starts(tmp_path: Path
     assert not (tmp_path / "data" / "tune" / "logs").exists()
 
 
+@pytest.mark.vllm
 def test_tune_measures_each_budget_against_real_vllm_and_writes_the_profile(tmp_path: Path) -> None:
     models = tmp_models(tmp_path)
     original = (models / "tiny.yaml").read_text()
@@ -281,6 +282,7 @@ def test_tune_measures_each_budget_against_real_vllm_and_writes_the_profile(tmp_
     )
 
 
+@pytest.mark.vllm
 def test_tune_on_the_stand_in_serves_scaled_budgets_and_writes_the_target_only_when_faithful(tmp_path: Path) -> None:
     models = tmp_path / "models"
     models.mkdir()
