@@ -31,7 +31,8 @@ from PIL import Image
 from visioncap.api import create_app
 from visioncap.api.protocol import CaptionPage
 from visioncap.api.serving import static_dir
-from visioncap.api.settings import ApiKey, ApiSettings, generate_key, hash_key
+from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.keys import generate_key, hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.outbox import Outbox
@@ -262,7 +263,7 @@ def test_scopes_read_for_get_write_for_post(client: TestClient, seed: Seed) -> N
 
 
 def test_generated_keys_hash_to_what_settings_store(monkeypatch: pytest.MonkeyPatch) -> None:
-    key, digest = generate_key()
+    key, digest = generate_key("vca-")
     assert key.startswith("vca-") and len(digest) == 64 and hash_key(key) == digest
     monkeypatch.setenv("VISIONCAP_API_KEYS", json.dumps([{"name": "ui", "sha256": digest}]))
     parsed = ApiSettings(_env_file=None)  # type: ignore[call-arg]

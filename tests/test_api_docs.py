@@ -18,7 +18,8 @@ from fastapi.testclient import TestClient
 from helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 
 from visioncap.api import create_app
-from visioncap.api.settings import ApiKey, ApiSettings, hash_key
+from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.keys import hash_key
 
 READ_KEY = "docs-read-key"
 TIMEOUT = 60  # seconds; a bound on a broken test, never a measurement

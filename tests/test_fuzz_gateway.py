@@ -24,7 +24,8 @@ import schemathesis
 from helpers import TINY_MODEL
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from visioncap.config.gateway import GatewayConfig, hash_key
+from visioncap.config.gateway import GatewayConfig
+from visioncap.config.keys import hash_key
 from visioncap.gateway.app import create_app
 from visioncap.gateway.server import GatewayThread
 from visioncap.serve import VllmServer

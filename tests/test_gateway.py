@@ -30,7 +30,8 @@ from helpers import REPO, TINY_MODEL
 from PIL import Image
 from taps import AsgiThread, Tap
 
-from visioncap.config.gateway import GatewayConfig, TrafficClassConfig, hash_key
+from visioncap.config.gateway import GatewayConfig, TrafficClassConfig
+from visioncap.config.keys import hash_key
 from visioncap.gateway.images import data_uri_size, image_tokens
 from visioncap.gateway.scheduler import SchedulerState
 from visioncap.gateway.server import GatewayThread

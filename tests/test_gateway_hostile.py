@@ -18,7 +18,8 @@ import httpx
 import pytest
 from PIL import Image
 
-from visioncap.config.gateway import GatewayConfig, ImagesConfig, hash_key
+from visioncap.config.gateway import GatewayConfig, ImagesConfig
+from visioncap.config.keys import hash_key
 from visioncap.gateway.images import inspect_messages
 from visioncap.gateway.server import GatewayThread
 from visioncap.serve import free_port

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from visioncap.bench.gateway_proc import GatewayProcess
-from visioncap.config.gateway import GatewayConfig, hash_key
+from visioncap.config.gateway import GatewayConfig
+from visioncap.config.keys import hash_key
 
 KEY = "memory-camera-key"
 MIB = 1024 * 1024

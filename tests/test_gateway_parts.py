@@ -13,10 +13,11 @@ import pytest
 from helpers import REPO
 from PIL import Image
 
-from visioncap.config.gateway import GatewayConfig, ImagesConfig, RateLimitConfig, hash_key, load_gateway_config
+from visioncap.config.gateway import GatewayConfig, ImagesConfig, RateLimitConfig, load_gateway_config
+from visioncap.config.keys import generate_key, hash_key
 from visioncap.errors import ConfigError
 from visioncap.gateway.admission import SlidingWindow
-from visioncap.gateway.auth import KeyRing, TokenBucket, generate_key
+from visioncap.gateway.auth import KeyRing, TokenBucket
 from visioncap.gateway.images import MediaRefusedError, data_uri_size, image_tokens, inspect_messages
 from visioncap.gateway.proxy import UpstreamBroken
 from visioncap.gateway.sse import StreamObserver
@@ -103,7 +104,7 @@ def test_every_config_field_is_described() -> None:
 
 
 def test_keys_are_matched_by_hash_only() -> None:
-    key, digest = generate_key()
+    key, digest = generate_key("vc-")
     config = GatewayConfig.model_validate(
         {
             "upstream": {"base_url": "http://h/v1"},

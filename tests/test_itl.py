@@ -25,7 +25,8 @@ from visioncap.bench import load
 from visioncap.bench.load import ChatResult, PhaseSpec, Target, _Phase, new_client
 from visioncap.bench.stats import summarize
 from visioncap.bench.workload import ChatTurn
-from visioncap.config.gateway import GatewayConfig, hash_key
+from visioncap.config.gateway import GatewayConfig
+from visioncap.config.keys import hash_key
 from visioncap.gateway.server import GatewayThread
 from visioncap.gateway.sse import StreamObserver, inter_token_gaps, token_gaps
 from visioncap.serve import VllmServer

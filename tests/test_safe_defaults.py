@@ -25,7 +25,8 @@ import yaml
 from helpers import REPO, TINY_MODEL, wait_for
 from test_deploy import COMPOSE_FILE, ENV_EXAMPLE, KEYS, compose, host_path, resolved
 
-from visioncap.config.gateway import hash_key, load_gateway_config
+from visioncap.config.gateway import load_gateway_config
+from visioncap.config.keys import hash_key
 from visioncap.demo_keys import DEMO_KEY_HASHES, PUBLISHED_DEMO_KEYS, is_loopback
 from visioncap.serve import VllmServer, free_port, load_profile
 from visioncap.settings import Settings

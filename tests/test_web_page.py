@@ -23,7 +23,7 @@ from helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium, start_cli, wait_for
 from PIL import Image, ImageDraw
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
-from visioncap.api.settings import hash_key
+from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.outbox import Outbox

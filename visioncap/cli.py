@@ -221,9 +221,9 @@ def gateway_command(
 @app.command("gateway-key")
 def gateway_key_command() -> None:
     """Print a new random gateway API key and the sha256 to put in the gateway file."""
-    from visioncap.gateway.auth import generate_key
+    from visioncap.config.keys import generate_key
 
-    key, digest = generate_key()
+    key, digest = generate_key("vc-")
     typer.echo(f"key:    {key}\nsha256: {digest}")
 
 
@@ -261,9 +261,9 @@ def api_key_command(
     """Print a new API key and the VISIONCAP_API_KEYS entry (its sha256) to configure."""
     import json
 
-    from visioncap.api.settings import generate_key
+    from visioncap.config.keys import generate_key
 
-    key, digest = generate_key()
+    key, digest = generate_key("vca-")
     scopes = ["read", "write"] if write else ["read"]
     entry = json.dumps({"name": name, "sha256": digest, "scopes": scopes})
     typer.echo(f"key:    {key}\nsha256: {digest}\nentry:  {entry}")

@@ -8,19 +8,17 @@ runs before `visioncap gateway` and `visioncap api` bind their socket.
 
 from __future__ import annotations
 
-import hashlib
 import ipaddress
 from collections.abc import Iterable
 
+from visioncap.config.keys import hash_key
 from visioncap.errors import ConfigError
 
 # Every key whose text this repository publishes (in example configs, .env.example or the README), in one place:
 # tests/test_safe_defaults.py fails when a shipped file names a demo key that is missing here.
 PUBLISHED_DEMO_KEYS: tuple[str, ...] = ("demo-chat-key", "demo-captions-key")
-# The gateway and the API store keys as this hex SHA-256 (visioncap.config.gateway.hash_key, api.settings.hash_key).
-DEMO_KEY_HASHES: frozenset[str] = frozenset(
-    hashlib.sha256(key.encode("utf-8")).hexdigest() for key in PUBLISHED_DEMO_KEYS
-)
+# As the gateway and the API store them.
+DEMO_KEY_HASHES: frozenset[str] = frozenset(hash_key(key) for key in PUBLISHED_DEMO_KEYS)
 
 
 def is_loopback(host: str) -> bool:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import secrets
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -12,17 +10,6 @@ from visioncap.settings import Settings
 from visioncap.store.search import DEFAULT_SCAN_ROWS
 
 Scope = Literal["read", "write"]
-
-
-def hash_key(key: str) -> str:
-    """The hex SHA-256 stored for an API key (the key itself is never stored)."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def generate_key() -> tuple[str, str]:
-    """A new random API key and its SHA-256, for `VISIONCAP_API_KEYS`."""
-    key = "vca-" + secrets.token_urlsafe(24)
-    return key, hash_key(key)
 
 
 class ApiKey(BaseModel):

@@ -19,7 +19,8 @@ from typing import IO, Any
 import httpx
 import yaml
 
-from visioncap.config.gateway import GatewayConfig, hash_key
+from visioncap.config.gateway import GatewayConfig
+from visioncap.config.keys import hash_key
 from visioncap.serve import free_port
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Literal
 
@@ -86,7 +85,7 @@ class RateLimitConfig(StrictModel):
 
 
 class ApiKeyConfig(StrictModel):
-    """One caller key. Only its SHA-256 is stored (`visioncap.gateway.auth.hash_key`)."""
+    """One caller key. Only its SHA-256 is stored (`visioncap.config.keys.hash_key`)."""
 
     name: str = Field(min_length=1, description="Name of the caller, used in logs and metrics.")
     sha256: str = Field(
@@ -407,11 +406,6 @@ class GatewayConfig(StrictModel):
             names.add(key.name)
             hashes.add(key.sha256)
         return self
-
-
-def hash_key(key: str) -> str:
-    """The hex SHA-256 stored in a gateway file for an API key."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def load_gateway_config(path: Path) -> GatewayConfig:

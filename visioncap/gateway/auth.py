@@ -6,17 +6,11 @@ Keys are stored as SHA-256 hashes only; a presented key is hashed and looked up.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from visioncap.config.gateway import GatewayConfig, RateLimitConfig, TrafficClassConfig, hash_key
-
-
-def generate_key() -> tuple[str, str]:
-    """A new random key and the hash to put in the gateway file."""
-    key = "vc-" + secrets.token_urlsafe(24)
-    return key, hash_key(key)
+from visioncap.config.gateway import GatewayConfig, RateLimitConfig, TrafficClassConfig
+from visioncap.config.keys import hash_key
 
 
 class TokenBucket:
