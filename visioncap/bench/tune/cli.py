@@ -272,16 +272,6 @@ def tune_command(
         f"tuning {loaded.name} for {target.gpu_class if target else gpu_class}{on}: {len(candidates)} candidates "
         f"({', '.join(c.label for c in candidates)})"
     )
-    shown = options
-    if target is not None and served.stand_in is not None:
-        from dataclasses import replace
-
-        from visioncap.bench.standin import workload_options
-
-        # What run_tune will send: the stand-in's frames, filler and chat prompts for the target's class.
-        workload = served.stand_in.workloads[target.gpu_class]  # type: ignore[index]
-        shown = replace(options, **workload_options(workload, options.chat_prompt_tokens))
-    err.print(f"workload: {shown.workload_line()}", highlight=False)
     # SIGTERM unwinds like Ctrl-C, so the candidate's vLLM (a process group of its own) is stopped, not orphaned.
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -402,6 +402,8 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
         )
     if options.objective_level is not None and options.reference_s <= 0:
         raise TuneError("objectives relative to chat alone need its reference phase (reference_s > 0)")
+    # Said here, once the workload is what will be sent (a stand-in's replaces the frames and chat prompts).
+    report.note(f"workload: {options.workload_line()}")
     options.work_dir.mkdir(parents=True, exist_ok=True)
     run = Run(mixed_options(options), profile)
     runs: list[CandidateRun] = []
