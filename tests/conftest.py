@@ -16,10 +16,11 @@ os.environ.setdefault("YOLO_AUTOINSTALL", "False")
 os.environ.setdefault("YOLO_CONFIG_DIR", str(REPO / "data" / "ultralytics"))
 os.environ.setdefault("VISIONCAP_SERVER_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
 
+from visioncap.config.profiles import load_profile
+from visioncap.config.settings import Settings
 from visioncap.demo_video import Segment, make_demo_video
-from visioncap.serve import VllmServer, free_port, load_profile
+from visioncap.serve import VllmServer, free_port
 from visioncap.serve.launcher import group_members
-from visioncap.settings import Settings
 from visioncap.store import CaptionStore, create_db_engine
 
 # Test tiers (pyproject's markers; `make test-unit` runs what needs none of these servers). A test is marked by

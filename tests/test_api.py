@@ -31,7 +31,7 @@ from PIL import Image
 from visioncap.api import create_app
 from visioncap.api.protocol import CaptionPage
 from visioncap.api.serving import static_dir
-from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import generate_key, hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption

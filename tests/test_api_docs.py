@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium
 
 from visioncap.api import create_app
-from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 
 READ_KEY = "docs-read-key"

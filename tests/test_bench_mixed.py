@@ -18,8 +18,8 @@ from visioncap.bench.mixed import GOALS, compute_ratios, evaluate_goals, with_po
 from visioncap.bench.stats import bootstrap_ratio_interval, ecdf, percentile, poisson_arrivals, ratio, summarize
 from visioncap.bench.workload import FramePool, caption_bodies, chat_body, chat_schedule
 from visioncap.config.gateway import ImagesConfig
+from visioncap.config.profiles import load_profile
 from visioncap.gateway.images import data_uri_size, image_tokens
-from visioncap.serve import load_profile
 from visioncap.serve.ceiling import ceiling
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from visioncap.bench.overhead import Block, OverheadOptions, bench_command, bootstrap_interval, summarize
-from visioncap.serve.profiles import load_profile
+from visioncap.config.profiles import load_profile
 
 
 def options(**overrides: object) -> OverheadOptions:

@@ -20,8 +20,8 @@ from visioncap.bench.standin import (
     workload_for,
     write_stand_in,
 )
+from visioncap.config.profiles import load_profile
 from visioncap.errors import ConfigError
-from visioncap.serve.profiles import load_profile
 
 
 def test_fit_line_recovers_a_line_and_refuses_one_size() -> None:

@@ -13,7 +13,7 @@ from helpers import pipeline_dict, run_cli, wait_for, write_pipeline
 from sqlalchemy import event, text
 
 from visioncap.api import create_app
-from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.demo_video import Segment

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from helpers import pipeline_dict, run_cli, write_pipeline
 
 from visioncap.config import load_pipeline
+from visioncap.config.api import ApiSettings
+from visioncap.config.settings import Settings, load_settings
 from visioncap.errors import ConfigError
 
 
@@ -109,3 +113,39 @@ def test_shipped_live_pipelines_are_valid(name: str) -> None:
     config = load_pipeline(Path(__file__).resolve().parents[1] / "pipelines" / name)
     assert all(source.kind in ("rtsp", "http") for source in config.sources)
     assert config.detector.weights == "yolo26n.pt"
+
+
+@pytest.mark.parametrize(
+    ("kind", "variable", "value"),
+    [
+        (Settings, "VISIONCAP_RETENTION_DAYS", "-1"),  # refused by the field's bound
+        (ApiSettings, "VISIONCAP_API_KEYS", "not json"),  # refused before validation: not the JSON a list needs
+    ],
+)
+def test_a_bad_setting_is_one_config_error_naming_the_setting(
+    kind: type[Settings], variable: str, value: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no .env
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match="invalid VISIONCAP_\\* setting") as caught:
+        load_settings(kind)
+    assert variable.removeprefix("VISIONCAP_").lower() in str(caught.value).lower()
+
+
+def test_configuration_is_one_package_that_depends_on_no_other_part_of_visioncap() -> None:
+    """Every configuration area is a module of visioncap.config, and they all load without the launcher, the
+    benchmarks or the web stacks: those import configuration, never the other way round (the model profile's
+    tuning record once pulled in visioncap.bench)."""
+    code = (
+        "import sys, pkgutil, importlib, visioncap.config as c\n"
+        "names = sorted(m.name for m in pkgutil.iter_modules(c.__path__))\n"
+        "for name in names: importlib.import_module('visioncap.config.' + name)\n"
+        "print(' '.join(names))\n"
+        "print(' '.join(sorted(n for n in sys.modules if n.startswith(('visioncap.bench', 'visioncap.serve', "
+        "'visioncap.api', 'visioncap.gateway', 'visioncap.pipeline')))))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    modules, imported = [*done.stdout.splitlines(), ""][:2]
+    assert {"api", "gateway", "keys", "pipeline", "profiles", "serve", "settings", "tuned"} <= set(modules.split())
+    assert imported == ""

@@ -10,10 +10,10 @@ import pytest
 from helpers import REPO, run_cli
 
 from visioncap.config.gateway import GatewayConfig
+from visioncap.config.profiles import load_profile
+from visioncap.config.settings import Settings
 from visioncap.serve import VllmServer
 from visioncap.serve import costmodel as cm
-from visioncap.serve.profiles import load_profile
-from visioncap.settings import Settings
 
 MODELS = REPO / "models"
 QWEN7B = "Qwen/Qwen2.5-VL-7B-Instruct"

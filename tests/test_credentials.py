@@ -30,8 +30,8 @@ from streams import FrameCollector, StateRecorder
 from videos import make_event_video
 
 from visioncap.api import create_app
-from visioncap.api.settings import ApiKey, ApiSettings
 from visioncap.caption.client import VlmCaptioner
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.pipeline import PipelineConfig, load_pipeline
 from visioncap.config.sources import StreamSourceConfig

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from helpers import REPO
 
-from visioncap.api.settings import ApiSettings
+from visioncap.config.api import ApiSettings
 from visioncap.config.gateway import load_gateway_config
 from visioncap.config.pipeline import load_pipeline
 

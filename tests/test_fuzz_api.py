@@ -32,7 +32,7 @@ from PIL import Image
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from visioncap.api import create_app
-from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption

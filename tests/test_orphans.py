@@ -32,8 +32,9 @@ pytestmark = pytest.mark.vllm
 STALE_SERVER = """
 import sys
 from pathlib import Path
-from visioncap.serve import VllmServer, load_profile
-from visioncap.settings import Settings
+from visioncap.config.profiles import load_profile
+from visioncap.serve import VllmServer
+from visioncap.config.settings import Settings
 
 settings = Settings()
 profile = load_profile("tiny", settings.models_dir)

@@ -25,7 +25,7 @@ from PIL import Image
 from prometheus_client import CollectorRegistry
 
 from visioncap.api import create_app
-from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption

@@ -27,9 +27,11 @@ from test_deploy import COMPOSE_FILE, ENV_EXAMPLE, KEYS, compose, host_path, res
 
 from visioncap.config.gateway import load_gateway_config
 from visioncap.config.keys import hash_key
+from visioncap.config.profiles import load_profile
+from visioncap.config.settings import Settings
 from visioncap.demo_keys import DEMO_KEY_HASHES, PUBLISHED_DEMO_KEYS, is_loopback
-from visioncap.serve import VllmServer, free_port, load_profile
-from visioncap.settings import Settings
+from visioncap.errors import ConfigError
+from visioncap.serve import VllmServer, free_port
 
 TIMEOUT_S = 120  # a bound on a broken test only; a refusal comes in seconds
 FRESH_KEY = "vc-test-fresh-key-of-ones-own"
@@ -207,6 +209,32 @@ def gateway_file(directory: Path, chat_key: str, base_url: str = "http://127.0.0
     }
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def test_the_composition_roots_refuse_what_the_commands_refuse(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`build_gateway` / `build_api` hold the checks, so anything that builds the apps to serve them (not only the
+    commands) is refused the same way, before a socket or the database is opened."""
+    from visioncap.api.app import build_api
+    from visioncap.config.api import ApiKey, ApiSettings
+    from visioncap.gateway.app import build_gateway
+
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    keyed = load_gateway_config(gateway_file(tmp_path, FRESH_KEY, api_key_env="VLLM_API_KEY"))
+    with pytest.raises(ConfigError, match=r"here: upstream\.api_key_env names VLLM_API_KEY, which is not set"):
+        build_gateway(keyed, "127.0.0.1", "here")
+    demo = load_gateway_config(gateway_file(tmp_path, DEMO_CHAT_KEY))
+    with pytest.raises(ConfigError, match="key 'chat-ui' is a published demo key"):
+        build_gateway(demo, "0.0.0.0", "here")
+    assert build_gateway(demo, "127.0.0.1", "here").state.gateway is not None
+    settings = ApiSettings(  # type: ignore[call-arg]
+        _env_file=None,
+        data_dir=tmp_path / "data",
+        database_url=f"sqlite:///{tmp_path / 'api.db'}",
+        api_keys=[ApiKey(name="ui", sha256=hash_key(DEMO_CAPTIONS_KEY))],
+    )
+    with pytest.raises(ConfigError, match="VISIONCAP_API_KEYS: key 'ui' is a published demo key"):
+        build_api(settings, "0.0.0.0")
+    assert not (tmp_path / "api.db").exists()
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.1"])

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, insert, text
 
 from visioncap.api import create_app
 from visioncap.api.protocol import CaptionPage
-from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.store import create_db_engine
 from visioncap.store.records import CaptionRecord

@@ -18,11 +18,12 @@ import pytest
 from helpers import REPO, TINY_MODEL, run_cli, wait_for
 from PIL import Image
 
+from visioncap.config.profiles import ImageSpec, load_profile
 from visioncap.errors import ConfigError
-from visioncap.serve import VllmServer, free_port, load_profile
+from visioncap.serve import VllmServer, free_port
+from visioncap.serve.command import flag_naming
 from visioncap.serve.launcher import group_members
-from visioncap.serve.plan import classify, plan_serving
-from visioncap.serve.profiles import ImageSpec
+from visioncap.serve.plan import PlanError, classify, plan_serving
 
 
 def test_dry_run_prints_the_full_vllm_command() -> None:
@@ -149,6 +150,49 @@ def test_unknown_gpu_class_is_a_clear_error() -> None:
     result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "tpu", "--dry-run")
     assert result.returncode == 2
     assert "--gpu must be auto or one of cpu, l4, a10, a100, h100, h200, not 'tpu'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("choices", "field_says", "flag_says"),
+    [
+        ({"gpu": "tpu"}, "gpu must be auto or one of", "--gpu must be auto or one of"),
+        ({"detector_gib": -1}, "detector_gib and headroom_gib must not", "--detector-gib and --headroom-gib must not"),
+        ({"gpu_memory_gib": 0}, "gpu_memory_gib must be positive", "--gpu-memory-gib must be positive"),
+        ({}, "pass gpu=CLASS dry_run=True to see", "pass --gpu CLASS --dry-run to see"),
+    ],
+)
+def test_plan_errors_name_the_options_field_and_the_command_line_its_flag(
+    choices: dict[str, object], field_says: str, flag_says: str
+) -> None:
+    """The library speaks of ServeOptions fields (callers other than the command line have no flags); the
+    command line says the same error with its flags."""
+    profile = load_profile("qwen2.5-vl-7b", MODELS)
+    with pytest.raises(PlanError) as caught:
+        plan_serving(profile, gpus=[], **choices)  # type: ignore[arg-type]
+    assert field_says in str(caught.value) and "--" not in str(caught.value)
+    assert flag_says in caught.value.naming(flag_naming)
+
+
+def test_both_entries_are_one_command_line_with_one_set_of_defaults() -> None:
+    """`visioncap serve` and `python -m visioncap.serve` (compose's vllm service) parse the same options with the
+    same defaults: the same profile and the same command without any option."""
+    env = {"VISIONCAP_MODELS_DIR": str(MODELS)}
+    typer_entry = run_cli("serve", "--dry-run", env=env)
+    module_entry = subprocess.run(
+        [sys.executable, "-m", "visioncap.serve", "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+        cwd=REPO,
+        check=False,
+    )
+    assert typer_entry.returncode == 0, typer_entry.stderr
+    assert module_entry.returncode == 0, module_entry.stderr
+    assert module_entry.stdout == typer_entry.stdout
+    assert f"--served-model-name {TINY_MODEL}" in typer_entry.stdout and "--port 8000" in typer_entry.stdout
+    usage = run_cli("serve", "--help").stdout
+    assert usage.startswith("usage: visioncap serve") and "--served-model-alias NAME" in usage
 
 
 def test_gpu_class_and_memory_come_from_nvidia_smi(tmp_path: Path) -> None:

@@ -243,7 +243,7 @@ def test_api_answers_503_with_retry_after_while_its_database_is_away(cluster: Po
     from fastapi.testclient import TestClient
 
     from visioncap.api.app import create_app
-    from visioncap.api.settings import ApiKey, ApiSettings
+    from visioncap.config.api import ApiKey, ApiSettings
     from visioncap.config.keys import hash_key
 
     key = "test-read-key-0123456789"

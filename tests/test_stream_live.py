@@ -30,7 +30,7 @@ from pg import PostgresCluster, fresh_database, postgres_bin
 from sqlalchemy import text
 
 from visioncap.api import create_app
-from visioncap.api.settings import ApiKey, ApiSettings
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.frames import Caption
 from visioncap.store import CaptionStore, NewCaption, create_db_engine

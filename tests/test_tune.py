@@ -12,12 +12,12 @@ from helpers import REPO, run_cli
 from typer.testing import CliRunner
 
 from visioncap.bench.tune.candidates import Candidate, build_candidates, parse_int_list
-from visioncap.bench.tune.record import TunedMeasurement, TunedObjectives
 from visioncap.bench.tune.run import StandInTarget, TuneError, choose, margins, objectives, reference_objectives
 from visioncap.bench.tune.write import BLOCK_END, BLOCK_START, insert_key, replace_scalar, set_serving_value
 from visioncap.cli import app
+from visioncap.config.profiles import load_profile
+from visioncap.config.tuned import TunedMeasurement, TunedObjectives
 from visioncap.errors import ConfigError
-from visioncap.serve import load_profile
 
 
 def measured(budget: int, tput: float, itl: float, ttft: float) -> TunedMeasurement:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from contextlib import ExitStack
@@ -16,8 +15,8 @@ from rich.table import Table
 
 from visioncap.bench.cli import bench_app
 from visioncap.bench.tune.cli import tune_command
+from visioncap.config.settings import Settings, load_settings
 from visioncap.errors import ConfigError, VisioncapError
-from visioncap.settings import Settings
 
 if TYPE_CHECKING:
     from visioncap.serve import VllmServer
@@ -27,13 +26,6 @@ app.add_typer(bench_app, name="bench")
 app.command("tune")(tune_command)
 err = Console(stderr=True)
 log = logging.getLogger("visioncap")
-
-
-def _settings() -> Settings:
-    try:
-        return Settings()
-    except Exception as exc:  # pydantic's ValidationError, already naming the variable
-        raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc
 
 
 def _setup_logging(level: str) -> None:
@@ -70,7 +62,7 @@ def run(
     from visioncap.config.pipeline import load_pipeline
 
     # A bad file or setting is reported before the slow imports (the model client, YOLO, SQLAlchemy).
-    settings = _settings()
+    settings = load_settings()
     config = load_pipeline(pipeline)
     from visioncap.caption.client import VlmCaptioner
     from visioncap.detect.yolo import PersonDetector
@@ -127,64 +119,35 @@ def run(
 
 
 def _server_for(profile_name: str, settings: Settings, port: int | None, host: str = "127.0.0.1") -> VllmServer:
+    from visioncap.config.serve import ServeOptions
     from visioncap.serve import free_port
-    from visioncap.serve.command import ServeOptions, planned_server
+    from visioncap.serve.command import planned_server
 
     chosen = port if port is not None else free_port()
-    options = ServeOptions(profile_name, settings.models_dir, settings.server_python, host=host, port=chosen)
+    options = ServeOptions(
+        profile=profile_name, models_dir=settings.models_dir, python=settings.server_python, host=host, port=chosen
+    )
     server = planned_server(options)
     server.log_file = settings.data_dir / "logs" / f"vllm-{server.profile.name}-{chosen}.log"
     return server
 
 
-@app.command("serve")
-def serve_command(
-    profile: Annotated[str, typer.Option(help="Model profile name (models/NAME.yaml) or a profile file.")] = "tiny",
-    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
-    gpu: Annotated[
-        str, typer.Option(help="GPU class: auto (nvidia-smi; cpu without a GPU), cpu, l4, a10, a100, h100, h200.")
-    ] = "auto",
-    gpu_memory_gib: Annotated[
-        float | None, typer.Option(help="Total GPU memory in GiB instead of nvidia-smi's (dry runs elsewhere).")
-    ] = None,
-    detector_gib: Annotated[float, typer.Option(help="GPU memory kept for the YOLO detector, GiB.")] = 1.5,
-    headroom_gib: Annotated[float, typer.Option(help="GPU memory kept free besides, GiB.")] = 1.0,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the vLLM command (stdout) and the plan (stderr), start nothing.")
-    ] = False,
-    output_format: Annotated[str, typer.Option("--format", help="Dry-run output: shell or json.")] = "shell",
-    served_model_alias: Annotated[
-        list[str] | None, typer.Option(help="A further model name clients may send (repeatable).")
-    ] = None,
-) -> None:
-    """Start vLLM for a model profile, wait until healthy, and stop it cleanly on Ctrl-C or SIGTERM."""
+# The options are the launcher's own command line (visioncap.serve.command), which `python -m visioncap.serve` runs
+# too: one definition, whose defaults are ServeOptions'. Click hands every argument, --help included, to it.
+@app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def serve_command(ctx: typer.Context) -> None:
+    """Start vLLM for a model profile, wait until healthy, and stop it cleanly on Ctrl-C or SIGTERM (options:
+    visioncap serve --help)."""
     _setup_logging("INFO")
-    from visioncap.serve.command import FORMATS, ServeOptions, describe, planned_server, print_report, serve_foreground
+    from visioncap.serve.command import main as serve_main
 
-    if output_format not in FORMATS:
-        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {output_format!r}")
-    settings = _settings()
-    options = ServeOptions(
-        profile,
-        settings.models_dir,
-        settings.server_python,
-        host=host,
-        port=port,
-        gpu=gpu,
-        gpu_memory_gib=gpu_memory_gib,
-        detector_gib=detector_gib,
-        headroom_gib=headroom_gib,
-        dry_run=dry_run,
-        aliases=tuple(served_model_alias or ()),
-    )
-    # In the foreground, vLLM's own output is the log.
-    server = planned_server(options)
-    print_report(server)
-    if dry_run:
-        typer.echo(describe(server, output_format))
-        return
-    raise typer.Exit(serve_foreground(server))
+    settings = load_settings()
+    code = serve_main(ctx.args, prog="visioncap serve", models_dir=settings.models_dir, python=settings.server_python)
+    raise typer.Exit(code)
 
 
 @app.command("gateway")
@@ -197,25 +160,11 @@ def gateway_command(
     """Run the priority gateway (OpenAI-compatible) in front of vLLM until Ctrl-C/SIGTERM."""
     _setup_logging(log_level)
     from visioncap.config.gateway import load_gateway_config
-    from visioncap.demo_keys import refuse_demo_keys
 
     gateway_config = load_gateway_config(config)
-    refuse_demo_keys(
-        host,
-        ((key.name, key.sha256) for key in gateway_config.keys),
-        f"gateway file {config}",
-        "make your own with `visioncap gateway-key` and put its sha256 in the file",
-    )
-    env = gateway_config.upstream.api_key_env
-    # Started without it, every forwarded request would come back 401 from vLLM, long after the cause.
-    if env and not os.environ.get(env):
-        raise ConfigError(
-            f"{config}: upstream.api_key_env names {env}, which is not set: set it to the key vLLM was started "
-            "with (--api-key or VLLM_API_KEY)"
-        )
     from visioncap.gateway import serve
 
-    serve(gateway_config, host=host, port=port, log_level=log_level)
+    serve(gateway_config, host=host, port=port, log_level=log_level, source=f"gateway file {config}")
 
 
 @app.command("gateway-key")
@@ -235,19 +184,9 @@ def api_command(
 ) -> None:
     """Serve the REST API and web page over the caption database until Ctrl-C/SIGTERM."""
     _setup_logging(log_level)
-    from visioncap.api.settings import ApiSettings
-    from visioncap.demo_keys import refuse_demo_keys
+    from visioncap.config.api import ApiSettings
 
-    try:
-        settings = ApiSettings()
-    except Exception as exc:  # pydantic's ValidationError, already naming the variable
-        raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc
-    refuse_demo_keys(
-        host,
-        ((key.name, key.sha256) for key in settings.api_keys),
-        "VISIONCAP_API_KEYS",
-        "make your own with `visioncap api-key` and put its entry in VISIONCAP_API_KEYS",
-    )
+    settings = load_settings(ApiSettings)
     from visioncap.api import serve
 
     serve(settings, host=host, port=port, log_level=log_level)
@@ -277,7 +216,7 @@ def captions(
     """Print stored captions, newest first."""
     from visioncap.store import CaptionStore, create_db_engine
 
-    settings = _settings()
+    settings = load_settings()
     store = CaptionStore(create_db_engine(settings.resolved_database_url()))
     store.create_schema()
     rows = store.list(camera=camera, limit=limit)
@@ -307,7 +246,7 @@ def retention_command(
     from visioncap.store import CaptionStore, create_db_engine
     from visioncap.store.retention import RetentionPolicy, sweep
 
-    settings = _settings()
+    settings = load_settings()
     policy = RetentionPolicy.from_settings(settings)
     if not policy.enabled:
         typer.echo(

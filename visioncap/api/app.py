@@ -1,4 +1,5 @@
-"""The FastAPI app factory and `serve()`, which the `visioncap api` command calls."""
+"""The API's composition root: `create_app` builds the app from settings, `build_api` adds the checks for the
+address it will listen on, and `serve()`, which the `visioncap api` command calls, runs it."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from visioncap.api.metrics import ApiMetrics, MetricsMiddleware
 from visioncap.api.routers import cameras, captions, health, page, stream
 from visioncap.api.security import SecurityHeadersMiddleware
 from visioncap.api.serving import ApiService, static_dir
-from visioncap.api.settings import ApiSettings
+from visioncap.config.api import ApiSettings
+from visioncap.demo_keys import refuse_demo_keys
 from visioncap.store import create_db_engine
 from visioncap.store.retention import RetentionJob
 from visioncap.store.schema import ensure_schema
@@ -58,9 +60,8 @@ def _document_configured_limits(app: FastAPI, settings: ApiSettings) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def create_app(settings: ApiSettings | None = None) -> FastAPI:
+def create_app(settings: ApiSettings) -> FastAPI:
     """An API app over the database of `settings`; the schema is brought up to date here."""
-    settings = settings or ApiSettings()
     engine = create_db_engine(settings.resolved_database_url())
     ensure_schema(engine)
     metrics = ApiMetrics()
@@ -118,11 +119,23 @@ def create_app(settings: ApiSettings | None = None) -> FastAPI:
     return app
 
 
+def build_api(settings: ApiSettings, host: str) -> FastAPI:
+    """The app to serve on `host`; a ConfigError, before anything is opened, when a configured key is a published
+    demo key and `host` is reachable from other machines."""
+    refuse_demo_keys(
+        host,
+        ((key.name, key.sha256) for key in settings.api_keys),
+        "VISIONCAP_API_KEYS",
+        "make your own with `visioncap api-key` and put its entry in VISIONCAP_API_KEYS",
+    )
+    return create_app(settings)
+
+
 def serve(settings: ApiSettings, host: str = "127.0.0.1", port: int = 8090, log_level: str = "info") -> None:
     """Run the API in the foreground until Ctrl-C/SIGTERM (uvicorn handles both)."""
     import uvicorn
 
-    app = create_app(settings)
+    app = build_api(settings, host)
     log.info("API on http://%s:%d (database %s)", host, port, app.state.api.engine.url.render_as_string())
     # Everything alive now (the app, SQLAlchemy, pydantic: ~110,000 objects) lives as long as the process. Out of
     # the collector's sight, a full collection no longer stalls a request for ~80 ms (measured on a million rows).

@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from visioncap.api.errors import error_response
-from visioncap.api.settings import ApiKey
+from visioncap.config.api import ApiKey
 from visioncap.config.keys import hash_key
 
 bearer_scheme = HTTPBearer(auto_error=False, description="Authorization: Bearer KEY")

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param
 from visioncap.api.metrics import ApiMetrics
 from visioncap.api.protocol import Camera, CameraList, Caption, Check, Readiness, Regenerated, caption_page_json
-from visioncap.api.settings import ApiSettings
+from visioncap.config.api import ApiSettings
 from visioncap.store import CaptionStore
 from visioncap.store.cameras import camera_states
 from visioncap.store.changes import ChangePosition, StreamStart, changes_after, is_reachable, past_seen, stream_start

@@ -42,10 +42,10 @@ from typing import Any
 import httpx
 from sqlalchemy import Engine, create_engine, event, text
 
-from visioncap.api.settings import ApiSettings
 from visioncap.bench.machine import REPO, machine_facts
 from visioncap.bench.outputs import RESULTS_DIR, command_line, machine_line, write_results
 from visioncap.bench.stats import percentile
+from visioncap.config.api import ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.frames import Caption
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine

@@ -120,8 +120,8 @@ def fidelity_command(
 
     from visioncap.bench.fidelity import FidelityProbe, measure, report_lines, target_for, to_json
     from visioncap.bench.servers import measured_vllm, without_prefix_cache
-    from visioncap.serve.profiles import load_profile
-    from visioncap.settings import Settings
+    from visioncap.config.profiles import load_profile
+    from visioncap.config.settings import Settings
 
     settings = Settings()
     models = settings.models_dir
@@ -173,8 +173,8 @@ def standin_command(
     from visioncap.bench.machine import machine_facts
     from visioncap.bench.servers import measured_vllm, without_prefix_cache
     from visioncap.bench.standin import size_stand_in, stand_in_spec, target_shape, with_vllm_flag, write_stand_in
-    from visioncap.serve.profiles import load_profile
-    from visioncap.settings import Settings
+    from visioncap.config.profiles import load_profile
+    from visioncap.config.settings import Settings
 
     sizes = []
     for text in calibrate or ["640x480:256", "252x196:64"]:
@@ -226,8 +226,8 @@ def overhead_command(
     import sys
 
     from visioncap.bench.overhead import OverheadOptions, report_lines, run_overhead
-    from visioncap.serve.profiles import load_profile
-    from visioncap.settings import Settings
+    from visioncap.config.profiles import load_profile
+    from visioncap.config.settings import Settings
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("visioncap.bench").setLevel(logging.INFO)

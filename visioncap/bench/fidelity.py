@@ -448,8 +448,8 @@ def target_for(profile: str, gpu_class: str, models_dir: Any = None) -> Fidelity
     """The cost model's batch-1 figures for `profile` (a models/ profile name) on `gpu_class`."""
     from pathlib import Path
 
+    from visioncap.config.profiles import load_profile
     from visioncap.serve.costmodel import for_profile
-    from visioncap.serve.profiles import load_profile
 
     folder = Path(models_dir) if models_dir is not None else Path(__file__).resolve().parents[2] / "models"
     cost = for_profile(load_profile(profile, folder), gpu_class)

@@ -33,7 +33,7 @@ from visioncap.bench.mixed import (
 )
 from visioncap.bench.servers import measured_vllm
 from visioncap.bench.stats import bootstrap_ratio_interval, percentile
-from visioncap.serve import load_profile
+from visioncap.config.profiles import load_profile
 
 OUT = REPO / "benchmarks" / "mixed" / "hop-ttft.json"
 ARMS = ("direct", "chat-via-gw", "both-via-gw")

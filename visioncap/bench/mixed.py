@@ -55,9 +55,9 @@ from visioncap.bench.workload import (
     chat_schedule,
     filler_text,
 )
-from visioncap.serve import VllmServer, load_profile
+from visioncap.config.profiles import ModelProfile, load_profile
+from visioncap.serve import VllmServer
 from visioncap.serve.ceiling import ceiling, step_of
-from visioncap.serve.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.machine import machine_facts
 from visioncap.bench.servers import measured_vllm, without_prefix_cache
 from visioncap.bench.stats import percentile
+from visioncap.config.profiles import ModelProfile
 from visioncap.serve.launcher import ENTRY, group_members
-from visioncap.serve.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from visioncap.config.profiles import ModelProfile
 from visioncap.serve import VllmServer, free_port
-from visioncap.serve.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
 

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from visioncap.bench.fidelity import FidelityProbe, FidelityResult, FidelityTarget, measure, report_lines
+from visioncap.config.profiles import ModelProfile, StandInSpec, StandInWorkload
 from visioncap.qwen_images import smart_resize
-from visioncap.serve.profiles import ModelProfile, StandInSpec, StandInWorkload
 
 PIXELS_PER_TOKEN_SIDE = 28  # Qwen2-VL: 14-pixel patches, 2x2 merged into one language token
 
@@ -154,9 +154,9 @@ class TargetShape:
 def target_shape(profile: str, gpu: str, models_dir: Path) -> TargetShape:
     """The cost model's figures and the serving plan's budget for `profile` on `gpu`."""
     from visioncap.bench.fidelity import target_for
+    from visioncap.config.profiles import load_profile
     from visioncap.serve.costmodel import for_profile
     from visioncap.serve.plan import plan_serving
-    from visioncap.serve.profiles import load_profile
 
     loaded = load_profile(profile, models_dir)
     args = plan_serving(loaded, gpu=gpu).args

@@ -1,9 +1,11 @@
-"""The FastAPI app factory and `serve()`, which the `visioncap gateway` command calls."""
+"""The gateway's composition root: `create_app` builds the app from its configuration, `build_gateway` adds the
+checks for where it will run, and `serve()`, which the `visioncap gateway` command calls, runs it."""
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,6 +18,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from visioncap.config.gateway import GatewayConfig
+from visioncap.demo_keys import refuse_demo_keys
+from visioncap.errors import ConfigError
 from visioncap.gateway.errors import error_body
 from visioncap.gateway.router import GENERATION_PATHS, router
 from visioncap.gateway.serving import Gateway
@@ -118,12 +122,38 @@ def create_app(config: GatewayConfig, clock: Callable[[], float] = time.monotoni
     return app
 
 
-def serve(config: GatewayConfig, host: str = "127.0.0.1", port: int = 8080, log_level: str = "info") -> None:
+def build_gateway(config: GatewayConfig, host: str, source: str = "gateway config") -> FastAPI:
+    """The app to serve on `host`; a ConfigError naming `source` (where `config` came from) when it could not run
+    safely or usefully there: a published demo key reachable from other machines, or vLLM's key not in the
+    environment."""
+    refuse_demo_keys(
+        host,
+        ((key.name, key.sha256) for key in config.keys),
+        source,
+        "make your own with `visioncap gateway-key` and put its sha256 in the file",
+    )
+    env = config.upstream.api_key_env
+    # Started without it, every forwarded request would come back 401 from vLLM, long after the cause.
+    if env and not os.environ.get(env):
+        raise ConfigError(
+            f"{source}: upstream.api_key_env names {env}, which is not set: set it to the key vLLM was started "
+            "with (--api-key or VLLM_API_KEY)"
+        )
+    return create_app(config)
+
+
+def serve(
+    config: GatewayConfig,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    log_level: str = "info",
+    source: str = "gateway config",
+) -> None:
     """Run the gateway in the foreground until Ctrl-C/SIGTERM (uvicorn handles both)."""
     import uvicorn
 
+    app = build_gateway(config, host, source)
     log.info("gateway on http://%s:%d/v1 -> %s", host, port, config.upstream.base_url)
-    app = create_app(config)
     # The startup heap (imports, the app, its models) never becomes garbage: out of the collector's sight, the
     # oldest generation's collections no longer walk it while chats stream (vLLM's API server does the same).
     gc.collect()

@@ -1,6 +1,5 @@
-"""Starting and stopping the vLLM server from a model profile."""
+"""Starting and stopping the vLLM server from a model profile (the profiles themselves: visioncap.config.profiles)."""
 
 from visioncap.serve.launcher import VllmServer, free_port
-from visioncap.serve.profiles import ModelProfile, load_profile
 
-__all__ = ["ModelProfile", "VllmServer", "free_port", "load_profile"]
+__all__ = ["VllmServer", "free_port"]

@@ -1,43 +1,122 @@
-"""`visioncap serve` and `python -m visioncap.serve`: plan, print or start vLLM for a profile.
+"""`visioncap serve` and `python -m visioncap.serve`: one command line that plans, prints or starts vLLM for a
+profile.
 
-Both entries share this module; the second needs only pydantic, PyYAML and httpx, which vLLM's own image
-has, so docker-compose runs the same launcher inside the official vLLM image.
+Both entries run `main` here with what their environment says (the models folder, the server's Python); the
+second needs only pydantic, PyYAML and httpx, which vLLM's own image has, so docker-compose runs the same
+launcher inside the official vLLM image.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import signal
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from visioncap.config.profiles import ModelProfile, load_profile
+from visioncap.config.serve import ServeOptions
+from visioncap.errors import VisioncapError
 from visioncap.serve import costmodel
 from visioncap.serve.launcher import ServerError, VllmServer
-from visioncap.serve.plan import DEFAULT_DETECTOR_GIB, DEFAULT_HEADROOM_GIB, ServingPlan, plan_serving
-from visioncap.serve.profiles import ModelProfile, load_profile
+from visioncap.serve.plan import PlanError, ServingPlan, plan_serving
 
 FORMATS = ("shell", "json")
+# The command line's flag for each ServeOptions field it sets; errors naming a field say the flag instead.
+FLAGS: dict[str, str] = {
+    "profile": "--profile",
+    "models_dir": "--models-dir",
+    "host": "--host",
+    "port": "--port",
+    "gpu": "--gpu",
+    "gpu_memory_gib": "--gpu-memory-gib",
+    "detector_gib": "--detector-gib",
+    "headroom_gib": "--headroom-gib",
+    "aliases": "--served-model-alias",
+    "dry_run": "--dry-run",
+}
 
 
-@dataclass
-class ServeOptions:
-    """What a serve invocation asked for."""
+def flag_naming(field: str, value: object = None, /) -> str:
+    """A ServeOptions field as the command line says it (`--gpu`, `--gpu CLASS`, `--dry-run`)."""
+    flag = FLAGS.get(field, field)
+    return flag if value is None or isinstance(value, bool) else f"{flag} {value}"
 
-    profile: str
-    models_dir: Path
-    python: Path
-    host: str = "127.0.0.1"
-    port: int = 8000
-    gpu: str = "auto"
-    gpu_memory_gib: float | None = None
-    detector_gib: float = DEFAULT_DETECTOR_GIB
-    headroom_gib: float = DEFAULT_HEADROOM_GIB
-    dry_run: bool = False
-    log_file: Path | None = None
-    aliases: tuple[str, ...] = ()
+
+def command_line(prog: str, models_dir: Path) -> argparse.ArgumentParser:
+    """The serve command line; defaults and help are the ServeOptions fields', `models_dir` the environment's."""
+    fields = ServeOptions.model_fields
+
+    def option(field: str, **kwargs: Any) -> None:
+        info = fields[field]
+        parser.add_argument(FLAGS[field], dest=field, default=info.default, help=info.description, **kwargs)
+
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Start vLLM for a model profile, wait until healthy, and stop it cleanly on Ctrl-C or SIGTERM.",
+    )
+    option("profile")
+    parser.add_argument("--models-dir", type=Path, default=models_dir, help=fields["models_dir"].description)
+    option("host")
+    option("port", type=int)
+    option("gpu")
+    option("gpu_memory_gib", type=float)
+    option("detector_gib", type=float)
+    option("headroom_gib", type=float)
+    parser.add_argument(
+        FLAGS["aliases"],
+        dest="aliases",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=fields["aliases"].description,
+    )
+    parser.add_argument(
+        FLAGS["dry_run"],
+        dest="dry_run",
+        action="store_true",
+        help="Print the vLLM command (stdout) and the plan (stderr), start nothing.",
+    )
+    parser.add_argument("--format", choices=FORMATS, default=FORMATS[0], help="Dry-run output: the command or JSON.")
+    return parser
+
+
+def main(argv: Sequence[str] | None, prog: str, models_dir: Path, python: Path) -> int:
+    """Parse `argv`, then plan and start (or describe) the server; the exit code. Errors are one line on stderr.
+
+    `models_dir` is --models-dir's default and `python` the server environment's interpreter, both from the
+    entry's environment.
+    """
+    args = command_line(prog, models_dir).parse_args(argv)
+    options = ServeOptions(
+        profile=args.profile,
+        models_dir=args.models_dir,
+        python=python,
+        host=args.host,
+        port=args.port,
+        gpu=args.gpu,
+        gpu_memory_gib=args.gpu_memory_gib,
+        detector_gib=args.detector_gib,
+        headroom_gib=args.headroom_gib,
+        dry_run=args.dry_run,
+        aliases=tuple(args.aliases),
+    )
+    try:
+        server = planned_server(options)
+        print_report(server)
+        if options.dry_run:
+            print(describe(server, args.format))
+            return 0
+        return serve_foreground(server)
+    except PlanError as exc:
+        print(f"error: {exc.naming(flag_naming)}", file=sys.stderr)
+        return exc.exit_code
+    except VisioncapError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
 
 
 def planned_server(options: ServeOptions) -> VllmServer:

@@ -52,7 +52,7 @@ from visioncap.qwen_images import smart_resize
 from visioncap.serve.ceiling import ceiling
 
 if TYPE_CHECKING:
-    from visioncap.serve.profiles import ModelProfile
+    from visioncap.config.profiles import ModelProfile
 
 BYTES_PER_VALUE = 2  # bf16 weights and KV cache
 REFERENCE = "/work/shared/GPU-REFERENCE.md"
@@ -92,7 +92,7 @@ GPU_SPECS: dict[str, GpuSpec] = {
     "a100-40gb": GpuSpec("A100 40 GB", 312, 1.555, 40, source="NVIDIA A100 datasheet"),
 }
 
-# The GPU classes of visioncap.serve.profiles; the cpu class has no roofline here (bench mixed measures it).
+# The GPU classes of visioncap.config.profiles; the cpu class has no roofline here (bench mixed measures it).
 CLASS_SPECS: dict[str, str] = {"l4": "l4", "a10": "a10", "a100": "a100", "h100": "h100", "h200": "h200"}
 
 

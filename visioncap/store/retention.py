@@ -45,7 +45,7 @@ from prometheus_client import Counter as PromCounter
 from sqlalchemy import ColumnElement, Engine, Row, and_, delete, not_, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 
-from visioncap.settings import Settings
+from visioncap.config.settings import Settings
 from visioncap.store.records import CaptionRecord, CaptionStatus
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ import itertools
 import re
 from dataclasses import dataclass
 
+from visioncap.config.profiles import ModelProfile
 from visioncap.errors import ConfigError
-from visioncap.serve.profiles import ModelProfile
 
 # Budgets tried when none are given. On a CPU a step costs milliseconds per token, so the range that matters
 # is small; on a data-centre GPU vLLM's own API-server default (8192) sits in the middle of the range.

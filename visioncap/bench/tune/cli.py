@@ -20,7 +20,7 @@ from visioncap.errors import ConfigError
 
 if TYPE_CHECKING:
     from visioncap.bench.tune.run import StandInTarget
-    from visioncap.serve.profiles import ModelProfile
+    from visioncap.config.profiles import ModelProfile
 
 err = Console(stderr=True)
 
@@ -88,7 +88,7 @@ def _stand_in(
 ) -> tuple[ModelProfile, StandInTarget]:
     """The stand-in profile and what it is measured for; ConfigError when it does not stand in for `target`."""
     from visioncap.bench.tune.run import StandInTarget
-    from visioncap.serve import load_profile
+    from visioncap.config.profiles import load_profile
 
     if gpu is None or gpu_class == "cpu":
         raise ConfigError("--stand-in: name the GPU class to tune for with --gpu (e.g. --gpu h200)")
@@ -184,9 +184,9 @@ def tune_command(
     """
     from visioncap.bench.tune.candidates import build_candidates, default_budgets, parse_int_list
     from visioncap.bench.tune.run import TuneOptions, frame_size, run_tune, total_steps
-    from visioncap.serve import load_profile
+    from visioncap.config.profiles import load_profile
+    from visioncap.config.settings import Settings
     from visioncap.serve.plan import plan_serving
-    from visioncap.settings import Settings
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:

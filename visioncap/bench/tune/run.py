@@ -37,11 +37,11 @@ from visioncap.bench.servers import measured_vllm
 from visioncap.bench.standin import stand_in_tokens, workload_for, workload_options
 from visioncap.bench.tune.candidates import Candidate, candidate_profile
 from visioncap.bench.tune.progress import Progress
-from visioncap.bench.tune.record import TunedMeasurement, TunedObjectives
+from visioncap.config.profiles import ModelProfile, load_profile
+from visioncap.config.tuned import TunedMeasurement, TunedObjectives
 from visioncap.errors import VisioncapError
-from visioncap.serve import VllmServer, load_profile
+from visioncap.serve import VllmServer
 from visioncap.serve.launcher import ServerError
-from visioncap.serve.profiles import ModelProfile
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
-from visioncap.bench.tune.record import TunedMeasurement, TunedObjectives, TunedRecord
+from visioncap.config.profiles import ModelProfile
+from visioncap.config.tuned import TunedMeasurement, TunedObjectives, TunedRecord
 from visioncap.errors import ConfigError
-from visioncap.serve.profiles import ModelProfile
 
 if TYPE_CHECKING:
     from visioncap.bench.tune.run import TuneOptions

@@ -15,9 +15,9 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from visioncap.bench.tune.record import TunedRecord
 from visioncap.config.base import StrictModel
 from visioncap.config.loading import load_yaml_model
+from visioncap.config.tuned import TunedRecord
 from visioncap.errors import ConfigError
 
 GpuClass = Literal["cpu", "l4", "a10", "a100", "h100", "h200"]
@@ -307,7 +307,7 @@ class ModelProfile(StrictModel):
         if gpu_class not in self.gpus:
             raise ConfigError(
                 f"profile {self.name!r} has no serving arguments for GPU class {gpu_class!r} "
-                f"(it has: {', '.join(self.gpus)}); pass --gpu with one of those or add gpus.{gpu_class} to it"
+                f"(it has: {', '.join(self.gpus)}); choose one of those or add gpus.{gpu_class} to it"
             )
         return self.serving.merged(self.gpus[gpu_class])  # type: ignore[index]
 

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from visioncap.settings import Settings
+from visioncap.config.settings import Settings
 from visioncap.store.search import DEFAULT_SCAN_ROWS
 
 Scope = Literal["read", "write"]

@@ -1,12 +1,15 @@
-"""Process-wide settings: environment variables (prefix VISIONCAP_) and an optional .env file."""
+"""Process-wide settings: environment variables (prefix VISIONCAP_) and an optional .env file, read once per
+command by `load_settings`."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from visioncap.errors import ConfigError
 
 
 class Settings(BaseSettings):
@@ -71,3 +74,16 @@ class Settings(BaseSettings):
         if self.database_url:
             return self.database_url
         return f"sqlite:///{(self.data_dir / 'visioncap.db').resolve()}"
+
+
+S = TypeVar("S", bound=Settings)
+
+
+def load_settings(kind: type[S] = Settings) -> S:  # type: ignore[assignment]
+    """`kind` read from the VISIONCAP_* variables and .env; a bad value is a ConfigError naming the variable."""
+    try:
+        return kind()
+    # ValidationError (a ValueError) names the variable and the value it refused; SettingsError, a value that is
+    # not the JSON its field needs (a list or dict setting); OSError and UnicodeDecodeError, a .env not readable.
+    except (SettingsError, OSError, ValueError) as exc:
+        raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc
