@@ -41,6 +41,7 @@ from visioncap.frames import Frame
 from visioncap.pipeline.hub import FrameHub
 from visioncap.pipeline.runner import PipelineRunner
 from visioncap.redact import SECRET_PARAMETERS, MaskingFormatter
+from visioncap.sources.base import FrameSource
 from visioncap.sources.state import CameraState
 from visioncap.sources.stream import StreamSource
 from visioncap.sources.urls import mask_credentials, mask_urls
@@ -218,16 +219,30 @@ def test_masking_formatter_keeps_the_record_itself() -> None:
     assert SECRET in record.getMessage()  # other handlers (pytest's, a user's) get the record as it was logged
 
 
-class _FailingSource:
+class _FailingSource(FrameSource):
     """A source whose frames() raises with the URL in the message, as a third-party error might."""
 
+    _config: StreamSourceConfig
+
     def __init__(self, camera: str, url: str) -> None:
-        self.camera = camera
-        self._url = url
+        super().__init__(StreamSourceConfig(camera=camera, kind="http", url=url))
 
     def frames(self) -> Iterator[Frame]:
-        raise RuntimeError(f"cannot decode {self._url}")
+        raise RuntimeError(f"cannot decode {self._config.url}")
         yield  # pragma: no cover
+
+    def stop(self) -> None:
+        pass
+
+    @property
+    def description(self) -> str:
+        return mask_credentials(self._config.url)
+
+    def time_anchor(self) -> datetime:
+        return datetime.now(UTC)
+
+    def _full_rate(self) -> float:
+        return 1.0
 
 
 def test_a_failing_camera_reports_its_error_without_the_password() -> None:
