@@ -31,16 +31,15 @@ from videos import make_event_video
 
 from visioncap.api import create_app
 from visioncap.api.settings import ApiKey, ApiSettings
-from visioncap.caption.client import VlmCaptioner
 from visioncap.config.keys import hash_key
 from visioncap.config.pipeline import PipelineConfig, load_pipeline
 from visioncap.config.sources import StreamSourceConfig
-from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError, SourceError, VisioncapError
 from visioncap.frames import Frame
+from visioncap.pipeline.compose import build_pipeline
 from visioncap.pipeline.hub import FrameHub
-from visioncap.pipeline.runner import PipelineRunner
 from visioncap.redact import SECRET_PARAMETERS, MaskingFormatter
+from visioncap.settings import Settings
 from visioncap.sources.base import FrameSource
 from visioncap.sources.state import CameraState
 from visioncap.sources.stream import StreamSource
@@ -411,16 +410,15 @@ def test_pipeline_on_a_camera_with_credentials_stores_and_serves_it_masked(
         data["sources"] = [{"camera": "door", "kind": "http", "url": url, "analyze_fps": 5, "reconnect_max_s": 1}]
         data["vlm"] = {**data["vlm"], "base_url": dead_vlm, "timeout_s": 2}
         config = PipelineConfig.model_validate(yaml.safe_load(yaml.safe_dump(data)))
-        detector = PersonDetector(config.detector)
-        captioner = VlmCaptioner(config.vlm, config.caption, dead_vlm, "key")
-        runner = PipelineRunner(config, detector, captioner, store, tmp_path / "data")
-        thread = threading.Thread(target=runner.run, name="credentials-pipeline", daemon=True)
-        thread.start()
-        try:
-            wait_for(lambda: store.count() >= 1, WAIT_S, "a row selected from the camera")
-        finally:
-            runner.stop()
-            thread.join(60)
+        settings = Settings(database_url=database, data_dir=tmp_path / "data")
+        with build_pipeline(config, settings, check_vlm=False) as pipeline:
+            thread = threading.Thread(target=pipeline.run, name="credentials-pipeline", daemon=True)
+            thread.start()
+            try:
+                wait_for(lambda: store.count() >= 1, WAIT_S, "a row selected from the camera")
+            finally:
+                pipeline.stop()
+                thread.join(60)
         assert not thread.is_alive()
         masked = url.replace(f"viewer:{SECRET}@", "viewer:***@").replace(f"pwd={SECRET}", "pwd=***")
     assert masked.endswith("/video.cgi?user=admin&pwd=***") and "viewer:***@" in masked
