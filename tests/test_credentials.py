@@ -30,17 +30,17 @@ from streams import FrameCollector, StateRecorder
 from videos import make_event_video
 
 from visioncap.api import create_app
-from visioncap.caption.client import VlmCaptioner
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.pipeline import PipelineConfig, load_pipeline
+from visioncap.config.settings import Settings
 from visioncap.config.sources import StreamSourceConfig
-from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError, SourceError, VisioncapError
 from visioncap.frames import Frame
+from visioncap.pipeline.compose import build_pipeline
 from visioncap.pipeline.hub import FrameHub
-from visioncap.pipeline.runner import PipelineRunner
 from visioncap.redact import SECRET_PARAMETERS, MaskingFormatter
+from visioncap.sources.base import FrameSource
 from visioncap.sources.state import CameraState
 from visioncap.sources.stream import StreamSource
 from visioncap.sources.urls import mask_credentials, mask_urls
@@ -218,16 +218,30 @@ def test_masking_formatter_keeps_the_record_itself() -> None:
     assert SECRET in record.getMessage()  # other handlers (pytest's, a user's) get the record as it was logged
 
 
-class _FailingSource:
+class _FailingSource(FrameSource):
     """A source whose frames() raises with the URL in the message, as a third-party error might."""
 
+    _config: StreamSourceConfig
+
     def __init__(self, camera: str, url: str) -> None:
-        self.camera = camera
-        self._url = url
+        super().__init__(StreamSourceConfig(camera=camera, kind="http", url=url))
 
     def frames(self) -> Iterator[Frame]:
-        raise RuntimeError(f"cannot decode {self._url}")
+        raise RuntimeError(f"cannot decode {self._config.url}")
         yield  # pragma: no cover
+
+    def stop(self) -> None:
+        pass
+
+    @property
+    def description(self) -> str:
+        return mask_credentials(self._config.url)
+
+    def time_anchor(self) -> datetime:
+        return datetime.now(UTC)
+
+    def _full_rate(self) -> float:
+        return 1.0
 
 
 def test_a_failing_camera_reports_its_error_without_the_password() -> None:
@@ -396,16 +410,15 @@ def test_pipeline_on_a_camera_with_credentials_stores_and_serves_it_masked(
         data["sources"] = [{"camera": "door", "kind": "http", "url": url, "analyze_fps": 5, "reconnect_max_s": 1}]
         data["vlm"] = {**data["vlm"], "base_url": dead_vlm, "timeout_s": 2}
         config = PipelineConfig.model_validate(yaml.safe_load(yaml.safe_dump(data)))
-        detector = PersonDetector(config.detector)
-        captioner = VlmCaptioner(config.vlm, config.caption, dead_vlm, "key")
-        runner = PipelineRunner(config, detector, captioner, store, tmp_path / "data")
-        thread = threading.Thread(target=runner.run, name="credentials-pipeline", daemon=True)
-        thread.start()
-        try:
-            wait_for(lambda: store.count() >= 1, WAIT_S, "a row selected from the camera")
-        finally:
-            runner.stop()
-            thread.join(60)
+        settings = Settings(database_url=database, data_dir=tmp_path / "data")
+        with build_pipeline(config, settings, check_vlm=False) as pipeline:
+            thread = threading.Thread(target=pipeline.run, name="credentials-pipeline", daemon=True)
+            thread.start()
+            try:
+                wait_for(lambda: store.count() >= 1, WAIT_S, "a row selected from the camera")
+            finally:
+                pipeline.stop()
+                thread.join(60)
         assert not thread.is_alive()
         masked = url.replace(f"viewer:{SECRET}@", "viewer:***@").replace(f"pwd={SECRET}", "pwd=***")
     assert masked.endswith("/video.cgi?user=admin&pwd=***") and "viewer:***@" in masked

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-from contextlib import ExitStack
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -15,11 +13,8 @@ from rich.table import Table
 
 from visioncap.bench.cli import bench_app
 from visioncap.bench.tune.cli import tune_command
-from visioncap.config.settings import Settings, load_settings
+from visioncap.config.settings import load_settings
 from visioncap.errors import ConfigError, VisioncapError
-
-if TYPE_CHECKING:
-    from visioncap.serve import VllmServer
 
 app = typer.Typer(help="Turns camera streams into searchable captions.", no_args_is_help=True, add_completion=False)
 app.add_typer(bench_app, name="bench")
@@ -64,51 +59,16 @@ def run(
     # A bad file or setting is reported before the slow imports (the model client, YOLO, SQLAlchemy).
     settings = load_settings()
     config = load_pipeline(pipeline)
-    from visioncap.caption.client import VlmCaptioner
-    from visioncap.detect.yolo import PersonDetector
-    from visioncap.pipeline.progress import Progress
-    from visioncap.pipeline.runner import PipelineRunner
-    from visioncap.store import CaptionStore, create_db_engine
-
     if progress not in ("auto", "rich", "log", "none"):
         raise ConfigError(f"--progress must be auto, rich, log or none, not {progress!r}")
     mode = ("rich" if sys.stderr.isatty() else "log") if progress == "auto" else progress
-    base_url = config.vlm.base_url or settings.vlm_base_url
-    with ExitStack() as stack:
-        if serve is not None:
-            server = _server_for(serve, settings, port=None)
-            if server.profile.served_model_name != config.vlm.model:
-                raise ConfigError(
-                    f"{pipeline}: vlm.model is {config.vlm.model!r} but profile {serve!r} serves "
-                    f"{server.profile.served_model_name!r}"
-                )
-            log.info("starting vLLM (profile %s) on %s; log in %s", serve, server.base_url, server.log_file)
-            stack.enter_context(server)
-            base_url = server.base_url
-        store = CaptionStore(create_db_engine(settings.resolved_database_url()))
-        store.create_schema()
-        from visioncap.store.retention import RetentionJob, default_metrics
+    from visioncap.pipeline.compose import build_pipeline, stop_on_signals
+    from visioncap.pipeline.progress import Progress
 
-        # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
-        retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, default_metrics()))
-        captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
-        captioner.check_ready()
-        detector = PersonDetector(config.detector, base_dir=pipeline.parent)
-        # A frame that cannot be saved for lack of space wakes retention (VISIONCAP_RETENTION_MIN_FREE_MB).
-        runner = PipelineRunner(config, detector, captioner, store, settings.data_dir, on_disk_full=retention.wake)
-        if metrics_port is not None:
-            from visioncap.pipeline.health import HealthServer
-
-            stack.enter_context(HealthServer(runner.readiness, port=metrics_port))
-
-        def _stop(_signum: int, _frame: object) -> None:
-            log.info("stopping: sources close, pending captions stay pending for the next run")
-            runner.stop()
-
-        signal.signal(signal.SIGTERM, _stop)
-        signal.signal(signal.SIGINT, _stop)
-        with Progress(mode, runner.summary, lambda: runner.outbox.depth):
-            summary = runner.run()
+    with build_pipeline(config, settings, base_dir=pipeline.parent, serve=serve, metrics_port=metrics_port) as running:
+        stop_on_signals(running)
+        with Progress(mode, running.summary, lambda: running.outbox_depth):
+            summary = running.run()
     typer.echo(summary.line())
     for error in summary.source_errors:
         err.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
@@ -116,20 +76,6 @@ def run(
         err.print(f"{summary.pending} captions still pending; the next run captions them first", markup=False)
     if not summary.ok:
         raise typer.Exit(1)
-
-
-def _server_for(profile_name: str, settings: Settings, port: int | None, host: str = "127.0.0.1") -> VllmServer:
-    from visioncap.config.serve import ServeOptions
-    from visioncap.serve import free_port
-    from visioncap.serve.command import planned_server
-
-    chosen = port if port is not None else free_port()
-    options = ServeOptions(
-        profile=profile_name, models_dir=settings.models_dir, python=settings.server_python, host=host, port=chosen
-    )
-    server = planned_server(options)
-    server.log_file = settings.data_dir / "logs" / f"vllm-{server.profile.name}-{chosen}.log"
-    return server
 
 
 # The options are the launcher's own command line (visioncap.serve.command), which `python -m visioncap.serve` runs

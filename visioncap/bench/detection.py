@@ -60,19 +60,19 @@ def detect_and_track(
 
     from visioncap.detect.tracking import PersonTracker
     from visioncap.detect.yolo import PersonDetector
-    from visioncap.sources.factory import analyse_rate, open_source
+    from visioncap.sources.registry import open_source
 
-    source_config = file_source(video, analyze_fps=analyze_fps)
+    source = open_source(file_source(video, analyze_fps=analyze_fps))
     detector = PersonDetector(config)
     tracker = PersonTracker(
         config.tracker,
-        analyse_rate(source_config),
+        source.analyse_rate(),
         keep_lost_s=event_end_s if event_end_s is not None else SelectionConfig().event_end_s,
     )
     out: list[TrackedFrame] = []
     detect_s = 0.0
     started = time.perf_counter()
-    for frame in open_source(source_config).frames():
+    for frame in source.frames():
         t0 = time.perf_counter()
         detection = detector.detect([frame])[0]
         detect_s += time.perf_counter() - t0

@@ -45,7 +45,7 @@ from visioncap.detect.yolo import PersonDetector
 from visioncap.frames import Frame
 from visioncap.pipeline.hub import FrameHub
 from visioncap.select.events import EventSelector
-from visioncap.sources.factory import analyse_rate, open_source
+from visioncap.sources.registry import open_source
 
 GOAL = 0.95
 # Clips start inside the scene's two long events, so every frame has people for the tracker and selector.
@@ -134,10 +134,10 @@ class Pipeline:
             self.detector.detect([Frame("warm", i, 0.0, image) for i in range(batch)])
 
     def run(self, clips: Sequence[Path]) -> Trial:
-        sources = [FileSourceConfig(camera=f"cam{i}", path=p) for i, p in enumerate(clips)]
+        sources = [open_source(FileSourceConfig(camera=f"cam{i}", path=p)) for i, p in enumerate(clips)]
         # Built as PipelineRunner.__init__ builds them, and like there outside the timed loop.
         trackers = {
-            s.camera: PersonTracker(self.config.tracker, analyse_rate(s), keep_lost_s=self.selection.event_end_s)
+            s.camera: PersonTracker(self.config.tracker, s.analyse_rate(), keep_lost_s=self.selection.event_end_s)
             for s in sources
         }
         selectors = {s.camera: EventSelector(self.selection) for s in sources}
@@ -157,7 +157,7 @@ class Pipeline:
         started = time.perf_counter()
         cpu_first = time.process_time()
         first: float | None = None
-        hub = FrameHub([open_source(s) for s in sources], on_finished=finished)
+        hub = FrameHub(sources, on_finished=finished)
         hub.start()
         try:
             while True:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationInfo, field_validator
@@ -70,7 +70,9 @@ def _path_not_blank(value: Any) -> Any:
 SourcePath = Annotated[Path, BeforeValidator(_path_not_blank)]
 
 
-class _SourceBase(StrictModel):
+class SourceConfigBase(StrictModel):
+    """What every source config has; each subclass adds `kind`, a Literal of the config kinds it reads."""
+
     camera: str = Field(
         pattern=CAMERA_ID_PATTERN,
         description="Camera id stored with every caption (letters, digits, `_`, `.`, `-`).",
@@ -83,14 +85,14 @@ class _SourceBase(StrictModel):
     )
 
 
-class FileSourceConfig(_SourceBase):
+class FileSourceConfig(SourceConfigBase):
     """A video file read with OpenCV from start to end; every due frame is analysed, none dropped."""
 
     kind: Literal["file"] = Field(default="file", description="Source type; `file` reads a video file.")
     path: SourcePath = Field(description="Video file; a relative path is taken from the pipeline file's folder.")
 
 
-class StreamSourceConfig(_SourceBase):
+class StreamSourceConfig(SourceConfigBase):
     """A live camera: only the newest frame matters, stale frames are dropped, and a lost stream is reopened."""
 
     kind: Literal["rtsp", "http", "webcam"] = Field(
@@ -133,7 +135,7 @@ class StreamSourceConfig(_SourceBase):
         return scheme + url[len(scheme) :]
 
 
-class FolderSourceConfig(_SourceBase):
+class FolderSourceConfig(SourceConfigBase):
     """A folder of images, analysed in file-name order as if they were frames of a video."""
 
     kind: Literal["folder"] = Field(description="Source type; `folder` reads the images in a folder.")
@@ -141,21 +143,45 @@ class FolderSourceConfig(_SourceBase):
     fps: float = Field(default=1.0, gt=0, description="Frame rate the images stand for (sets their timestamps).")
 
 
+def config_kinds(model: type[SourceConfigBase]) -> tuple[str, ...]:
+    """The `kind` values a source config model accepts (the arguments of its `kind` Literal)."""
+    return get_args(model.model_fields["kind"].annotation)
+
+
+# Members of the union are tagged by model, not by kind (one model may take several kinds); the tags show in
+# validation error locations (sources.0.stream.url).
+_SourceUnion = (
+    Annotated[FileSourceConfig, Tag("file")]
+    | Annotated[StreamSourceConfig, Tag("stream")]
+    | Annotated[FolderSourceConfig, Tag("folder")]
+)
+
+SOURCE_CONFIGS: tuple[type[SourceConfigBase], ...] = tuple(get_args(member)[0] for member in get_args(_SourceUnion))
+"""Every source config model, in the order of the union."""
+
+# Read from the union, so that a new kind needs only its model and its entry there.
+_TAG_OF_KIND: dict[str, str] = {
+    kind: tag.tag
+    for member in get_args(_SourceUnion)
+    for model, tag in [get_args(member)]
+    for kind in config_kinds(model)
+}
+
+SOURCE_KINDS: tuple[str, ...] = tuple(_TAG_OF_KIND)
+"""Every `kind` a source may have, as the pipeline file spells it."""
+
+
 def _source_kind(value: Any) -> str | None:
     # `kind` may be left out for video files, the common case and the first one supported.
     kind = value.get("kind", "file") if isinstance(value, dict) else getattr(value, "kind", None)
-    if kind in ("rtsp", "http", "webcam"):
-        return "stream"
-    return kind if isinstance(kind, str) else None
+    return _TAG_OF_KIND.get(kind) if isinstance(kind, str) else None
 
 
 SourceConfig = Annotated[
-    Annotated[FileSourceConfig, Tag("file")]
-    | Annotated[StreamSourceConfig, Tag("stream")]
-    | Annotated[FolderSourceConfig, Tag("folder")],
+    _SourceUnion,
     Discriminator(
         _source_kind,
         custom_error_type="source_kind",
-        custom_error_message="kind must be one of file, rtsp, http, webcam, folder",
+        custom_error_message=f"kind must be one of {', '.join(SOURCE_KINDS)}",
     ),
 ]

@@ -79,9 +79,7 @@ class FrameHub:
             self._stopping = True
             self._cond.notify_all()
         for source in self._sources:
-            stop = getattr(source, "stop", None)
-            if stop is not None:
-                stop()
+            source.stop()
 
     def join(self, timeout: float | None = None) -> None:
         for thread in self._threads:

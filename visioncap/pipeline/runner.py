@@ -15,7 +15,6 @@ from visioncap import metrics
 from visioncap.caption.client import VlmCaptioner
 from visioncap.caption.encode import compose, encode_jpeg, people_region
 from visioncap.config.pipeline import PipelineConfig
-from visioncap.config.sources import FileSourceConfig, FolderSourceConfig, SourceConfig
 from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
 from visioncap.frames import Detection, Frame, SelectedFrame
@@ -23,8 +22,8 @@ from visioncap.pipeline.hub import FrameHub
 from visioncap.pipeline.outbox import CAPTIONING, Outbox
 from visioncap.pipeline.workers import CaptionWorkers
 from visioncap.select.events import EventSelector
-from visioncap.sources.factory import analyse_rate, open_source, time_anchor
-from visioncap.sources.urls import mask_credentials
+from visioncap.sources.base import FrameSource
+from visioncap.sources.registry import open_source
 from visioncap.store.cameras import CameraStateRecorder
 from visioncap.store.captions import CaptionStore, NewCaption
 
@@ -101,17 +100,13 @@ class RunSummary:
 
 @dataclass
 class _Camera:
-    config: SourceConfig
-    anchor: datetime
+    source: FrameSource
     tracker: PersonTracker
     selector: EventSelector
     stats: CameraStats
-    source: object = None
-
-
-def _source_text(source: SourceConfig) -> str:
-    # Stored rows are served by the API: a camera's password must never be in them.
-    return str(getattr(source, "path", None) or mask_credentials(getattr(source, "url", "")))
+    # Whether the source has reported a state of its own (live streams do; files and folders have no connection
+    # to report on and count as online from their first analysed frame).
+    reports_state: bool = False
 
 
 class PipelineRunner:
@@ -134,21 +129,23 @@ class PipelineRunner:
         self._stop = threading.Event()
         self.outbox = Outbox(store, data_dir, config.outbox, pipeline=config.name, on_disk_full=on_disk_full)
         self._cameras: dict[str, _Camera] = {}
-        for source in config.sources:
+        for source_config in config.sources:
+            # Made here, read in run(): their rates and descriptions are needed now, their frames only then.
+            source = open_source(source_config, on_state=self._on_state)
             self._cameras[source.camera] = _Camera(
-                config=source,
-                anchor=time_anchor(source),
+                source=source,
                 tracker=PersonTracker(
-                    config.detector.tracker, analyse_rate(source), keep_lost_s=config.selection.event_end_s
+                    config.detector.tracker, source.analyse_rate(), keep_lost_s=config.selection.event_end_s
                 ),
                 selector=EventSelector(config.selection),
                 stats=CameraStats(camera=source.camera),
             )
         self.summary = RunSummary(pipeline=config.name, cameras={c: cam.stats for c, cam in self._cameras.items()})
         self._lock = threading.Lock()
-        # State and newest frame of every camera, for the API's /v1/cameras; written off the hot path.
+        # State and newest frame of every camera, for the API's /v1/cameras; written off the hot path. Descriptions
+        # are masked: the API serves them.
         self._camera_states = CameraStateRecorder(
-            store.engine, config.name, {c: _source_text(cam.config) for c, cam in self._cameras.items()}
+            store.engine, config.name, {c: cam.source.description for c, cam in self._cameras.items()}
         )
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
@@ -187,11 +184,7 @@ class PipelineRunner:
         workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency)
         workers.start()
         self._camera_states.start()
-        sources = []
-        for camera in self._cameras.values():
-            camera.source = open_source(camera.config, on_state=self._on_state)
-            sources.append(camera.source)
-        hub = FrameHub(sources, on_finished=self._on_finished)
+        hub = FrameHub([camera.source for camera in self._cameras.values()], on_finished=self._on_finished)
         hub.start()
         try:
             while not self._stop.is_set():
@@ -222,7 +215,7 @@ class PipelineRunner:
                 log.warning("outbox: the database did not come back in time; the next run writes the journal")
             self.outbox.close()
             workers.join(timeout=self._config.vlm.timeout_s + 5)
-        summary.frames = sum(getattr(c.source, "frames_read", 0) for c in self._cameras.values())
+        summary.frames = sum(c.source.frames_read for c in self._cameras.values())
         counts = self.outbox.counts
         summary.captions, summary.failed = counts["captioned"], counts["failed"]
         summary.skipped, summary.duplicates = counts["skipped"], counts["duplicate"]
@@ -236,6 +229,7 @@ class PipelineRunner:
         value = str(state)
         with self._lock:
             self._cameras[camera].stats.state = value
+            self._cameras[camera].reports_state = True
         for known in ("starting", "online", "reconnecting", "offline", "finished"):
             metrics.CAMERA_STATE.labels(camera, known).set(1 if known == value else 0)
         self._camera_states.state(camera, value)
@@ -252,7 +246,7 @@ class PipelineRunner:
         stats = camera.stats
         stats.analysed_frame(time.monotonic())
         metrics.FRAMES_ANALYSED.labels(stats.camera).inc()
-        if isinstance(camera.config, FileSourceConfig | FolderSourceConfig) and stats.state == "starting":
+        if not camera.reports_state and stats.state == "starting":
             stats.state = "online"
             self._camera_states.state(stats.camera, "online")
         self._camera_states.frame(stats.camera, self._captured_at(camera, detection.frame))
@@ -271,18 +265,17 @@ class PipelineRunner:
 
     @staticmethod
     def _captured_at(camera: _Camera, frame: Frame) -> datetime:
-        return (getattr(camera.source, "started_at", None) or camera.anchor) + timedelta(seconds=frame.offset_s)
+        return camera.source.time_anchor() + timedelta(seconds=frame.offset_s)
 
     def _submit(self, camera: _Camera, selected: SelectedFrame) -> None:
         caption = self._config.caption
         frame = selected.detection.frame
         picture = compose(frame.image, selected.detection.people, caption.image_mode, caption.crop_padding)
         image = encode_jpeg(picture, caption.max_image_tokens, self._config.vlm.image_token_size, caption.jpeg_quality)
-        source = camera.config
         new = NewCaption(
             pipeline=self._config.name,
             camera=frame.camera,
-            source=_source_text(source),
+            source=camera.source.description,
             frame_index=frame.index,
             offset_s=frame.offset_s,
             captured_at=self._captured_at(camera, frame),

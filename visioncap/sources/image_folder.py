@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import cv2
@@ -13,6 +15,9 @@ import numpy as np
 from visioncap.config.sources import FolderSourceConfig
 from visioncap.errors import SourceError
 from visioncap.frames import Frame
+from visioncap.sources.base import FrameSource
+from visioncap.sources.registry import register_source
+from visioncap.sources.state import StateListener
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +38,41 @@ def image_files(folder: Path) -> list[Path]:
     return sorted(files, key=lambda p: (natural_key(p.name), p.name))
 
 
-class ImageFolderSource:
+@register_source(FolderSourceConfig)
+class ImageFolderSource(FrameSource):
     """Yields the images of a folder in file-name order; image i stands at i / fps seconds.
 
     Unreadable images are skipped with a warning and counted in `frames_skipped`; they keep their place in time,
     so the timestamps of the others do not shift.
     """
 
-    def __init__(self, config: FolderSourceConfig) -> None:
-        self.camera = config.camera
-        self._config = config
-        self.frames_read = 0
+    _config: FolderSourceConfig
+
+    def __init__(self, config: FolderSourceConfig, on_state: StateListener | None = None) -> None:
+        super().__init__(config, on_state)
         self.frames_skipped = 0
+        self._stopping = threading.Event()
+        self._anchor: datetime | None = None
+
+    @property
+    def description(self) -> str:
+        return str(self._config.path)
+
+    def time_anchor(self) -> datetime:
+        """The newest image stands for the last frame, `count / fps` seconds after the first (as for a video file,
+        the same on every run over the same folder)."""
+        if self._anchor is None:
+            folder = self._config.path
+            images = [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+            newest = max((p.stat().st_mtime for p in images), default=folder.stat().st_mtime)
+            self._anchor = datetime.fromtimestamp(newest, UTC) - timedelta(seconds=len(images) / self._config.fps)
+        return self._anchor
+
+    def _full_rate(self) -> float:
+        return self._config.fps
+
+    def stop(self) -> None:
+        self._stopping.set()
 
     def frames(self) -> Iterator[Frame]:
         folder = self._config.path
@@ -60,6 +88,8 @@ class ImageFolderSource:
         step = 1.0 if self._config.analyze_fps is None else min(1.0, self._config.analyze_fps / fps)
         next_due = 0.0
         for index, path in enumerate(paths):
+            if self._stopping.is_set():
+                return  # cut short on purpose: not a folder without readable images
             if index < next_due - 1e-9:
                 continue
             next_due += 1.0 / step

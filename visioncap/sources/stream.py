@@ -22,6 +22,8 @@ import numpy as np
 
 from visioncap.config.sources import StreamSourceConfig
 from visioncap.frames import Frame
+from visioncap.sources.base import FrameSource
+from visioncap.sources.registry import register_source
 from visioncap.sources.state import CameraState, StateListener
 from visioncap.sources.urls import mask_credentials, mask_urls
 
@@ -100,8 +102,13 @@ class _FfmpegOptionsGate:
 
 _FFMPEG_OPTIONS = _FfmpegOptionsGate()
 
+# The rate of a live camera is not known before it sends (and may change when it reconnects); the tracker's memory
+# is sized for a typical camera.
+ASSUMED_STREAM_FPS = 10.0
 
-class StreamSource:
+
+@register_source(StreamSourceConfig)
+class StreamSource(FrameSource):
     """A live camera: yields the newest frame, reopens a lost stream, and reports its state.
 
     `frames()` starts the reader and blocks until a frame newer than the last one it yielded exists; it ends when
@@ -111,15 +118,14 @@ class StreamSource:
     `frames()` call), for turning `Frame.offset_s` into capture times.
     """
 
+    _config: StreamSourceConfig
+
     def __init__(self, config: StreamSourceConfig, on_state: StateListener | None = None) -> None:
-        self.camera = config.camera
+        super().__init__(config, on_state)
         self.state = CameraState.STARTING
-        self.frames_read = 0
         self.frames_dropped = 0
         self.reconnects = 0
         self.started_at: datetime | None = None
-        self._config = config
-        self._on_state = on_state
         self._masked_url = mask_credentials(config.url)
         self._lock = threading.Lock()
         # Consumers wait for a newer frame; the supervisor waits for its reader to fail or for the stall deadline.
@@ -139,6 +145,17 @@ class StreamSource:
         self._started_at = 0.0
         self._supervisor: threading.Thread | None = None
         self._reader: threading.Thread | None = None
+
+    @property
+    def description(self) -> str:
+        return self._masked_url
+
+    def time_anchor(self) -> datetime:
+        """When `frames()` was first called (live frames are timed from then); until then, now."""
+        return self.started_at or datetime.now(UTC)
+
+    def _full_rate(self) -> float:
+        return ASSUMED_STREAM_FPS
 
     def frames(self) -> Iterator[Frame]:
         self._start()

@@ -3,25 +3,65 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import cv2
 
 from visioncap.config.sources import FileSourceConfig
 from visioncap.errors import SourceError
 from visioncap.frames import Frame
+from visioncap.sources.base import FrameSource
+from visioncap.sources.registry import register_source
+from visioncap.sources.state import StateListener
 
 # Containers that do not record a frame rate report 0 (or NaN); timestamps then assume this.
 FALLBACK_FPS = 25.0
 
 
-class VideoFileSource:
+def _frame_count_and_rate(path: Path) -> tuple[float, float]:
+    """What the container says: frame count and frames per second, 0 where it does not say."""
+    capture = cv2.VideoCapture(str(path))
+    try:
+        return capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0.0, capture.get(cv2.CAP_PROP_FPS) or 0.0
+    finally:
+        capture.release()
+
+
+@register_source(FileSourceConfig)
+class VideoFileSource(FrameSource):
     """Reads a video file from start to end, yielding the frames due at the configured analysis rate."""
 
-    def __init__(self, config: FileSourceConfig) -> None:
-        self.camera = config.camera
-        self._config = config
-        self.frames_read = 0
+    _config: FileSourceConfig
+
+    def __init__(self, config: FileSourceConfig, on_state: StateListener | None = None) -> None:
+        super().__init__(config, on_state)
+        self._stopping = threading.Event()
+        self._anchor: datetime | None = None
+
+    @property
+    def description(self) -> str:
+        return str(self._config.path)
+
+    def time_anchor(self) -> datetime:
+        """A recording ends at its file's modification time, so it started its duration earlier: capture times
+        are then the same on every run over the same file, which is how a re-run recognises frames it already
+        stored."""
+        if self._anchor is None:
+            count, fps = _frame_count_and_rate(self._config.path)
+            duration = count / fps if fps > 0 and count > 0 else 0.0
+            modified = datetime.fromtimestamp(self._config.path.stat().st_mtime, UTC)
+            self._anchor = modified - timedelta(seconds=duration)
+        return self._anchor
+
+    def _full_rate(self) -> float:
+        _, fps = _frame_count_and_rate(self._config.path)
+        return fps if fps > 0 else FALLBACK_FPS
+
+    def stop(self) -> None:
+        self._stopping.set()
 
     def frames(self) -> Iterator[Frame]:
         path = self._config.path
@@ -37,7 +77,7 @@ class VideoFileSource:
             step = 1.0 if self._config.analyze_fps is None else min(1.0, self._config.analyze_fps / fps)
             index = 0
             next_due = 0.0
-            while True:
+            while not self._stopping.is_set():
                 due = index >= next_due - 1e-9
                 # grab() skips the colour conversion of frames that are not analysed.
                 ok, image = capture.read() if due else (capture.grab(), None)
@@ -48,6 +88,8 @@ class VideoFileSource:
                     next_due += 1.0 / step
                     yield Frame(camera=self.camera, index=index, offset_s=index / fps, image=image)
                 index += 1
+            if self._stopping.is_set():
+                return  # cut short on purpose: neither empty nor truncated
             if self.frames_read == 0:
                 raise SourceError(f"camera {self.camera}: no frame could be decoded from {path}")
             expected = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)

@@ -1,0 +1,145 @@
+"""The one place where a pipeline's parts are wired together: store, retention, VLM client (and, on request, the
+vLLM server it talks to), detector, runner and health endpoint.
+
+`visioncap run`, tests and workers that run pipelines build them here, so that every caller gets the same
+pipeline; callers only decide how to show its progress and what to do with its summary.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from contextlib import ExitStack
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from visioncap.caption.client import VlmCaptioner
+from visioncap.config.pipeline import PipelineConfig
+from visioncap.config.settings import Settings
+from visioncap.detect.yolo import PersonDetector
+from visioncap.errors import ConfigError
+from visioncap.pipeline.health import HealthServer
+from visioncap.pipeline.runner import PipelineRunner, RunSummary
+from visioncap.store import CaptionStore, create_db_engine
+from visioncap.store.retention import RetentionJob, default_metrics
+
+if TYPE_CHECKING:
+    from visioncap.serve import VllmServer
+
+log = logging.getLogger(__name__)
+
+
+class Pipeline:
+    """A pipeline ready to run, with everything it uses started; `close()` (or the end of a `with` block) stops
+    those in reverse order. Made by `build_pipeline`."""
+
+    def __init__(self, runner: PipelineRunner, resources: ExitStack) -> None:
+        self._runner = runner
+        self._resources = resources
+
+    @property
+    def summary(self) -> RunSummary:
+        """Counts of the run so far; complete once `run()` has returned."""
+        return self._runner.summary
+
+    @property
+    def outbox_depth(self) -> int:
+        """Selected frames waiting for their caption."""
+        return self._runner.outbox.depth
+
+    def run(self) -> RunSummary:
+        """Runs until every source has ended (files, folders) or `stop()` is called (live streams)."""
+        return self._runner.run()
+
+    def stop(self) -> None:
+        """Asks the run to end, from any thread: sources stop, what is pending stays pending for the next run."""
+        self._runner.stop()
+
+    def close(self) -> None:
+        self._resources.close()
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(
+        self, _type: type[BaseException] | None, _value: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def build_pipeline(
+    config: PipelineConfig,
+    settings: Settings,
+    *,
+    base_dir: Path | None = None,
+    serve: str | None = None,
+    metrics_port: int | None = None,
+    check_vlm: bool = True,
+) -> Pipeline:
+    """Wires and starts everything `config` needs around its runner; nothing reads frames before `run()`.
+
+    `base_dir` is where relative detector weights are looked up (the pipeline file's folder). `serve` names a
+    model profile whose vLLM server is started for the pipeline's lifetime (on a free port) and captions instead
+    of `vlm.base_url`. `metrics_port` serves /metrics, /healthz and /readyz on 127.0.0.1. `check_vlm` fails
+    here, before the detector loads, when the VLM endpoint is down or does not serve `vlm.model`; without it
+    the run starts anyway and its captions wait in the outbox until the endpoint answers.
+
+    Raises ConfigError or VlmUnavailableError (naming the configuration field or setting at fault); whatever
+    was started by then is stopped again.
+    """
+    with ExitStack() as stack:
+        base_url = config.vlm.base_url or settings.vlm_base_url
+        if serve is not None:
+            server = _vllm_server(serve, settings)
+            if server.profile.served_model_name != config.vlm.model:
+                raise ConfigError(
+                    f"pipeline {config.name}: vlm.model is {config.vlm.model!r} but model profile {serve!r} serves "
+                    f"{server.profile.served_model_name!r}"
+                )
+            log.info("starting vLLM (profile %s) on %s; log in %s", serve, server.base_url, server.log_file)
+            stack.enter_context(server)
+            base_url = server.base_url
+        store = CaptionStore(create_db_engine(settings.resolved_database_url()))
+        stack.callback(store.engine.dispose)
+        store.create_schema()
+        # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
+        retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, default_metrics()))
+        captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
+        if check_vlm:
+            captioner.check_ready()
+        detector = PersonDetector(config.detector, base_dir=base_dir)
+        # A frame that cannot be saved for lack of space wakes retention (VISIONCAP_RETENTION_MIN_FREE_MB).
+        runner = PipelineRunner(config, detector, captioner, store, settings.data_dir, on_disk_full=retention.wake)
+        if metrics_port is not None:
+            stack.enter_context(HealthServer(runner.readiness, port=metrics_port))
+        return Pipeline(runner, stack.pop_all())
+
+
+def stop_on_signals(pipeline: Pipeline) -> None:
+    """Makes SIGTERM and SIGINT (Ctrl-C) stop `pipeline`, for the rest of the process.
+
+    Not only while it runs: a signal while it shuts down (the outbox draining, a vLLM server stopping) must not
+    cut that short. Python takes signal handlers in the main thread only.
+    """
+
+    def _stop(_signum: int, _frame: object) -> None:
+        log.info("stopping: sources close, pending captions stay pending for the next run")
+        pipeline.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+
+def _vllm_server(profile_name: str, settings: Settings) -> VllmServer:
+    from visioncap.config.serve import ServeOptions
+    from visioncap.serve import free_port
+    from visioncap.serve.command import planned_server
+
+    port = free_port()
+    options = ServeOptions(
+        profile=profile_name, models_dir=settings.models_dir, python=settings.server_python, port=port
+    )
+    server = planned_server(options)
+    server.log_file = settings.data_dir / "logs" / f"vllm-{server.profile.name}-{port}.log"
+    return server
