@@ -77,28 +77,19 @@ class StandInTarget:
 
     def estimate(self, candidate: Candidate) -> dict[str, float | int | None]:
         """The cost model's figures for the candidate on the target GPU class (rounded for the record)."""
-        from visioncap.serve.costmodel import for_profile, step_ms
+        from visioncap.serve.costmodel import for_profile
 
         values: dict[str, int] = {"max_num_batched_tokens": candidate.max_num_batched_tokens}
         if candidate.long_prefill_token_threshold is not None:
             values["long_prefill_token_threshold"] = candidate.long_prefill_token_threshold
         cost = for_profile(self.profile.with_serving(self.gpu_class, **values), self.gpu_class)
-        w = cost.workload
-        decode = cost.decode_ms[w.typical_batch]
-        frames = cost.budget.frames_encoded_per_step
-        worst = None
-        if frames and cost.encoder_ms_per_frame is not None and cost.frame_prompt_tokens is not None:
-            # A step whose encoder budget runs `frames` frames (vLLM 0.32 never splits one), each prefilling after.
-            chunk = min(candidate.max_num_batched_tokens - w.typical_batch, frames * cost.frame_prompt_tokens)
-            text, batch, context = cost.shape.text, w.typical_batch, w.context_tokens
-            worst = step_ms(text, cost.gpu, batch, context, max(chunk, 0), cost.efficiency)
-            worst += frames * cost.encoder_ms_per_frame
-        with_frame = cost.step_with_frame_ms
+        decode = cost.decode_ms[cost.workload.typical_batch]
+        with_frame, worst = cost.step_with_frame_ms, cost.budget.worst_step_ms
         return {
             "decode_step_ms": round(decode, 2),
             "step_with_frame_ms": None if with_frame is None else round(with_frame, 2),
             "stall_steps": None if with_frame is None else round(with_frame / decode, 2),
-            "frames_encoded_per_step": frames,
+            "frames_encoded_per_step": cost.budget.frames_encoded_per_step,
             "worst_step_ms": None if worst is None else round(worst, 2),
             "frame_prefill_steps": cost.budget.frame_prefill_steps,
         }
