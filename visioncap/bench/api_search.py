@@ -636,96 +636,112 @@ def run_load(argv: Sequence[str]) -> int:
     parser.add_argument("--read-rate", type=float, required=True)
     parser.add_argument("--streams", type=int, required=True)
     args = parser.parse_args(argv)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    counts: Counter[str] = Counter()
-    lock = threading.Lock()
+    load = _Load(args)
+    signal.signal(signal.SIGTERM, lambda *_: load.stop.set())
     started = time.monotonic()
+    load.run()
+    seconds = time.monotonic() - started
+    report = {"seconds": round(seconds, 1), "counts": dict(load.counts)}
+    report["writes_per_s"] = round(load.counts["writes"] / seconds, 2)
+    args.report.write_text(json.dumps(report))
+    return 0
 
-    def count(name: str, n: int = 1) -> None:
-        with lock:
-            counts[name] += n
 
-    def paced(rate: float) -> Iterator[None]:
+class _Load:
+    """The load process's threads, each counting what happened to its requests, until `stop` is set."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stop = threading.Event()
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        """The streams, the writer and the reader, until `stop`; the writer and reader are waited for."""
+        threads = [threading.Thread(target=self.streamer, daemon=True) for _ in range(self.args.streams)]
+        threads += [threading.Thread(target=self.writer), threading.Thread(target=self.reader)]
+        for thread in threads:
+            thread.start()
+        self.stop.wait()
+        for thread in threads:
+            if not thread.daemon:
+                thread.join(timeout=30)
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += n
+
+    def paced(self, rate: float) -> Iterator[None]:
         # Open loop: the schedule does not slip when a request is slow, as with independent clients.
         next_at = time.monotonic()
-        while not stop.is_set():
+        while not self.stop.is_set():
             yield
             next_at += 1 / rate
-            stop.wait(max(0.0, next_at - time.monotonic()))
+            self.stop.wait(max(0.0, next_at - time.monotonic()))
 
-    def writer() -> None:
+    def writer(self) -> None:
         # What the pipeline does per selected frame: a pending row (the outbox), then the caption.
-        store = CaptionStore(create_db_engine(args.database_url))
+        store = CaptionStore(create_db_engine(self.args.database_url))
         rng = random.Random(1)
-        for number, _ in enumerate(paced(args.write_rate)):
-            camera = CAMERAS[number % len(CAMERAS)]
-            people = [{"x1": 10.0, "y1": 20.0, "x2": 200.0, "y2": 400.0, "confidence": 0.8, "class_id": 0}]
-            new = NewCaption(
-                pipeline="site",
-                camera=camera,
-                source="rtsp://10.0.0.1/stream1",
-                frame_index=number,
-                offset_s=number / 25,
-                captured_at=datetime.now(UTC),
-                reason="new-event",
-                people=people,
-                image_width=644,
-                image_height=364,
-                model="Qwen/Qwen2.5-VL-7B-Instruct",
-                event_key=f"{camera}:live{number}",
-                image_path=f"frames/{camera}/live/{number}.jpg",
-                frame_width=1280,
-                frame_height=720,
-            )
+        for number, _ in enumerate(self.paced(self.args.write_rate)):
+            new = _live_caption(number)
             try:
                 row_id = store.add(new)
                 if row_id is not None:
                     store.mark_captioned(row_id, Caption(caption_text(rng), new.model, 341, 30, 0.8), attempts=1)
-                    count("writes")
+                    self.count("writes")
                     if number == 0:
-                        args.ready.touch()  # tell the measuring process only once the writer is writing
+                        self.args.ready.touch()  # tell the measuring process only once the writer is writing
             except Exception as exc:  # counted and reported: a "database is locked" here is a finding
-                count(f"write_error:{type(exc).__name__}")
+                self.count(f"write_error:{type(exc).__name__}")
 
-    def reader() -> None:
+    def reader(self) -> None:
         rng = random.Random(2)
         queries = list(request_params(rng, None).items())
-        with httpx.Client(base_url=args.api_url, headers=auth(), timeout=30) as client:
-            for number, _ in enumerate(paced(args.read_rate)):
+        with httpx.Client(base_url=self.args.api_url, headers=auth(), timeout=30) as client:
+            for number, _ in enumerate(self.paced(self.args.read_rate)):
                 name, params = queries[number % len(queries)]
                 try:
                     status = client.get(path_of(name), params=params()).status_code
-                    count(f"reads_http_{status}")
+                    self.count(f"reads_http_{status}")
                 except httpx.HTTPError as exc:
-                    count(f"read_error:{type(exc).__name__}")
+                    self.count(f"read_error:{type(exc).__name__}")
 
-    def streamer() -> None:
+    def streamer(self) -> None:
         timeout = httpx.Timeout(30, read=None)
         with (
-            httpx.Client(base_url=args.api_url, headers=auth(), timeout=timeout) as client,
+            httpx.Client(base_url=self.args.api_url, headers=auth(), timeout=timeout) as client,
             client.stream("GET", "/v1/stream") as response,
         ):
-            count(f"stream_http_{response.status_code}")
+            self.count(f"stream_http_{response.status_code}")
             for line in response.iter_lines():
                 if line.startswith("event: caption"):
-                    count("stream_events")
-                if stop.is_set():
+                    self.count("stream_events")
+                if self.stop.is_set():
                     return
 
-    threads = [threading.Thread(target=streamer, daemon=True) for _ in range(args.streams)]
-    threads += [threading.Thread(target=writer), threading.Thread(target=reader)]
-    for thread in threads:
-        thread.start()
-    stop.wait()
-    for thread in threads:
-        if not thread.daemon:
-            thread.join(timeout=30)
-    seconds = time.monotonic() - started
-    report = {"seconds": round(seconds, 1), "counts": dict(counts)}
-    report["writes_per_s"] = round(counts["writes"] / seconds, 2)
-    args.report.write_text(json.dumps(report))
-    return 0
+
+def _live_caption(number: int) -> NewCaption:
+    """The writer's `number`th frame, as the pipeline would store it."""
+    camera = CAMERAS[number % len(CAMERAS)]
+    people = [{"x1": 10.0, "y1": 20.0, "x2": 200.0, "y2": 400.0, "confidence": 0.8, "class_id": 0}]
+    return NewCaption(
+        pipeline="site",
+        camera=camera,
+        source="rtsp://10.0.0.1/stream1",
+        frame_index=number,
+        offset_s=number / 25,
+        captured_at=datetime.now(UTC),
+        reason="new-event",
+        people=people,
+        image_width=644,
+        image_height=364,
+        model="Qwen/Qwen2.5-VL-7B-Instruct",
+        event_key=f"{camera}:live{number}",
+        image_path=f"frames/{camera}/live/{number}.jpg",
+        frame_width=1280,
+        frame_height=720,
+    )
 
 
 # -- measuring --------------------------------------------------------------------------------------------------
