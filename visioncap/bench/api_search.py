@@ -1069,6 +1069,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _markdown(r: dict[str, Any]) -> str:
+    """The results as markdown: method, latency per database and query, the queries, the databases, notes, plans."""
+    lines = [*_method_and_latency(r), *_queries(r), *_databases(r), *_notes(r), *_plans(r)]
+    return "\n".join(lines)
+
+
+def _method_and_latency(r: dict[str, Any]) -> list[str]:
+    """What was measured and how, then each database's latency per query, idle and under load."""
     m = r["machine"]
     lines = [
         "# REST API search latency on a million captions",
@@ -1100,7 +1107,12 @@ def _markdown(r: dict[str, Any]) -> str:
                 f"| {alone['p50_ms']} / {alone['p99_ms']} "
                 f"| {idle['api_cpu_ms_mean']} / {idle['database_cpu_ms_mean']} |"
             )
-    lines += ["", "Queries (first page, newest first, default page size 50):", ""]
+    return lines
+
+
+def _queries(r: dict[str, Any]) -> list[str]:
+    """What each query asks for and how many rows it matches."""
+    lines = ["", "Queries (first page, newest first, default page size 50):", ""]
     lines.append("- `newest`: no filter.")
     lines.append("- `camera_range`: one camera (varies) and one day (varies) of the 60: `camera`, `since`, `until`.")
     for name, q in r["text_queries"].items():
@@ -1118,7 +1130,12 @@ def _markdown(r: dict[str, Any]) -> str:
         f"- `{CAMERAS_QUERY}`: `GET /v1/cameras`, the 20 cameras with state, newest frame and counts by status and "
         "events (the web page loads it beside the captions); items = cameras."
     )
-    lines += ["", "| database | version | seed total s (load / indexes / vacuum) | size MB | load process |"]
+    return lines
+
+
+def _databases(r: dict[str, Any]) -> list[str]:
+    """Each database's version, seeding time, size and what the load process did."""
+    lines = ["", "| database | version | seed total s (load / indexes / vacuum) | size MB | load process |"]
     lines.append("| --- | --- | --- | --- | --- |")
     for kind, entry in r["databases"].items():
         s, lp = entry["seed"], entry["load_process"]
@@ -1127,7 +1144,12 @@ def _markdown(r: dict[str, Any]) -> str:
             f"| {entry['database_bytes'] / 1e6:.0f} | {lp['writes_per_s']} writes/s over {lp['seconds']} s; "
             f"{lp['counts']} |"
         )
-    lines += [
+    return lines
+
+
+def _notes(r: dict[str, Any]) -> list[str]:
+    """How the databases were seeded and how busy the machine was; then the query plans' heading."""
+    return [
         "",
         "Seeding: the project's migrations create the schema; the secondary indexes (and SQLite's full-text "
         "triggers) are dropped for the bulk load (SQLite: `executemany` of the values SQLAlchemy binds; "
@@ -1149,10 +1171,14 @@ def _markdown(r: dict[str, Any]) -> str:
         "## Query plans",
         "",
     ]
+
+
+def _plans(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     for kind, entry in r["databases"].items():
         for name, plan in entry["plans"].items():
             lines += [f"{kind}, `{name}`:", "", "```", plan, "```", ""]
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":
