@@ -141,78 +141,84 @@ class Pipeline:
             for s in sources
         }
         selectors = {s.camera: EventSelector(self.selection) for s in sources}
-        stages = dict.fromkeys(("wait", "detect", "track", "select", "encode"), 0.0)
-        batches: Counter[int] = Counter()
-        frames = selected = 0
+        # Counted as the loop goes; the times are set at the end.
+        trial = Trial(0, 0.0, 0.0, stages=dict.fromkeys(("wait", "detect", "track", "select", "encode"), 0.0))
         errors: list[str] = []
 
         def finished(camera: str, error: str | None) -> None:
             if error:
                 errors.append(error)
 
-        def encode(picked: Any) -> None:
-            picture = compose(picked.detection.frame.image, picked.detection.people, self.caption.image_mode)
-            encode_jpeg(picture, self.caption.max_image_tokens, 28, self.caption.jpeg_quality)
-
         started = time.perf_counter()
-        cpu_first = time.process_time()
-        first: float | None = None
+        cpu_started = time.process_time()
         hub = FrameHub([open_source(s) for s in sources], on_finished=finished)
         hub.start()
         try:
-            while True:
-                t0 = time.perf_counter()
-                batch = hub.next_batch(timeout=0.5)
-                t1 = time.perf_counter()
-                if first is None and batch:
-                    # Steady state starts with the first frame: opening the file and decoding its first frame is
-                    # a once-per-camera cost that plain, with frames decoded beforehand, does not have either.
-                    first, cpu_first = t1, time.process_time()
-                else:
-                    stages["wait"] += t1 - t0
-                if not batch:
-                    if hub.finished:
-                        break
-                    continue
-                batches[len(batch)] += 1
-                detections = self.detector.detect(batch)
-                t2 = time.perf_counter()
-                stages["detect"] += t2 - t1
-                for detection in detections:
-                    camera = detection.frame.camera
-                    t3 = time.perf_counter()
-                    tracked = trackers[camera].update(detection)
-                    t4 = time.perf_counter()
-                    picks = selectors[camera].offer(tracked)
-                    t5 = time.perf_counter()
-                    for picked in picks:
-                        encode(picked)
-                    stages["track"] += t4 - t3
-                    stages["select"] += t5 - t4
-                    stages["encode"] += time.perf_counter() - t5
-                    frames += 1
-                    selected += len(picks)
+            first, cpu_first = self._drain(hub, trackers, selectors, trial, cpu_started)
         finally:
             hub.stop()
             hub.join(timeout=10)
         for selector in selectors.values():
             for picked in selector.flush():
-                encode(picked)
-                selected += 1
+                self._encode(picked)
+                trial.selected += 1
         ended = time.perf_counter()
         cpu_s = time.process_time() - cpu_first
         if errors:
             raise RuntimeError("; ".join(errors))
         first = started if first is None else first
-        return Trial(
-            frames=frames,
-            seconds=ended - first,
-            cpu_s=cpu_s,
-            startup_s=first - started,
-            stages=stages,
-            batches=batches,
-            selected=selected,
-        )
+        trial.seconds, trial.cpu_s, trial.startup_s = ended - first, cpu_s, first - started
+        return trial
+
+    def _drain(
+        self,
+        hub: FrameHub,
+        trackers: dict[str, PersonTracker],
+        selectors: dict[str, EventSelector],
+        trial: Trial,
+        cpu_first: float,
+    ) -> tuple[float | None, float]:
+        """Every batch the hub gives until its cameras are finished, detected, tracked, selected and encoded,
+        each stage's time added up in `trial`; when the first frame came, and the process's CPU time then
+        (`cpu_first` if none came)."""
+        stages = trial.stages
+        first: float | None = None
+        while True:
+            t0 = time.perf_counter()
+            batch = hub.next_batch(timeout=0.5)
+            t1 = time.perf_counter()
+            if first is None and batch:
+                # Steady state starts with the first frame: opening the file and decoding its first frame is
+                # a once-per-camera cost that plain, with frames decoded beforehand, does not have either.
+                first, cpu_first = t1, time.process_time()
+            else:
+                stages["wait"] += t1 - t0
+            if not batch:
+                if hub.finished:
+                    return first, cpu_first
+                continue
+            trial.batches[len(batch)] += 1
+            detections = self.detector.detect(batch)
+            t2 = time.perf_counter()
+            stages["detect"] += t2 - t1
+            for detection in detections:
+                camera = detection.frame.camera
+                t3 = time.perf_counter()
+                tracked = trackers[camera].update(detection)
+                t4 = time.perf_counter()
+                picks = selectors[camera].offer(tracked)
+                t5 = time.perf_counter()
+                for picked in picks:
+                    self._encode(picked)
+                stages["track"] += t4 - t3
+                stages["select"] += t5 - t4
+                stages["encode"] += time.perf_counter() - t5
+                trial.frames += 1
+                trial.selected += len(picks)
+
+    def _encode(self, picked: Any) -> None:
+        picture = compose(picked.detection.frame.image, picked.detection.people, self.caption.image_mode)
+        encode_jpeg(picture, self.caption.max_image_tokens, 28, self.caption.jpeg_quality)
 
 
 class Plain:
