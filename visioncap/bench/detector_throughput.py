@@ -329,19 +329,7 @@ def compare(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few frames and repeats: a smoke run of ~1 minute")
-    parser.add_argument("--image-size", type=int, default=320, help="detector image size (default 320, the demo's)")
-    parser.add_argument("--formats", default="pt,onnx", help="comma-separated: pt, onnx")
-    parser.add_argument("--frames", type=int, help="frames per camera per trial")
-    parser.add_argument("--repeats", type=int, help="trials per variant (alternating)")
-    parser.add_argument(
-        "--torch-threads",
-        type=int,
-        help="torch threads after the models are loaded (Ultralytics sets cpu_count - 1: 1 on 2 cores)",
-    )
-    parser.add_argument("--tag", help="write results/detector_throughput-TAG.* instead of the default files")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     # Short trials, many of them: on a shared machine the load swings within seconds, and only trials run close
     # together in time compare fairly.
     frames = args.frames or (8 if args.quick else 10)
@@ -366,36 +354,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": {},
     }
     for fmt in formats:
-        if fmt == "pt":
-            weights = resolve_weights(WEIGHTS)
-        elif fmt == "onnx":
-            onnx, results["onnx_export"] = export_onnx(args.image_size)
-            weights = str(onnx)
-        else:
-            raise SystemExit(f"unknown format {fmt!r}")
-        config = detector_config(image_size=args.image_size, weights=weights)
-        pipeline, plain = Pipeline(config), Plain(weights, config)
-        pipeline.warm_up(decoded[0][0], 1)
-        pipeline.warm_up(decoded[0][0], 2)
-        plain.warm_up(decoded[0][0])
-        # Ultralytics sets torch's thread count when it sets up a predictor, so change or read it only now.
-        if args.torch_threads:
-            torch.set_num_threads(args.torch_threads)
-        results["machine"]["torch_threads"] = torch.get_num_threads()
-        for cameras in (1, 2):
-            key = f"{fmt}-{cameras}cam"
-            print(f"{key}: {repeats} x {frames * cameras} frames per side ...", flush=True)
-            run = compare(pipeline, plain, clips[:cameras], decoded[:cameras], repeats)
-            results["runs"][key] = run
-            ratio, fps = run["ratio"], run["fps_median"]
-            print(
-                f"  ratio {ratio['median']:.3f} (min {ratio['min']:.3f}, max {ratio['max']:.3f}), vs plain+decode "
-                f"{run['ratio_vs_plain_decode']['median']:.3f}, CPU {run['cpu_ratio']['median']:.3f}; fps: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in fps.items()),
-                flush=True,
-            )
+        _compare_format(fmt, args, clips, decoded, frames, repeats, results)
     write_results("detector_throughput" + (f"-{args.tag}" if args.tag else ""), results, _markdown)
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few frames and repeats: a smoke run of ~1 minute")
+    parser.add_argument("--image-size", type=int, default=320, help="detector image size (default 320, the demo's)")
+    parser.add_argument("--formats", default="pt,onnx", help="comma-separated: pt, onnx")
+    parser.add_argument("--frames", type=int, help="frames per camera per trial")
+    parser.add_argument("--repeats", type=int, help="trials per variant (alternating)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch threads after the models are loaded (Ultralytics sets cpu_count - 1: 1 on 2 cores)",
+    )
+    parser.add_argument("--tag", help="write results/detector_throughput-TAG.* instead of the default files")
+    return parser
+
+
+def _compare_format(
+    fmt: str,
+    args: argparse.Namespace,
+    clips: list[Path],
+    decoded: list[list[np.ndarray]],
+    frames: int,
+    repeats: int,
+    results: dict[str, Any],
+) -> None:
+    """The pipeline against plain predict with the weights in `fmt`, on one camera and on two; into `results`."""
+    if fmt == "pt":
+        weights = resolve_weights(WEIGHTS)
+    elif fmt == "onnx":
+        onnx, results["onnx_export"] = export_onnx(args.image_size)
+        weights = str(onnx)
+    else:
+        raise SystemExit(f"unknown format {fmt!r}")
+    config = detector_config(image_size=args.image_size, weights=weights)
+    pipeline, plain = Pipeline(config), Plain(weights, config)
+    pipeline.warm_up(decoded[0][0], 1)
+    pipeline.warm_up(decoded[0][0], 2)
+    plain.warm_up(decoded[0][0])
+    # Ultralytics sets torch's thread count when it sets up a predictor, so change or read it only now.
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    results["machine"]["torch_threads"] = torch.get_num_threads()
+    for cameras in (1, 2):
+        key = f"{fmt}-{cameras}cam"
+        print(f"{key}: {repeats} x {frames * cameras} frames per side ...", flush=True)
+        run = compare(pipeline, plain, clips[:cameras], decoded[:cameras], repeats)
+        results["runs"][key] = run
+        ratio, fps = run["ratio"], run["fps_median"]
+        print(
+            f"  ratio {ratio['median']:.3f} (min {ratio['min']:.3f}, max {ratio['max']:.3f}), vs plain+decode "
+            f"{run['ratio_vs_plain_decode']['median']:.3f}, CPU {run['cpu_ratio']['median']:.3f}; fps: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in fps.items()),
+            flush=True,
+        )
 
 
 def _markdown(r: dict[str, Any]) -> str:
