@@ -223,69 +223,94 @@ class Corpus:
             camera = rng.choice(CAMERAS)
             # Strictly increasing instants: a camera never has two rows for one instant (the unique constraint).
             captured_at = self.start + step * (number + rng.random() * 0.9)
-            draw = rng.random()
-            status = (
-                CaptionStatus.CAPTIONED
-                if draw < 0.92
-                else CaptionStatus.SKIPPED
-                if draw < 0.97
-                else CaptionStatus.FAILED
-                if draw < 0.99
-                else CaptionStatus.PENDING
-            )
+            status = _status(rng.random())
             self.by_status[status.value] += 1
             people_count = rng.choices((1, 2, 3, 4, 5, 6, 8), weights=(50, 25, 12, 6, 4, 2, 1))[0]
             people = rng.choice(by_count[people_count])
             frame_index[camera] += 25
-            caption = error = None
-            if status == CaptionStatus.CAPTIONED:
-                caption = caption_text(rng)
-                lowered = caption.lower()
-                for name in TEXT_QUERIES:
-                    if _matches(lowered, name):
-                        self.matches[name] += 1
-            elif status == CaptionStatus.FAILED:
-                error = "VLM refused the request (HTTP 400)"
-            elif status == CaptionStatus.SKIPPED:
-                error = "coalesced: a better frame of the event was already waiting"
-            for name, params in FILTER_QUERIES.items():
-                if _filter_matches(params, status.value, people_count, caption):
+            caption, error = _outcome(rng, status)
+            self._count_matches(status, people_count, caption)
+            yield _row(rng, number, camera, frame_index[camera], captured_at, status, people, caption, error)
+
+    def _count_matches(self, status: CaptionStatus, people_count: int, caption: str | None) -> None:
+        """Count the row for every text query its caption matches and every filter query it passes."""
+        if caption is not None:
+            lowered = caption.lower()
+            for name in TEXT_QUERIES:
+                if _matches(lowered, name):
                     self.matches[name] += 1
-            captioned = status == CaptionStatus.CAPTIONED
-            latency_ms = round(rng.uniform(300, 2500), 1) if captioned else None
-            day = captured_at.date().isoformat()
-            yield {
-                "pipeline": "site",
-                "camera": camera,
-                "source": f"rtsp://10.0.0.{CAMERAS.index(camera) + 10}/stream1",
-                "frame_index": frame_index[camera],
-                "offset_s": frame_index[camera] / 25,
-                "captured_at": captured_at,
-                "reason": rng.choice(("new-event", "new-event", "recaption", "movement", "people-left")),
-                "event_key": f"{camera}:{number // 7}",
-                "event_ids": [box["track_id"] for box in people],
-                "score": round(rng.random(), 4),
-                "people": people,
-                "people_count": people_count,
-                "image_path": None if status == CaptionStatus.SKIPPED else f"frames/{camera}/{day}/{number}.jpg",
-                "image_width": 644,
-                "image_height": 364,
-                "image_tokens": 299,
-                "status": status.value,
-                "attempts": 1 if status != CaptionStatus.SKIPPED else 0,
-                "caption": caption,
-                "structured": None,
-                "error": error,
-                "model": "Qwen/Qwen2.5-VL-7B-Instruct",
-                "prompt_tokens": 341 if captioned else None,
-                "completion_tokens": rng.randint(12, 60) if captioned else None,
-                "latency_ms": latency_ms,
-                "created_at": captured_at,
-                "updated_at": captured_at + timedelta(milliseconds=latency_ms or 5),
-                "frame_width": 1280,
-                "frame_height": 720,
-                "image_region": None,
-            }
+        for name, params in FILTER_QUERIES.items():
+            if _filter_matches(params, status.value, people_count, caption):
+                self.matches[name] += 1
+
+
+def _status(draw: float) -> CaptionStatus:
+    """92 % captioned, 5 % skipped, 2 % failed, 1 % pending."""
+    if draw < 0.92:
+        return CaptionStatus.CAPTIONED
+    if draw < 0.97:
+        return CaptionStatus.SKIPPED
+    return CaptionStatus.FAILED if draw < 0.99 else CaptionStatus.PENDING
+
+
+def _outcome(rng: random.Random, status: CaptionStatus) -> tuple[str | None, str | None]:
+    """The row's caption (captioned rows) or error (failed and skipped ones)."""
+    if status == CaptionStatus.CAPTIONED:
+        return caption_text(rng), None
+    if status == CaptionStatus.FAILED:
+        return None, "VLM refused the request (HTTP 400)"
+    if status == CaptionStatus.SKIPPED:
+        return None, "coalesced: a better frame of the event was already waiting"
+    return None, None
+
+
+def _row(
+    rng: random.Random,
+    number: int,
+    camera: str,
+    frame_index: int,
+    captured_at: datetime,
+    status: CaptionStatus,
+    people: list[dict[str, Any]],
+    caption: str | None,
+    error: str | None,
+) -> dict[str, Any]:
+    """One captions row as the pipeline would have stored it."""
+    captioned = status == CaptionStatus.CAPTIONED
+    latency_ms = round(rng.uniform(300, 2500), 1) if captioned else None
+    day = captured_at.date().isoformat()
+    return {
+        "pipeline": "site",
+        "camera": camera,
+        "source": f"rtsp://10.0.0.{CAMERAS.index(camera) + 10}/stream1",
+        "frame_index": frame_index,
+        "offset_s": frame_index / 25,
+        "captured_at": captured_at,
+        "reason": rng.choice(("new-event", "new-event", "recaption", "movement", "people-left")),
+        "event_key": f"{camera}:{number // 7}",
+        "event_ids": [box["track_id"] for box in people],
+        "score": round(rng.random(), 4),
+        "people": people,
+        "people_count": len(people),
+        "image_path": None if status == CaptionStatus.SKIPPED else f"frames/{camera}/{day}/{number}.jpg",
+        "image_width": 644,
+        "image_height": 364,
+        "image_tokens": 299,
+        "status": status.value,
+        "attempts": 1 if status != CaptionStatus.SKIPPED else 0,
+        "caption": caption,
+        "structured": None,
+        "error": error,
+        "model": "Qwen/Qwen2.5-VL-7B-Instruct",
+        "prompt_tokens": 341 if captioned else None,
+        "completion_tokens": rng.randint(12, 60) if captioned else None,
+        "latency_ms": latency_ms,
+        "created_at": captured_at,
+        "updated_at": captured_at + timedelta(milliseconds=latency_ms or 5),
+        "frame_width": 1280,
+        "frame_height": 720,
+        "image_region": None,
+    }
 
 
 def _people(rng: random.Random, count: int) -> list[dict[str, Any]]:
