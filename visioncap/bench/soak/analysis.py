@@ -70,6 +70,7 @@ def is_visioncap(role: str) -> bool:
 
 
 def process_stats(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[str, Any]]:
+    """Per process (by pid), pipeline first: when it was seen and, after the warm-up, its memory and handles."""
     series: dict[int, list[tuple[float, dict[str, Any]]]] = {}
     for sample in samples:
         for proc in sample["processes"]:
@@ -90,53 +91,56 @@ def process_stats(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[s
             "rss_peak_mb_whole_run": max(p["rss_mb"] for _, p in points),
         }
         if post:
-            rss = [(t, p["rss_mb"]) for t, p in post]
-            half = [(t, v) for t, v in rss if t >= post[0][0] + (post[-1][0] - post[0][0]) / 2]
-            fds = [(t, float(p["fds"])) for t, p in post]
-            threads = [(t, float(p["threads"])) for t, p in post]
-            span = post[-1][0] - post[0][0]
-            entry.update(
-                {
-                    "rss_first_mb": rss[0][1],
-                    "rss_last_mb": rss[-1][1],
-                    "rss_min_mb": min(v for _, v in rss),
-                    "rss_max_mb": max(v for _, v in rss),
-                    "rss_slope_mb_h": _round(slope_per_hour(rss)),
-                    # Separates steady growth from a one-time step (a cache filled once, an arena grown once).
-                    "rss_slope_last_half_mb_h": _round(slope_per_hour(half)),
-                    "anon_first_mb": post[0][1].get("anon_mb"),
-                    "anon_last_mb": post[-1][1].get("anon_mb"),
-                    "anon_slope_mb_h": _round(
-                        slope_per_hour([(t, p["anon_mb"]) for t, p in post if p.get("anon_mb") is not None])
-                    ),
-                    "anon_slope_last_half_mb_h": _round(
-                        slope_per_hour(
-                            [(t, p["anon_mb"]) for t, p in post if p.get("anon_mb") is not None and t >= half[0][0]]
-                        )
-                    ),
-                    "anon_min_mb": min((p["anon_mb"] for _, p in post if p.get("anon_mb") is not None), default=None),
-                    "anon_max_mb": max((p["anon_mb"] for _, p in post if p.get("anon_mb") is not None), default=None),
-                    # USS and PSS move when other processes map or unmap the same libraries: context, not a goal.
-                    "uss_slope_mb_h": _round(slope_per_hour([(t, p["uss_mb"]) for t, p in post])),
-                    "pss_slope_mb_h": _round(slope_per_hour([(t, p["pss_mb"]) for t, p in post])),
-                    "uss_last_mb": post[-1][1]["uss_mb"],
-                    "fds_min": int(min(v for _, v in fds)),
-                    "fds_max": int(max(v for _, v in fds)),
-                    "fds_slope_per_h": _round(slope_per_hour(fds)),
-                    "fds_flat": _flat(fds),
-                    "threads_min": int(min(v for _, v in threads)),
-                    "threads_max": int(max(v for _, v in threads)),
-                    "threads_slope_per_h": _round(slope_per_hour(threads)),
-                    "threads_flat": _flat(threads),
-                    "cpu_percent": _round((post[-1][1]["cpu_s"] - post[0][1]["cpu_s"]) / span * 100, 1)
-                    if span > 0
-                    else None,
-                }
-            )
+            entry.update(_memory_stats(post))
+            entry.update(_handle_stats(post))
         out.append(entry)
     order = {"pipeline": 0}
     out.sort(key=lambda e: (not e["visioncap"], order.get(e["role"], 1), e["role"], e["pid"]))
     return out
+
+
+def _memory_stats(post: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """RSS, anonymous RSS, USS and PSS over the samples after the warm-up: range and slopes."""
+    rss = [(t, p["rss_mb"]) for t, p in post]
+    half = [(t, v) for t, v in rss if t >= post[0][0] + (post[-1][0] - post[0][0]) / 2]
+    anon = [(t, p["anon_mb"]) for t, p in post if p.get("anon_mb") is not None]
+    return {
+        "rss_first_mb": rss[0][1],
+        "rss_last_mb": rss[-1][1],
+        "rss_min_mb": min(v for _, v in rss),
+        "rss_max_mb": max(v for _, v in rss),
+        "rss_slope_mb_h": _round(slope_per_hour(rss)),
+        # Separates steady growth from a one-time step (a cache filled once, an arena grown once).
+        "rss_slope_last_half_mb_h": _round(slope_per_hour(half)),
+        "anon_first_mb": post[0][1].get("anon_mb"),
+        "anon_last_mb": post[-1][1].get("anon_mb"),
+        "anon_slope_mb_h": _round(slope_per_hour(anon)),
+        "anon_slope_last_half_mb_h": _round(slope_per_hour([(t, v) for t, v in anon if t >= half[0][0]])),
+        "anon_min_mb": min((v for _, v in anon), default=None),
+        "anon_max_mb": max((v for _, v in anon), default=None),
+        # USS and PSS move when other processes map or unmap the same libraries: context, not a goal.
+        "uss_slope_mb_h": _round(slope_per_hour([(t, p["uss_mb"]) for t, p in post])),
+        "pss_slope_mb_h": _round(slope_per_hour([(t, p["pss_mb"]) for t, p in post])),
+        "uss_last_mb": post[-1][1]["uss_mb"],
+    }
+
+
+def _handle_stats(post: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """Open file descriptors and threads after the warm-up (range, slope, flat or not), and the CPU share."""
+    fds = [(t, float(p["fds"])) for t, p in post]
+    threads = [(t, float(p["threads"])) for t, p in post]
+    span = post[-1][0] - post[0][0]
+    return {
+        "fds_min": int(min(v for _, v in fds)),
+        "fds_max": int(max(v for _, v in fds)),
+        "fds_slope_per_h": _round(slope_per_hour(fds)),
+        "fds_flat": _flat(fds),
+        "threads_min": int(min(v for _, v in threads)),
+        "threads_max": int(max(v for _, v in threads)),
+        "threads_slope_per_h": _round(slope_per_hour(threads)),
+        "threads_flat": _flat(threads),
+        "cpu_percent": _round((post[-1][1]["cpu_s"] - post[0][1]["cpu_s"]) / span * 100, 1) if span > 0 else None,
+    }
 
 
 def _metric(sample: dict[str, Any], name: str) -> float | None:
