@@ -766,15 +766,38 @@ def evaluate_goals(
     front: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The goals map of #12 item 7: `{value, goal, met}` under the issue's names; `front`: frontier()'s table."""
+    goals: dict[str, Any] = {
+        "frontier_dominance": _dominance_goal(front),
+        "itl_p99_at_1_25": _bounded_goal("itl_p99_at_1_25", "s3_itl_p99_over_s0", ratios, bounds),
+        "ttft_p99_at_1_25": _bounded_goal("ttft_p99_at_1_25", "s3_ttft_p99_over_s0", ratios, bounds),
+    }
+    served = _p(summaries.get("S3"), "captions", "throughput_per_s", "")
+    top = None if ceilings is None else ceilings["levels"]["1.25"]["deterministic"]["frames_per_s"]
+    goals["ceiling_fraction_at_1_25"] = {
+        **_at_least(ratio(served, top), GOALS["ceiling_fraction_at_1_25"]),
+        "captions_per_s": served,
+        "ceiling_frames_per_s": top,
+    }
+    goals["no_expired_frames"] = _expired_goal(summaries.get("S3-steady"))
+    goals["idle_throughput"] = _at_least(ratios.get("s3_idle_throughput_over_s1_idle"), GOALS["idle_throughput"])
+    for name in ("overhead_ttft_p50", "overhead_ttft_p99", "overhead_itl_p99"):
+        goals[name] = _overhead_goal(overhead, name)
+    return goals
 
-    def bounded(name: str, key: str) -> dict[str, Any]:
-        value, interval, limit = ratios.get(key), bounds.get(key), GOALS[name]
-        met = None if interval is None else interval[1] <= limit
-        return {"value": value, "interval_95": interval, "goal": f"<= {limit} (upper bound)", "met": met}
 
-    def at_least(value: float | None, limit: float) -> dict[str, Any]:
-        return {"value": value, "goal": f">= {limit}", "met": None if value is None else value >= limit}
+def _bounded_goal(name: str, key: str, ratios: dict[str, Any], bounds: dict[str, Any]) -> dict[str, Any]:
+    """Goal `name` for the ratio `key`, judged on its 95 % interval's upper bound."""
+    value, interval, limit = ratios.get(key), bounds.get(key), GOALS[name]
+    met = None if interval is None else interval[1] <= limit
+    return {"value": value, "interval_95": interval, "goal": f"<= {limit} (upper bound)", "met": met}
 
+
+def _at_least(value: float | None, limit: float) -> dict[str, Any]:
+    return {"value": value, "goal": f">= {limit}", "met": None if value is None else value >= limit}
+
+
+def _dominance_goal(front: dict[str, Any] | None) -> dict[str, Any]:
+    """The gateway against the best vLLM-only configuration at every frontier level."""
     dominance = {
         "value": None if not front else {level: row["gateway_over_vllm"] for level, row in front.items()},
         "goal": f">= {GOALS['frontier_dominance']}x the best vLLM-only configuration's captions/s at every level "
@@ -783,42 +806,33 @@ def evaluate_goals(
     }
     if not front:
         dominance["not_judged"] = "no frontier points in this run"
-    goals: dict[str, Any] = {
-        "frontier_dominance": dominance,
-        "itl_p99_at_1_25": bounded("itl_p99_at_1_25", "s3_itl_p99_over_s0"),
-        "ttft_p99_at_1_25": bounded("ttft_p99_at_1_25", "s3_ttft_p99_over_s0"),
-    }
-    served = _p(summaries.get("S3"), "captions", "throughput_per_s", "")
-    top = None if ceilings is None else ceilings["levels"]["1.25"]["deterministic"]["frames_per_s"]
-    goals["ceiling_fraction_at_1_25"] = {
-        **at_least(ratio(served, top), GOALS["ceiling_fraction_at_1_25"]),
-        "captions_per_s": served,
-        "ceiling_frames_per_s": top,
-    }
-    steady = summaries.get("S3-steady")
+    return dominance
+
+
+def _expired_goal(steady: dict[str, Any] | None) -> dict[str, Any]:
+    """No frame expired (408) while the cameras offered less than S3 served."""
     outcomes = (steady.get("captions") or {}).get("outcomes") if steady else None
     expired = None if outcomes is None else outcomes.get("408", 0)
-    goals["no_expired_frames"] = {
+    return {
         "value": expired,
         "goal": "0 frames answered 408 with the cameras offering less than S3's rate (S3-steady)",
         "met": None if expired is None else expired == 0,
         "offered_per_s": steady.get("offered_per_s") if steady else None,
     }
-    goals["idle_throughput"] = at_least(ratios.get("s3_idle_throughput_over_s1_idle"), GOALS["idle_throughput"])
-    for name in ("overhead_ttft_p50", "overhead_ttft_p99", "overhead_itl_p99"):
-        found = (overhead or {}).get("goals", {}).get(name)
-        goals[name] = (
-            {"value": None, "goal": "see visioncap bench overhead", "met": None, "not_judged": "no overhead results"}
-            if found is None
-            else {
-                "value": found["value"],
-                "interval_95": found.get("interval_95"),
-                "goal": f"<= {found['goal']} (upper bound)",
-                "met": found.get("met_on_upper_bound"),
-                "source": f"{OVERHEAD_RESULTS} (`{(overhead or {}).get('command')}`, vllm bench serve, ABBA)",
-            }
-        )
-    return goals
+
+
+def _overhead_goal(overhead: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """An overhead goal as `visioncap bench overhead` judged it, when its results are there."""
+    found = (overhead or {}).get("goals", {}).get(name)
+    if found is None:
+        return {"value": None, "goal": "see visioncap bench overhead", "met": None, "not_judged": "no overhead results"}
+    return {
+        "value": found["value"],
+        "interval_95": found.get("interval_95"),
+        "goal": f"<= {found['goal']} (upper bound)",
+        "met": found.get("met_on_upper_bound"),
+        "source": f"{OVERHEAD_RESULTS} (`{(overhead or {}).get('command')}`, vllm bench serve, ABBA)",
+    }
 
 
 def frontier_points(summaries: dict[str, dict[str, Any]], bounds: dict[str, Any]) -> list[FrontierPoint]:
