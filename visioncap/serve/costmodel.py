@@ -784,6 +784,16 @@ def report_lines(cost: CostModel, model: str = "") -> list[str]:
         f"cost model: a {w.chat_prompt_tokens}-token chat prompt's prefill {cost.chat_prefill_ms:.2f} ms = "
         f"{c1:.2f} / {cb:.2f} decode steps (batch 1 / batch {b})"
     )
+    lines += _step_lines(cost)
+    lines += [f"cost model: note: {note}" for note in cost.notes]
+    return lines
+
+
+def _step_lines(cost: CostModel) -> list[str]:
+    """What an engine step holds under the budget and what a step with frames costs: one frame's, the worst, and
+    the pacing ceiling that follows for chat."""
+    w, shape, b = cost.workload, cost.shape, cost.workload.typical_batch
+    lines: list[str] = []
     budget = cost.budget
     if budget.max_num_batched_tokens is not None:
         line = (
@@ -822,7 +832,6 @@ def report_lines(cost: CostModel, model: str = "") -> list[str]:
             f"{top.frames_per_s:.2f} frames/s started one at a time ({top.step_share:.0%} of steps carry a "
             f"frame of {frame_steps:.2f} decode steps; the gateway's pacing.start_per_s)"
         )
-    lines += [f"cost model: note: {note}" for note in cost.notes]
     return lines
 
 
