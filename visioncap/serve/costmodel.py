@@ -313,11 +313,17 @@ def _shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
     model_type = config.get("model_type")
     if model_type not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         raise ValueError(f"no shape reader for model_type {model_type!r} (Qwen2-VL, Qwen2.5-VL, Qwen3-VL only)")
+    text, vision = _text_from_config(config, model_type), _vision_from_config(config["vision_config"], model_type)
+    name = str((config.get("architectures") or [model_type])[0])
+    return ModelShape(name, text, vision, source)
+
+
+def _text_from_config(config: dict[str, Any], model_type: str) -> TextShape:
     text_config = config.get("text_config") or config  # Qwen2.5-VL keeps the text fields at the top level
     heads = int(text_config["num_attention_heads"])
     hidden = int(text_config["hidden_size"])
     qwen3 = model_type == "qwen3_vl"
-    text = TextShape(
+    return TextShape(
         layers=int(text_config["num_hidden_layers"]),
         hidden=hidden,
         intermediate=int(text_config["intermediate_size"]),
@@ -329,7 +335,9 @@ def _shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
         qkv_bias=not qwen3,
         qk_norm=qwen3,
     )
-    v = config["vision_config"]
+
+
+def _vision_from_config(v: dict[str, Any], model_type: str) -> VisionShape:
     common = {
         "depth": int(v["depth"]),
         "heads": int(v["num_heads"]),
@@ -339,15 +347,15 @@ def _shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
     }
     if model_type == "qwen2_vl":
         embed = int(v["embed_dim"])
-        vision = VisionShape(
+        return VisionShape(
             "qwen2_vl",
             hidden=embed,
             intermediate=int(embed * v.get("mlp_ratio", 4)),
             out_hidden=int(v["hidden_size"]),
             **common,
         )
-    elif model_type == "qwen2_5_vl":
-        vision = VisionShape(
+    if model_type == "qwen2_5_vl":
+        return VisionShape(
             "qwen2_5_vl",
             hidden=int(v["hidden_size"]),
             intermediate=int(v["intermediate_size"]),
@@ -357,20 +365,17 @@ def _shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
             default_max_pixels=12845056,
             **common,
         )
-    else:
-        vision = VisionShape(
-            "qwen3_vl",
-            hidden=int(v["hidden_size"]),
-            intermediate=int(v["intermediate_size"]),
-            out_hidden=int(v["out_hidden_size"]),
-            deepstack_mergers=len(v.get("deepstack_visual_indexes", [])),
-            position_embeddings=int(v.get("num_position_embeddings", 0)),
-            default_min_pixels=65536,
-            default_max_pixels=16777216,
-            **common,
-        )
-    name = str((config.get("architectures") or [model_type])[0])
-    return ModelShape(name, text, vision, source)
+    return VisionShape(
+        "qwen3_vl",
+        hidden=int(v["hidden_size"]),
+        intermediate=int(v["intermediate_size"]),
+        out_hidden=int(v["out_hidden_size"]),
+        deepstack_mergers=len(v.get("deepstack_visual_indexes", [])),
+        position_embeddings=int(v.get("num_position_embeddings", 0)),
+        default_min_pixels=65536,
+        default_max_pixels=16777216,
+        **common,
+    )
 
 
 def read_shape(config_path: Path) -> ModelShape:
