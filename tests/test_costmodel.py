@@ -122,6 +122,19 @@ def test_step_budget_from_the_profile() -> None:
     assert l4.budget.frame_prefill_steps == 2 and h200.budget.frame_prefill_steps == 1
 
 
+def test_the_worst_step_runs_every_frame_the_encoder_budget_holds() -> None:
+    h200, l4 = cost("qwen2.5-vl-7b", "h200"), cost("qwen2.5-vl-7b", "l4")
+    text, batch, context = cm.BUILTIN_SHAPES[QWEN7B].text, 8, 1024
+    assert h200.encoder_ms_per_frame is not None and l4.encoder_ms_per_frame is not None
+    # H200: 5 frames' encoders, then their 5 x 451 prompt tokens cut to the 2048-token budget less the batch.
+    expected = cm.step_ms(text, cm.GPU_SPECS["h200"], batch, context, 2040) + 5 * h200.encoder_ms_per_frame
+    assert h200.budget.worst_step_ms == pytest.approx(expected)
+    assert h200.step_with_frame_ms is not None and h200.budget.worst_step_ms > 3 * h200.step_with_frame_ms
+    # L4: one frame fits its encoder budget; its whole 451-token prompt fits the 512-token budget.
+    expected = cm.step_ms(text, cm.GPU_SPECS["l4"], batch, context, 451) + l4.encoder_ms_per_frame
+    assert l4.budget.worst_step_ms == pytest.approx(expected)
+
+
 def test_published_measurements_within_a_third() -> None:
     for item in cm.PUBLISHED:
         estimate = cm.published_estimate(item)
@@ -151,6 +164,11 @@ def test_dry_run_prints_the_cost_model() -> None:
     assert f"encoder {model.encoder_ms_per_frame:.2f} ms" in result.stderr
     assert "parameters: language model 7.616B (published 7.60B" in result.stderr
     assert "encoder budget 2048 tokens = 5 frame encoder pass(es) per step" in result.stderr
+    assert model.budget.worst_step_ms is not None
+    assert (
+        "the worst step, a batch-8 step that runs 5 frame encoder pass(es) (the encoder budget) and their prefill: "
+        f"{model.budget.worst_step_ms:.2f} ms" in result.stderr
+    )
     # The gateway's pacing default comes from here: one step in a hundred may carry a frame.
     typical = model.decode_ms[model.workload.typical_batch] / 1000
     assert model.frame_encoder_steps is not None and model.frame_prefill_steps is not None
@@ -168,6 +186,7 @@ def test_dry_run_json_carries_the_cost_model() -> None:
     model = cost("qwen2.5-vl-7b", "l4")
     assert data["gpu_class"] == "l4" and data["decode_ms"]["1"] == pytest.approx(model.decode_ms[1])
     assert data["frame"]["tokens"] == 391 and data["budget"]["frame_prefill_steps"] == 2
+    assert data["budget"]["worst_step_ms"] == pytest.approx(model.budget.worst_step_ms)
 
 
 def test_dry_run_on_the_cpu_says_why_there_is_no_cost_model() -> None:

@@ -223,69 +223,94 @@ class Corpus:
             camera = rng.choice(CAMERAS)
             # Strictly increasing instants: a camera never has two rows for one instant (the unique constraint).
             captured_at = self.start + step * (number + rng.random() * 0.9)
-            draw = rng.random()
-            status = (
-                CaptionStatus.CAPTIONED
-                if draw < 0.92
-                else CaptionStatus.SKIPPED
-                if draw < 0.97
-                else CaptionStatus.FAILED
-                if draw < 0.99
-                else CaptionStatus.PENDING
-            )
+            status = _status(rng.random())
             self.by_status[status.value] += 1
             people_count = rng.choices((1, 2, 3, 4, 5, 6, 8), weights=(50, 25, 12, 6, 4, 2, 1))[0]
             people = rng.choice(by_count[people_count])
             frame_index[camera] += 25
-            caption = error = None
-            if status == CaptionStatus.CAPTIONED:
-                caption = caption_text(rng)
-                lowered = caption.lower()
-                for name in TEXT_QUERIES:
-                    if _matches(lowered, name):
-                        self.matches[name] += 1
-            elif status == CaptionStatus.FAILED:
-                error = "VLM refused the request (HTTP 400)"
-            elif status == CaptionStatus.SKIPPED:
-                error = "coalesced: a better frame of the event was already waiting"
-            for name, params in FILTER_QUERIES.items():
-                if _filter_matches(params, status.value, people_count, caption):
+            caption, error = _outcome(rng, status)
+            self._count_matches(status, people_count, caption)
+            yield _row(rng, number, camera, frame_index[camera], captured_at, status, people, caption, error)
+
+    def _count_matches(self, status: CaptionStatus, people_count: int, caption: str | None) -> None:
+        """Count the row for every text query its caption matches and every filter query it passes."""
+        if caption is not None:
+            lowered = caption.lower()
+            for name in TEXT_QUERIES:
+                if _matches(lowered, name):
                     self.matches[name] += 1
-            captioned = status == CaptionStatus.CAPTIONED
-            latency_ms = round(rng.uniform(300, 2500), 1) if captioned else None
-            day = captured_at.date().isoformat()
-            yield {
-                "pipeline": "site",
-                "camera": camera,
-                "source": f"rtsp://10.0.0.{CAMERAS.index(camera) + 10}/stream1",
-                "frame_index": frame_index[camera],
-                "offset_s": frame_index[camera] / 25,
-                "captured_at": captured_at,
-                "reason": rng.choice(("new-event", "new-event", "recaption", "movement", "people-left")),
-                "event_key": f"{camera}:{number // 7}",
-                "event_ids": [box["track_id"] for box in people],
-                "score": round(rng.random(), 4),
-                "people": people,
-                "people_count": people_count,
-                "image_path": None if status == CaptionStatus.SKIPPED else f"frames/{camera}/{day}/{number}.jpg",
-                "image_width": 644,
-                "image_height": 364,
-                "image_tokens": 299,
-                "status": status.value,
-                "attempts": 1 if status != CaptionStatus.SKIPPED else 0,
-                "caption": caption,
-                "structured": None,
-                "error": error,
-                "model": "Qwen/Qwen2.5-VL-7B-Instruct",
-                "prompt_tokens": 341 if captioned else None,
-                "completion_tokens": rng.randint(12, 60) if captioned else None,
-                "latency_ms": latency_ms,
-                "created_at": captured_at,
-                "updated_at": captured_at + timedelta(milliseconds=latency_ms or 5),
-                "frame_width": 1280,
-                "frame_height": 720,
-                "image_region": None,
-            }
+        for name, params in FILTER_QUERIES.items():
+            if _filter_matches(params, status.value, people_count, caption):
+                self.matches[name] += 1
+
+
+def _status(draw: float) -> CaptionStatus:
+    """92 % captioned, 5 % skipped, 2 % failed, 1 % pending."""
+    if draw < 0.92:
+        return CaptionStatus.CAPTIONED
+    if draw < 0.97:
+        return CaptionStatus.SKIPPED
+    return CaptionStatus.FAILED if draw < 0.99 else CaptionStatus.PENDING
+
+
+def _outcome(rng: random.Random, status: CaptionStatus) -> tuple[str | None, str | None]:
+    """The row's caption (captioned rows) or error (failed and skipped ones)."""
+    if status == CaptionStatus.CAPTIONED:
+        return caption_text(rng), None
+    if status == CaptionStatus.FAILED:
+        return None, "VLM refused the request (HTTP 400)"
+    if status == CaptionStatus.SKIPPED:
+        return None, "coalesced: a better frame of the event was already waiting"
+    return None, None
+
+
+def _row(
+    rng: random.Random,
+    number: int,
+    camera: str,
+    frame_index: int,
+    captured_at: datetime,
+    status: CaptionStatus,
+    people: list[dict[str, Any]],
+    caption: str | None,
+    error: str | None,
+) -> dict[str, Any]:
+    """One captions row as the pipeline would have stored it."""
+    captioned = status == CaptionStatus.CAPTIONED
+    latency_ms = round(rng.uniform(300, 2500), 1) if captioned else None
+    day = captured_at.date().isoformat()
+    return {
+        "pipeline": "site",
+        "camera": camera,
+        "source": f"rtsp://10.0.0.{CAMERAS.index(camera) + 10}/stream1",
+        "frame_index": frame_index,
+        "offset_s": frame_index / 25,
+        "captured_at": captured_at,
+        "reason": rng.choice(("new-event", "new-event", "recaption", "movement", "people-left")),
+        "event_key": f"{camera}:{number // 7}",
+        "event_ids": [box["track_id"] for box in people],
+        "score": round(rng.random(), 4),
+        "people": people,
+        "people_count": len(people),
+        "image_path": None if status == CaptionStatus.SKIPPED else f"frames/{camera}/{day}/{number}.jpg",
+        "image_width": 644,
+        "image_height": 364,
+        "image_tokens": 299,
+        "status": status.value,
+        "attempts": 1 if status != CaptionStatus.SKIPPED else 0,
+        "caption": caption,
+        "structured": None,
+        "error": error,
+        "model": "Qwen/Qwen2.5-VL-7B-Instruct",
+        "prompt_tokens": 341 if captioned else None,
+        "completion_tokens": rng.randint(12, 60) if captioned else None,
+        "latency_ms": latency_ms,
+        "created_at": captured_at,
+        "updated_at": captured_at + timedelta(milliseconds=latency_ms or 5),
+        "frame_width": 1280,
+        "frame_height": 720,
+        "image_region": None,
+    }
 
 
 def _people(rng: random.Random, count: int) -> list[dict[str, Any]]:
@@ -636,96 +661,112 @@ def run_load(argv: Sequence[str]) -> int:
     parser.add_argument("--read-rate", type=float, required=True)
     parser.add_argument("--streams", type=int, required=True)
     args = parser.parse_args(argv)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    counts: Counter[str] = Counter()
-    lock = threading.Lock()
+    load = _Load(args)
+    signal.signal(signal.SIGTERM, lambda *_: load.stop.set())
     started = time.monotonic()
+    load.run()
+    seconds = time.monotonic() - started
+    report = {"seconds": round(seconds, 1), "counts": dict(load.counts)}
+    report["writes_per_s"] = round(load.counts["writes"] / seconds, 2)
+    args.report.write_text(json.dumps(report))
+    return 0
 
-    def count(name: str, n: int = 1) -> None:
-        with lock:
-            counts[name] += n
 
-    def paced(rate: float) -> Iterator[None]:
+class _Load:
+    """The load process's threads, each counting what happened to its requests, until `stop` is set."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.stop = threading.Event()
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        """The streams, the writer and the reader, until `stop`; the writer and reader are waited for."""
+        threads = [threading.Thread(target=self.streamer, daemon=True) for _ in range(self.args.streams)]
+        threads += [threading.Thread(target=self.writer), threading.Thread(target=self.reader)]
+        for thread in threads:
+            thread.start()
+        self.stop.wait()
+        for thread in threads:
+            if not thread.daemon:
+                thread.join(timeout=30)
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self.counts[name] += n
+
+    def paced(self, rate: float) -> Iterator[None]:
         # Open loop: the schedule does not slip when a request is slow, as with independent clients.
         next_at = time.monotonic()
-        while not stop.is_set():
+        while not self.stop.is_set():
             yield
             next_at += 1 / rate
-            stop.wait(max(0.0, next_at - time.monotonic()))
+            self.stop.wait(max(0.0, next_at - time.monotonic()))
 
-    def writer() -> None:
+    def writer(self) -> None:
         # What the pipeline does per selected frame: a pending row (the outbox), then the caption.
-        store = CaptionStore(create_db_engine(args.database_url))
+        store = CaptionStore(create_db_engine(self.args.database_url))
         rng = random.Random(1)
-        for number, _ in enumerate(paced(args.write_rate)):
-            camera = CAMERAS[number % len(CAMERAS)]
-            people = [{"x1": 10.0, "y1": 20.0, "x2": 200.0, "y2": 400.0, "confidence": 0.8, "class_id": 0}]
-            new = NewCaption(
-                pipeline="site",
-                camera=camera,
-                source="rtsp://10.0.0.1/stream1",
-                frame_index=number,
-                offset_s=number / 25,
-                captured_at=datetime.now(UTC),
-                reason="new-event",
-                people=people,
-                image_width=644,
-                image_height=364,
-                model="Qwen/Qwen2.5-VL-7B-Instruct",
-                event_key=f"{camera}:live{number}",
-                image_path=f"frames/{camera}/live/{number}.jpg",
-                frame_width=1280,
-                frame_height=720,
-            )
+        for number, _ in enumerate(self.paced(self.args.write_rate)):
+            new = _live_caption(number)
             try:
                 row_id = store.add(new)
                 if row_id is not None:
                     store.mark_captioned(row_id, Caption(caption_text(rng), new.model, 341, 30, 0.8), attempts=1)
-                    count("writes")
+                    self.count("writes")
                     if number == 0:
-                        args.ready.touch()  # tell the measuring process only once the writer is writing
+                        self.args.ready.touch()  # tell the measuring process only once the writer is writing
             except Exception as exc:  # counted and reported: a "database is locked" here is a finding
-                count(f"write_error:{type(exc).__name__}")
+                self.count(f"write_error:{type(exc).__name__}")
 
-    def reader() -> None:
+    def reader(self) -> None:
         rng = random.Random(2)
         queries = list(request_params(rng, None).items())
-        with httpx.Client(base_url=args.api_url, headers=auth(), timeout=30) as client:
-            for number, _ in enumerate(paced(args.read_rate)):
+        with httpx.Client(base_url=self.args.api_url, headers=auth(), timeout=30) as client:
+            for number, _ in enumerate(self.paced(self.args.read_rate)):
                 name, params = queries[number % len(queries)]
                 try:
                     status = client.get(path_of(name), params=params()).status_code
-                    count(f"reads_http_{status}")
+                    self.count(f"reads_http_{status}")
                 except httpx.HTTPError as exc:
-                    count(f"read_error:{type(exc).__name__}")
+                    self.count(f"read_error:{type(exc).__name__}")
 
-    def streamer() -> None:
+    def streamer(self) -> None:
         timeout = httpx.Timeout(30, read=None)
         with (
-            httpx.Client(base_url=args.api_url, headers=auth(), timeout=timeout) as client,
+            httpx.Client(base_url=self.args.api_url, headers=auth(), timeout=timeout) as client,
             client.stream("GET", "/v1/stream") as response,
         ):
-            count(f"stream_http_{response.status_code}")
+            self.count(f"stream_http_{response.status_code}")
             for line in response.iter_lines():
                 if line.startswith("event: caption"):
-                    count("stream_events")
-                if stop.is_set():
+                    self.count("stream_events")
+                if self.stop.is_set():
                     return
 
-    threads = [threading.Thread(target=streamer, daemon=True) for _ in range(args.streams)]
-    threads += [threading.Thread(target=writer), threading.Thread(target=reader)]
-    for thread in threads:
-        thread.start()
-    stop.wait()
-    for thread in threads:
-        if not thread.daemon:
-            thread.join(timeout=30)
-    seconds = time.monotonic() - started
-    report = {"seconds": round(seconds, 1), "counts": dict(counts)}
-    report["writes_per_s"] = round(counts["writes"] / seconds, 2)
-    args.report.write_text(json.dumps(report))
-    return 0
+
+def _live_caption(number: int) -> NewCaption:
+    """The writer's `number`th frame, as the pipeline would store it."""
+    camera = CAMERAS[number % len(CAMERAS)]
+    people = [{"x1": 10.0, "y1": 20.0, "x2": 200.0, "y2": 400.0, "confidence": 0.8, "class_id": 0}]
+    return NewCaption(
+        pipeline="site",
+        camera=camera,
+        source="rtsp://10.0.0.1/stream1",
+        frame_index=number,
+        offset_s=number / 25,
+        captured_at=datetime.now(UTC),
+        reason="new-event",
+        people=people,
+        image_width=644,
+        image_height=364,
+        model="Qwen/Qwen2.5-VL-7B-Instruct",
+        event_key=f"{camera}:live{number}",
+        image_path=f"frames/{camera}/live/{number}.jpg",
+        frame_width=1280,
+        frame_height=720,
+    )
 
 
 # -- measuring --------------------------------------------------------------------------------------------------
@@ -1053,6 +1094,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _markdown(r: dict[str, Any]) -> str:
+    """The results as markdown: method, latency per database and query, the queries, the databases, notes, plans."""
+    lines = [*_method_and_latency(r), *_queries(r), *_databases(r), *_notes(r), *_plans(r)]
+    return "\n".join(lines)
+
+
+def _method_and_latency(r: dict[str, Any]) -> list[str]:
+    """What was measured and how, then each database's latency per query, idle and under load."""
     m = r["machine"]
     lines = [
         "# REST API search latency on a million captions",
@@ -1084,7 +1132,12 @@ def _markdown(r: dict[str, Any]) -> str:
                 f"| {alone['p50_ms']} / {alone['p99_ms']} "
                 f"| {idle['api_cpu_ms_mean']} / {idle['database_cpu_ms_mean']} |"
             )
-    lines += ["", "Queries (first page, newest first, default page size 50):", ""]
+    return lines
+
+
+def _queries(r: dict[str, Any]) -> list[str]:
+    """What each query asks for and how many rows it matches."""
+    lines = ["", "Queries (first page, newest first, default page size 50):", ""]
     lines.append("- `newest`: no filter.")
     lines.append("- `camera_range`: one camera (varies) and one day (varies) of the 60: `camera`, `since`, `until`.")
     for name, q in r["text_queries"].items():
@@ -1102,7 +1155,12 @@ def _markdown(r: dict[str, Any]) -> str:
         f"- `{CAMERAS_QUERY}`: `GET /v1/cameras`, the 20 cameras with state, newest frame and counts by status and "
         "events (the web page loads it beside the captions); items = cameras."
     )
-    lines += ["", "| database | version | seed total s (load / indexes / vacuum) | size MB | load process |"]
+    return lines
+
+
+def _databases(r: dict[str, Any]) -> list[str]:
+    """Each database's version, seeding time, size and what the load process did."""
+    lines = ["", "| database | version | seed total s (load / indexes / vacuum) | size MB | load process |"]
     lines.append("| --- | --- | --- | --- | --- |")
     for kind, entry in r["databases"].items():
         s, lp = entry["seed"], entry["load_process"]
@@ -1111,7 +1169,12 @@ def _markdown(r: dict[str, Any]) -> str:
             f"| {entry['database_bytes'] / 1e6:.0f} | {lp['writes_per_s']} writes/s over {lp['seconds']} s; "
             f"{lp['counts']} |"
         )
-    lines += [
+    return lines
+
+
+def _notes(r: dict[str, Any]) -> list[str]:
+    """How the databases were seeded and how busy the machine was; then the query plans' heading."""
+    return [
         "",
         "Seeding: the project's migrations create the schema; the secondary indexes (and SQLite's full-text "
         "triggers) are dropped for the bulk load (SQLite: `executemany` of the values SQLAlchemy binds; "
@@ -1133,10 +1196,14 @@ def _markdown(r: dict[str, Any]) -> str:
         "## Query plans",
         "",
     ]
+
+
+def _plans(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
     for kind, entry in r["databases"].items():
         for name, plan in entry["plans"].items():
             lines += [f"{kind}, `{name}`:", "", "```", plan, "```", ""]
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

@@ -264,20 +264,7 @@ def evaluate(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="the 1-minute scene (3 events): ~1.5 minutes")
-    parser.add_argument("--image-size", type=int, default=320, help="detector image size (default 320, the demo's)")
-    parser.add_argument(
-        "--analyze-fps",
-        type=float,
-        default=0.0,
-        help="frames per second to analyse; default 0: every frame of the 10 fps video, so that the "
-        "'every person frame' baseline is every frame (pipelines/*.yaml analyse at 5 fps: half the baseline)",
-    )
-    parser.add_argument(
-        "--reuse-detections", action="store_true", help="reuse cached detections of an earlier run with same inputs"
-    )
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     argv_used = list(argv) if argv is not None else sys.argv[1:]
 
     facts = detector_machine_facts()
@@ -296,38 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     chosen = policies()
-    outcomes = run_policies(video, frames, chosen, full_frame_tokens)
-    every = next(o for o in outcomes if o.name == EVERY_FRAME)
-    rows = [evaluate(scene, frames, o, every.tokens, stable_frames) for o in outcomes]
-    for row in rows:
-        print(
-            f"  {row['policy']:<24} {row['requests']:>5} requests, {row['requests_per_person_minute']:>7} /min, "
-            f"{row['image_tokens_per_person_minute']:>9} tokens/min, x{row['token_reduction_vs_every_frame']} fewer, "
-            f"events {row['gt_events_captioned']:.0%} (tracks {row['tracker_events_captioned']:.0%})",
-            flush=True,
-        )
-    default = rows[0]
+    rows = _compare_policies(scene, video, frames, chosen, stable_frames)
     results = {
         "benchmark": "caption_budget",
         "command": command_line("visioncap.bench.caption_budget", argv_used),
         "machine": facts,
-        "goals": {
-            "events_captioned": GOAL_EVENTS,
-            "token_reduction_vs_every_frame": GOAL_TOKEN_REDUCTION,
-            "default_meets": default["gt_events_captioned"] >= GOAL_EVENTS
-            and (default["tracker_events_captioned"] or 0) >= GOAL_EVENTS
-            and (default["token_reduction_vs_every_frame"] or 0) >= GOAL_TOKEN_REDUCTION,
-        },
-        "scene": {
-            "video": str(video.relative_to(DATA_DIR.parent.parent)),
-            "frames": scene.frame_count,
-            "fps": scene.fps,
-            "size": [scene.width, scene.height],
-            "person_minutes": round(
-                sum(e.end_frame - e.start_frame + 1 for e in scene.ground_truth()) / scene.fps / 60, 3
-            ),
-            "events": [e.as_dict() for e in scene.ground_truth()],
-        },
+        "goals": _goals(rows[0]),
+        "scene": _scene_record(scene, video),
         "detector": {
             **config.model_dump(),
             "analyze_fps": analyze_fps,
@@ -342,14 +304,76 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="the 1-minute scene (3 events): ~1.5 minutes")
+    parser.add_argument("--image-size", type=int, default=320, help="detector image size (default 320, the demo's)")
+    parser.add_argument(
+        "--analyze-fps",
+        type=float,
+        default=0.0,
+        help="frames per second to analyse; default 0: every frame of the 10 fps video, so that the "
+        "'every person frame' baseline is every frame (pipelines/*.yaml analyse at 5 fps: half the baseline)",
+    )
+    parser.add_argument(
+        "--reuse-detections", action="store_true", help="reuse cached detections of an earlier run with same inputs"
+    )
+    return parser
+
+
+def _compare_policies(
+    scene: Scene, video: Path, frames: list[TrackedFrame], chosen: list[Policy], stable_frames: int
+) -> list[dict[str, Any]]:
+    """Every policy run over the same tracked frames and evaluated against the ground truth, a line each."""
+    outcomes = run_policies(video, frames, chosen, full_frame_tokens)
+    every = next(o for o in outcomes if o.name == EVERY_FRAME)
+    rows = [evaluate(scene, frames, o, every.tokens, stable_frames) for o in outcomes]
+    for row in rows:
+        print(
+            f"  {row['policy']:<24} {row['requests']:>5} requests, {row['requests_per_person_minute']:>7} /min, "
+            f"{row['image_tokens_per_person_minute']:>9} tokens/min, x{row['token_reduction_vs_every_frame']} fewer, "
+            f"events {row['gt_events_captioned']:.0%} (tracks {row['tracker_events_captioned']:.0%})",
+            flush=True,
+        )
+    return rows
+
+
+def _goals(default: dict[str, Any]) -> dict[str, Any]:
+    """The goals, and whether the default selection (the first policy) meets them."""
+    return {
+        "events_captioned": GOAL_EVENTS,
+        "token_reduction_vs_every_frame": GOAL_TOKEN_REDUCTION,
+        "default_meets": default["gt_events_captioned"] >= GOAL_EVENTS
+        and (default["tracker_events_captioned"] or 0) >= GOAL_EVENTS
+        and (default["token_reduction_vs_every_frame"] or 0) >= GOAL_TOKEN_REDUCTION,
+    }
+
+
+def _scene_record(scene: Scene, video: Path) -> dict[str, Any]:
+    return {
+        "video": str(video.relative_to(DATA_DIR.parent.parent)),
+        "frames": scene.frame_count,
+        "fps": scene.fps,
+        "size": [scene.width, scene.height],
+        "person_minutes": round(sum(e.end_frame - e.start_frame + 1 for e in scene.ground_truth()) / scene.fps / 60, 3),
+        "events": [e.as_dict() for e in scene.ground_truth()],
+    }
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _markdown(r: dict[str, Any]) -> str:
+    """The results as markdown: set-up and goals, a row per policy, a row per event of the default selection."""
+    return "\n".join([*_setup(r), *_policy_table(r), *_per_event_table(r), ""])
+
+
+def _setup(r: dict[str, Any]) -> list[str]:
+    """The command, machine, scene, detector, its quality and the goals."""
     m, s, q = r["machine"], r["scene"], r["detection_quality"]
     d = r["detector"]
-    lines = [
+    return [
         "# Caption budget: VLM requests and image tokens by selection policy",
         "",
         f"Command: `{r['command']}`",
@@ -375,6 +399,11 @@ def _markdown(r: dict[str, Any]) -> str:
         f"Goals (default selection): every event captioned, >= {r['goals']['token_reduction_vs_every_frame']:.0f}x "
         f"fewer image tokens than every person frame: **{'met' if r['goals']['default_meets'] else 'not met'}**.",
         "",
+    ]
+
+
+def _policy_table(r: dict[str, Any]) -> list[str]:
+    lines = [
         "| policy | requests | requests / min with people | image tokens / min with people | x fewer tokens "
         "than every frame | events captioned (ground truth) | tracker events captioned | first caption: frame "
         "shown p50 / p95 (s) | first caption: chosen p50 / p95 / max (s) |",
@@ -398,6 +427,12 @@ def _markdown(r: dict[str, Any]) -> str:
         '`stable_frames` analysed frames. "every person frame" is every *analysed* frame with a tracked person, '
         "so its cost grows with the analysis rate while the event policies' does not.",
         "",
+    ]
+    return lines
+
+
+def _per_event_table(r: dict[str, Any]) -> list[str]:
+    lines = [
         "Per event, default selection:",
         "",
         "| event | people | in view (s) | captions | first frame shown after (s) | chosen after (s) "
@@ -409,8 +444,7 @@ def _markdown(r: dict[str, Any]) -> str:
             f"| {e['event']}: {e['label']} | {e['people']} | {e['duration_s']} | {e['captions']} | "
             f"{_fmt(e['first_frame_after_s'])} | {_fmt(e['first_chosen_after_s'])} | {e['tracks_captioned']} |"
         )
-    lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 if __name__ == "__main__":

@@ -121,9 +121,9 @@ def fidelity_command(
     from visioncap.bench.fidelity import FidelityProbe, measure, report_lines, target_for, to_json
     from visioncap.bench.servers import measured_vllm, without_prefix_cache
     from visioncap.config.profiles import load_profile
-    from visioncap.config.settings import Settings
+    from visioncap.config.settings import load_settings
 
-    settings = Settings()
+    settings = load_settings()
     models = settings.models_dir
     goal = target_for(target, gpu, models)
     served = without_prefix_cache(load_profile(profile, models))
@@ -174,7 +174,7 @@ def standin_command(
     from visioncap.bench.servers import measured_vllm, without_prefix_cache
     from visioncap.bench.standin import size_stand_in, stand_in_spec, target_shape, with_vllm_flag, write_stand_in
     from visioncap.config.profiles import load_profile
-    from visioncap.config.settings import Settings
+    from visioncap.config.settings import load_settings
 
     sizes = []
     for text in calibrate or ["640x480:256", "252x196:64"]:
@@ -182,7 +182,7 @@ def standin_command(
         if match is None:
             raise typer.BadParameter(f"{text!r} is not WIDTHxHEIGHT:CHAT_TOKENS", param_hint="--calibrate")
         sizes.append((int(match[1]), int(match[2]), int(match[3])))
-    settings = Settings()
+    settings = load_settings()
     targets = [target_shape(target, name, settings.models_dir) for name in gpu or ["h200", "l4"]]
     # One chunk for every prompt measured, as the target's frame and chat prompts take at its budget: a prompt
     # split in two would pay a second step that the target does not.
@@ -227,11 +227,11 @@ def overhead_command(
 
     from visioncap.bench.overhead import OverheadOptions, report_lines, run_overhead
     from visioncap.config.profiles import load_profile
-    from visioncap.config.settings import Settings
+    from visioncap.config.settings import load_settings
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("visioncap.bench").setLevel(logging.INFO)
-    settings = Settings()
+    settings = load_settings()
     options = OverheadOptions(
         profile=load_profile(profile, settings.models_dir),
         server_python=settings.server_python,

@@ -141,78 +141,84 @@ class Pipeline:
             for s in sources
         }
         selectors = {s.camera: EventSelector(self.selection) for s in sources}
-        stages = dict.fromkeys(("wait", "detect", "track", "select", "encode"), 0.0)
-        batches: Counter[int] = Counter()
-        frames = selected = 0
+        # Counted as the loop goes; the times are set at the end.
+        trial = Trial(0, 0.0, 0.0, stages=dict.fromkeys(("wait", "detect", "track", "select", "encode"), 0.0))
         errors: list[str] = []
 
         def finished(camera: str, error: str | None) -> None:
             if error:
                 errors.append(error)
 
-        def encode(picked: Any) -> None:
-            picture = compose(picked.detection.frame.image, picked.detection.people, self.caption.image_mode)
-            encode_jpeg(picture, self.caption.max_image_tokens, 28, self.caption.jpeg_quality)
-
         started = time.perf_counter()
-        cpu_first = time.process_time()
-        first: float | None = None
+        cpu_started = time.process_time()
         hub = FrameHub(sources, on_finished=finished)
         hub.start()
         try:
-            while True:
-                t0 = time.perf_counter()
-                batch = hub.next_batch(timeout=0.5)
-                t1 = time.perf_counter()
-                if first is None and batch:
-                    # Steady state starts with the first frame: opening the file and decoding its first frame is
-                    # a once-per-camera cost that plain, with frames decoded beforehand, does not have either.
-                    first, cpu_first = t1, time.process_time()
-                else:
-                    stages["wait"] += t1 - t0
-                if not batch:
-                    if hub.finished:
-                        break
-                    continue
-                batches[len(batch)] += 1
-                detections = self.detector.detect(batch)
-                t2 = time.perf_counter()
-                stages["detect"] += t2 - t1
-                for detection in detections:
-                    camera = detection.frame.camera
-                    t3 = time.perf_counter()
-                    tracked = trackers[camera].update(detection)
-                    t4 = time.perf_counter()
-                    picks = selectors[camera].offer(tracked)
-                    t5 = time.perf_counter()
-                    for picked in picks:
-                        encode(picked)
-                    stages["track"] += t4 - t3
-                    stages["select"] += t5 - t4
-                    stages["encode"] += time.perf_counter() - t5
-                    frames += 1
-                    selected += len(picks)
+            first, cpu_first = self._drain(hub, trackers, selectors, trial, cpu_started)
         finally:
             hub.stop()
             hub.join(timeout=10)
         for selector in selectors.values():
             for picked in selector.flush():
-                encode(picked)
-                selected += 1
+                self._encode(picked)
+                trial.selected += 1
         ended = time.perf_counter()
         cpu_s = time.process_time() - cpu_first
         if errors:
             raise RuntimeError("; ".join(errors))
         first = started if first is None else first
-        return Trial(
-            frames=frames,
-            seconds=ended - first,
-            cpu_s=cpu_s,
-            startup_s=first - started,
-            stages=stages,
-            batches=batches,
-            selected=selected,
-        )
+        trial.seconds, trial.cpu_s, trial.startup_s = ended - first, cpu_s, first - started
+        return trial
+
+    def _drain(
+        self,
+        hub: FrameHub,
+        trackers: dict[str, PersonTracker],
+        selectors: dict[str, EventSelector],
+        trial: Trial,
+        cpu_first: float,
+    ) -> tuple[float | None, float]:
+        """Every batch the hub gives until its cameras are finished, detected, tracked, selected and encoded,
+        each stage's time added up in `trial`; when the first frame came, and the process's CPU time then
+        (`cpu_first` if none came)."""
+        stages = trial.stages
+        first: float | None = None
+        while True:
+            t0 = time.perf_counter()
+            batch = hub.next_batch(timeout=0.5)
+            t1 = time.perf_counter()
+            if first is None and batch:
+                # Steady state starts with the first frame: opening the file and decoding its first frame is
+                # a once-per-camera cost that plain, with frames decoded beforehand, does not have either.
+                first, cpu_first = t1, time.process_time()
+            else:
+                stages["wait"] += t1 - t0
+            if not batch:
+                if hub.finished:
+                    return first, cpu_first
+                continue
+            trial.batches[len(batch)] += 1
+            detections = self.detector.detect(batch)
+            t2 = time.perf_counter()
+            stages["detect"] += t2 - t1
+            for detection in detections:
+                camera = detection.frame.camera
+                t3 = time.perf_counter()
+                tracked = trackers[camera].update(detection)
+                t4 = time.perf_counter()
+                picks = selectors[camera].offer(tracked)
+                t5 = time.perf_counter()
+                for picked in picks:
+                    self._encode(picked)
+                stages["track"] += t4 - t3
+                stages["select"] += t5 - t4
+                stages["encode"] += time.perf_counter() - t5
+                trial.frames += 1
+                trial.selected += len(picks)
+
+    def _encode(self, picked: Any) -> None:
+        picture = compose(picked.detection.frame.image, picked.detection.people, self.caption.image_mode)
+        encode_jpeg(picture, self.caption.max_image_tokens, 28, self.caption.jpeg_quality)
 
 
 class Plain:
@@ -323,19 +329,7 @@ def compare(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="few frames and repeats: a smoke run of ~1 minute")
-    parser.add_argument("--image-size", type=int, default=320, help="detector image size (default 320, the demo's)")
-    parser.add_argument("--formats", default="pt,onnx", help="comma-separated: pt, onnx")
-    parser.add_argument("--frames", type=int, help="frames per camera per trial")
-    parser.add_argument("--repeats", type=int, help="trials per variant (alternating)")
-    parser.add_argument(
-        "--torch-threads",
-        type=int,
-        help="torch threads after the models are loaded (Ultralytics sets cpu_count - 1: 1 on 2 cores)",
-    )
-    parser.add_argument("--tag", help="write results/detector_throughput-TAG.* instead of the default files")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     # Short trials, many of them: on a shared machine the load swings within seconds, and only trials run close
     # together in time compare fairly.
     frames = args.frames or (8 if args.quick else 10)
@@ -360,36 +354,65 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": {},
     }
     for fmt in formats:
-        if fmt == "pt":
-            weights = resolve_weights(WEIGHTS)
-        elif fmt == "onnx":
-            onnx, results["onnx_export"] = export_onnx(args.image_size)
-            weights = str(onnx)
-        else:
-            raise SystemExit(f"unknown format {fmt!r}")
-        config = detector_config(image_size=args.image_size, weights=weights)
-        pipeline, plain = Pipeline(config), Plain(weights, config)
-        pipeline.warm_up(decoded[0][0], 1)
-        pipeline.warm_up(decoded[0][0], 2)
-        plain.warm_up(decoded[0][0])
-        # Ultralytics sets torch's thread count when it sets up a predictor, so change or read it only now.
-        if args.torch_threads:
-            torch.set_num_threads(args.torch_threads)
-        results["machine"]["torch_threads"] = torch.get_num_threads()
-        for cameras in (1, 2):
-            key = f"{fmt}-{cameras}cam"
-            print(f"{key}: {repeats} x {frames * cameras} frames per side ...", flush=True)
-            run = compare(pipeline, plain, clips[:cameras], decoded[:cameras], repeats)
-            results["runs"][key] = run
-            ratio, fps = run["ratio"], run["fps_median"]
-            print(
-                f"  ratio {ratio['median']:.3f} (min {ratio['min']:.3f}, max {ratio['max']:.3f}), vs plain+decode "
-                f"{run['ratio_vs_plain_decode']['median']:.3f}, CPU {run['cpu_ratio']['median']:.3f}; fps: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in fps.items()),
-                flush=True,
-            )
+        _compare_format(fmt, args, clips, decoded, frames, repeats, results)
     write_results("detector_throughput" + (f"-{args.tag}" if args.tag else ""), results, _markdown)
     return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few frames and repeats: a smoke run of ~1 minute")
+    parser.add_argument("--image-size", type=int, default=320, help="detector image size (default 320, the demo's)")
+    parser.add_argument("--formats", default="pt,onnx", help="comma-separated: pt, onnx")
+    parser.add_argument("--frames", type=int, help="frames per camera per trial")
+    parser.add_argument("--repeats", type=int, help="trials per variant (alternating)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        help="torch threads after the models are loaded (Ultralytics sets cpu_count - 1: 1 on 2 cores)",
+    )
+    parser.add_argument("--tag", help="write results/detector_throughput-TAG.* instead of the default files")
+    return parser
+
+
+def _compare_format(
+    fmt: str,
+    args: argparse.Namespace,
+    clips: list[Path],
+    decoded: list[list[np.ndarray]],
+    frames: int,
+    repeats: int,
+    results: dict[str, Any],
+) -> None:
+    """The pipeline against plain predict with the weights in `fmt`, on one camera and on two; into `results`."""
+    if fmt == "pt":
+        weights = resolve_weights(WEIGHTS)
+    elif fmt == "onnx":
+        onnx, results["onnx_export"] = export_onnx(args.image_size)
+        weights = str(onnx)
+    else:
+        raise SystemExit(f"unknown format {fmt!r}")
+    config = detector_config(image_size=args.image_size, weights=weights)
+    pipeline, plain = Pipeline(config), Plain(weights, config)
+    pipeline.warm_up(decoded[0][0], 1)
+    pipeline.warm_up(decoded[0][0], 2)
+    plain.warm_up(decoded[0][0])
+    # Ultralytics sets torch's thread count when it sets up a predictor, so change or read it only now.
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    results["machine"]["torch_threads"] = torch.get_num_threads()
+    for cameras in (1, 2):
+        key = f"{fmt}-{cameras}cam"
+        print(f"{key}: {repeats} x {frames * cameras} frames per side ...", flush=True)
+        run = compare(pipeline, plain, clips[:cameras], decoded[:cameras], repeats)
+        results["runs"][key] = run
+        ratio, fps = run["ratio"], run["fps_median"]
+        print(
+            f"  ratio {ratio['median']:.3f} (min {ratio['min']:.3f}, max {ratio['max']:.3f}), vs plain+decode "
+            f"{run['ratio_vs_plain_decode']['median']:.3f}, CPU {run['cpu_ratio']['median']:.3f}; fps: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in fps.items()),
+            flush=True,
+        )
 
 
 def _markdown(r: dict[str, Any]) -> str:

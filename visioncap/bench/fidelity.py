@@ -274,6 +274,140 @@ def _frame_body(model: str, probe: FidelityProbe, index: int) -> dict[str, Any]:
     return {key: body[key] for key in ("model", "messages", "temperature")}
 
 
+class _Metrics:
+    """Reads the engine-stamped counters from vLLM's /metrics."""
+
+    def __init__(self, client: httpx.AsyncClient, base_url: str) -> None:
+        self.client = client
+        metrics_url = base_url.removesuffix("/v1") + "/metrics"
+        # Only the four series read (prometheus_client's filter on vLLM's /metrics/ mount): the whole page costs
+        # vLLM's API server ~9 ms of CPU per read on 2 cores, beside the engine it is measuring; two reads per
+        # injection.
+        filtered_url = f"{metrics_url}/?" + "&".join(
+            f"name[]={series}{suffix}" for series in COUNTED for suffix in ("_sum", "_count")
+        )
+        self.urls = [filtered_url, metrics_url]
+
+    async def counters(self) -> _Counters:
+        try:
+            answer = await self.client.get(self.urls[0], headers={"accept-encoding": "identity"})
+        except httpx.TransportError:
+            # Seen twice in ~2,000 reads (RemoteProtocolError on a kept-alive connection, right after the
+            # probe's stream ended): a read of counters is safe to repeat, once, on a new connection.
+            answer = await self.client.get(self.urls[0], headers={"accept-encoding": "identity", "connection": "close"})
+        answer.raise_for_status()
+        if "_count" not in answer.text and len(self.urls) > 1:  # a registry the filter cannot serve: whole pages
+            self.urls.pop(0)
+            return await self.counters()
+        return _Counters.parse(answer.text)
+
+
+@dataclass
+class _Bodies:
+    """The injected requests' bodies, made before any timing; each text one unique, the prefix cache kept out."""
+
+    frame_tokens: int
+    chat_tokens: int
+    salt: str
+    same_text: dict[str, Any]
+    chat: dict[str, Any]
+    tiny: dict[str, Any]
+    frames: list[dict[str, Any]]
+    sent_frames: int = 0
+
+    def next(self, kind: str, attempt: int) -> dict[str, Any]:
+        """The body of injection number `attempt`, of `kind`."""
+        if kind == "frame":
+            body = self.frames[self.sent_frames % len(self.frames)]
+            self.sent_frames += 1
+            return body
+        # Unique text each time, so vLLM's prefix cache cannot skip the prefill.
+        base = {"same_text": self.same_text, "chat": self.chat, "tiny": self.tiny}[kind]
+        words = base["messages"][0]["content"].split(" ")
+        words[0] = f"{WORDS[attempt % len(WORDS)]}{self.salt}{attempt}"
+        return {**base, "messages": [{"role": "user", "content": " ".join(words)}]}
+
+
+async def _bodies(client: httpx.AsyncClient, base_url: str, model: str, probe: FidelityProbe) -> _Bodies:
+    """Counts the frame's tokens (which warms the image path, processor and encoder, before anything is timed) and
+    sizes a text prompt of as many tokens and the chat prompt."""
+    frame_tokens = await _prompt_tokens(client, base_url, _frame_body(model, probe, -1))
+    # Every injected text starts with a unique word: a vocabulary word, this run's salt (so an earlier run's
+    # texts on the same server, same seed and same words, are not found in the prefix cache) and a counter.
+    salt = secrets.token_hex(3)
+    shape = f"{WORDS[0]}{salt}10"
+    same_body, _ = await _text_body(client, base_url, model, frame_tokens, probe.seed + 1, shape)
+    chat_body, chat_tokens = await _text_body(client, base_url, model, probe.chat_prompt_tokens, probe.seed + 2, shape)
+    return _Bodies(
+        frame_tokens=frame_tokens,
+        chat_tokens=chat_tokens,
+        salt=salt,
+        same_text=same_body,
+        chat=chat_body,
+        # The shortest prompt there is (the chat template's tokens and one word): nothing to search for.
+        tiny={"model": model, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0},
+        # One per frame injection and a spare per round for retries: a frame sent twice would find its prompt in
+        # vLLM's prefix cache.
+        frames=[_frame_body(model, probe, i) for i in range((probe.repeats + 1) * 2)],
+    )
+
+
+async def _inject(
+    client: httpx.AsyncClient, base_url: str, model: str, probe: FidelityProbe, bodies: _Bodies
+) -> tuple[list[Injection], list[float]]:
+    """Every kind injected `repeats` times beside the probe: the injections' prefill times, and the plain decode
+    step of each quiet stretch before one."""
+    metrics = _Metrics(client, base_url)
+    injections: list[Injection] = []
+    quiet: list[float] = []
+    async with _Probe(client, base_url, model, probe.probe_tokens) as stream:
+        await stream.wait_tokens(stream.count + probe.settle_tokens)
+        attempt = 0
+        # The first round is not kept: a new prompt length makes the CPU's matmul library build kernels
+        # for the new shapes (tens of ms, once), which a GPU's CUDA graphs or warm caches would not show.
+        for repeat in range(probe.repeats + 1):
+            for kind in KINDS:
+                while True:
+                    attempt += 1
+                    body = bodies.next(kind, attempt)
+                    streams = stream.streams
+                    q0 = await metrics.counters()
+                    await stream.wait_tokens(stream.count + probe.settle_tokens)
+                    q1 = await metrics.counters()
+                    answer = await client.post(f"{base_url}/chat/completions", json={**body, "max_tokens": 1})
+                    answer.raise_for_status()
+                    q2 = await metrics.counters()
+                    # vLLM records a request's prefill time when it finishes: exactly one did (the probe
+                    # goes on), and no new probe stream started, whose first token is not a gap.
+                    if stream.streams != streams or q2.prefill[1] - q1.prefill[1] != 1:
+                        continue
+                    if q1.itl[1] > q0.itl[1]:
+                        quiet.append((q1.itl[0] - q0.itl[0]) / (q1.itl[1] - q0.itl[1]))
+                    if repeat > 0:
+                        prompt = int(answer.json()["usage"]["prompt_tokens"])
+                        injections.append(Injection(kind, prompt, q2.prefill[0] - q1.prefill[0]))
+                    break
+    return injections, quiet
+
+
+def _costs(injections: list[Injection], step_s: float, probe: FidelityProbe) -> dict[str, float]:
+    """The three figures in decode steps; each injection's `extra_s` and `steps` are filled in on the way."""
+    reference_s = _low([i.prefill_s for i in injections if i.kind == "tiny"])
+    for item in injections:
+        # Steps beyond the first that its prompt's chunks took (each one a whole step for the probe too).
+        chunks = math.ceil(item.prompt_tokens / max(1, probe.budget - 1)) if probe.budget else 1
+        item.extra_s = item.prefill_s - reference_s - (chunks - 1) * step_s
+        item.steps = item.extra_s / step_s
+    # The lower quartile, not the median: on a shared machine interference only ever adds time, and a step
+    # that another process slowed down is not what the stand-in costs.
+    by_kind = {kind: _low([i.steps for i in injections if i.kind == kind]) for kind in KINDS}
+    return {
+        "frame_encoder_steps": by_kind["frame"] - by_kind["same_text"],
+        "frame_prefill_steps": by_kind["same_text"],
+        "chat_prefill_steps": by_kind["chat"],
+    }
+
+
 async def measure_async(
     base_url: str,
     model: str,
@@ -286,110 +420,25 @@ async def measure_async(
     The server must be otherwise idle: other traffic would be counted as the injections' cost.
     """
     started = time.perf_counter()
-    metrics_url = base_url.removesuffix("/v1") + "/metrics"
-    # Only the four series read (prometheus_client's filter on vLLM's /metrics/ mount): the whole page costs vLLM's
-    # API server ~9 ms of CPU per read on 2 cores, beside the engine it is measuring; two reads per injection.
-    filtered_url = f"{metrics_url}/?" + "&".join(
-        f"name[]={series}{suffix}" for series in COUNTED for suffix in ("_sum", "_count")
-    )
     async with httpx.AsyncClient(
         timeout=httpx.Timeout(300.0, connect=10.0),
         # Idle connections are closed before vLLM's 5 s keep-alive timeout would close them under a request.
         limits=httpx.Limits(keepalive_expiry=4),
     ) as client:
-        urls = [filtered_url, metrics_url]
-
-        async def counters() -> _Counters:
-            try:
-                answer = await client.get(urls[0], headers={"accept-encoding": "identity"})
-            except httpx.TransportError:
-                # Seen twice in ~2,000 reads (RemoteProtocolError on a kept-alive connection, right after the
-                # probe's stream ended): a read of counters is safe to repeat, once, on a new connection.
-                answer = await client.get(urls[0], headers={"accept-encoding": "identity", "connection": "close"})
-            answer.raise_for_status()
-            if "_count" not in answer.text and len(urls) > 1:  # a registry the filter cannot serve: whole pages
-                urls.pop(0)
-                return await counters()
-            return _Counters.parse(answer.text)
-
-        # Warms the image path (processor, encoder) before anything is timed, and counts the frame's tokens.
-        frame_tokens = await _prompt_tokens(client, base_url, _frame_body(model, probe, -1))
-        # Every injected text starts with a unique word: a vocabulary word, this run's salt (so an earlier run's
-        # texts on the same server, same seed and same words, are not found in the prefix cache) and a counter.
-        salt = secrets.token_hex(3)
-        shape = f"{WORDS[0]}{salt}10"
-        same_body, _ = await _text_body(client, base_url, model, frame_tokens, probe.seed + 1, shape)
-        chat_body, chat_tokens = await _text_body(
-            client, base_url, model, probe.chat_prompt_tokens, probe.seed + 2, shape
-        )
-        # Made before any timing, one per frame injection and a spare per round for retries: a frame sent twice
-        # would find its prompt in vLLM's prefix cache.
-        frames = [_frame_body(model, probe, i) for i in range((probe.repeats + 1) * 2)]
-        sent_frames = 0
-        # The shortest prompt there is (the chat template's tokens and one word): nothing to search for.
-        tiny_body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0}
-        injections: list[Injection] = []
-        quiet: list[float] = []
-        async with _Probe(client, base_url, model, probe.probe_tokens) as stream:
-            await stream.wait_tokens(stream.count + probe.settle_tokens)
-            attempt = 0
-            # The first round is not kept: a new prompt length makes the CPU's matmul library build kernels
-            # for the new shapes (tens of ms, once), which a GPU's CUDA graphs or warm caches would not show.
-            for repeat in range(probe.repeats + 1):
-                for kind in KINDS:
-                    while True:
-                        attempt += 1
-                        if kind == "frame":
-                            body = frames[sent_frames % len(frames)]
-                            sent_frames += 1
-                        else:
-                            # Unique text each time, so vLLM's prefix cache cannot skip the prefill.
-                            base = {"same_text": same_body, "chat": chat_body, "tiny": tiny_body}[kind]
-                            words = base["messages"][0]["content"].split(" ")
-                            words[0] = f"{WORDS[attempt % len(WORDS)]}{salt}{attempt}"
-                            body = {**base, "messages": [{"role": "user", "content": " ".join(words)}]}
-                        streams = stream.streams
-                        q0 = await counters()
-                        await stream.wait_tokens(stream.count + probe.settle_tokens)
-                        q1 = await counters()
-                        answer = await client.post(f"{base_url}/chat/completions", json={**body, "max_tokens": 1})
-                        answer.raise_for_status()
-                        q2 = await counters()
-                        # vLLM records a request's prefill time when it finishes: exactly one did (the probe
-                        # goes on), and no new probe stream started, whose first token is not a gap.
-                        if stream.streams != streams or q2.prefill[1] - q1.prefill[1] != 1:
-                            continue
-                        if q1.itl[1] > q0.itl[1]:
-                            quiet.append((q1.itl[0] - q0.itl[0]) / (q1.itl[1] - q0.itl[1]))
-                        if repeat > 0:
-                            prompt = int(answer.json()["usage"]["prompt_tokens"])
-                            injections.append(Injection(kind, prompt, q2.prefill[0] - q1.prefill[0]))
-                        break
+        bodies = await _bodies(client, base_url, model, probe)
+        injections, quiet = await _inject(client, base_url, model, probe, bodies)
     if not quiet:
         raise RuntimeError("no quiet stretch to measure the decode step from")
     step_s = statistics.median(quiet)
     spread = spread_of(quiet)
-    reference_s = _low([i.prefill_s for i in injections if i.kind == "tiny"])
-    for item in injections:
-        # Steps beyond the first that its prompt's chunks took (each one a whole step for the probe too).
-        chunks = math.ceil(item.prompt_tokens / max(1, probe.budget - 1)) if probe.budget else 1
-        item.extra_s = item.prefill_s - reference_s - (chunks - 1) * step_s
-        item.steps = item.extra_s / step_s
-    # The lower quartile, not the median: on a shared machine interference only ever adds time, and a step
-    # that another process slowed down is not what the stand-in costs.
-    by_kind = {kind: _low([i.steps for i in injections if i.kind == kind]) for kind in KINDS}
-    measured = {
-        "frame_encoder_steps": by_kind["frame"] - by_kind["same_text"],
-        "frame_prefill_steps": by_kind["same_text"],
-        "chat_prefill_steps": by_kind["chat"],
-    }
+    measured = _costs(injections, step_s, probe)
     ratios, within = judge(measured, target, tolerance)
     return FidelityResult(
         target=target,
         probe=probe,
         step_ms=step_s * 1000,
-        frame_prompt_tokens=frame_tokens,
-        chat_prompt_tokens=chat_tokens,
+        frame_prompt_tokens=bodies.frame_tokens,
+        chat_prompt_tokens=bodies.chat_tokens,
         measured=measured,
         ratio=ratios,
         within=within,

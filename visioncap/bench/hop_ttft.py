@@ -19,6 +19,7 @@ import argparse
 import json
 import logging
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import Target
@@ -35,6 +36,9 @@ from visioncap.bench.servers import measured_vllm
 from visioncap.bench.stats import bootstrap_ratio_interval, percentile
 from visioncap.config.profiles import load_profile
 
+if TYPE_CHECKING:
+    from visioncap.config.profiles import ModelProfile
+
 OUT = REPO / "benchmarks" / "mixed" / "hop-ttft.json"
 ARMS = ("direct", "chat-via-gw", "both-via-gw")
 
@@ -50,6 +54,25 @@ def main(argv: list[str] | None = None) -> None:
     options, profile = as_stand_in(options, load_profile(options.profile, options.models_dir))
     options.work_dir.mkdir(parents=True, exist_ok=True)
     run = Run(options, profile)
+    blocks = _run_arms(run, profile)
+    arms = _arm_figures(run, blocks)
+    results = {
+        "benchmark": "visioncap.bench.hop_ttft",
+        "command": ".venv/bin/python -m visioncap.bench.hop_ttft",
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "what": __doc__.split("\n\n")[1],
+        "machine": machine_facts(),
+        "workload": {"chat_per_s": options.chat_rate_per_s, "frames_per_s": options.flood_rate_per_s, "block_s": 60},
+        "arms": arms,
+    }
+    OUT.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    for arm, row in arms.items():
+        print(arm, json.dumps(row))
+
+
+def _run_arms(run: Run, profile: ModelProfile) -> dict[str, list[str]]:
+    """Each arm's blocks in ABCCBA order on one priority server and one gateway; the phase names per arm."""
+    options = run.options
     chat_key, caption_key = new_key(), new_key()
     blocks: dict[str, list[str]] = {arm: [] for arm in ARMS}
     with measured_vllm(with_policy(profile, "priority"), options.server_python, options.work_dir, "hop") as server:
@@ -82,8 +105,13 @@ def main(argv: list[str] | None = None) -> None:
                     gateway=gateway,
                 )
                 blocks[arm].append(name)
+    return blocks
+
+
+def _arm_figures(run: Run, blocks: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    """Each arm's chat TTFT (p50, p99, the highest) and captions/s; beside direct, its p99 ratio and interval."""
     ttfts = {arm: [c for name in names for c in ttft_clusters(run.phases[name])] for arm, names in blocks.items()}
-    arms = {}
+    arms: dict[str, dict[str, Any]] = {}
     for arm, clusters in ttfts.items():
         values = [v[0] * 1000 for v in clusters]
         arms[arm] = {
@@ -101,18 +129,7 @@ def main(argv: list[str] | None = None) -> None:
             interval = bootstrap_ratio_interval(clusters, ttfts["direct"], 99, 2000, 0)
             arms[arm]["ttft_p99_over_direct"] = None if ratio is None else round(ratio, 3)
             arms[arm]["interval_95"] = None if interval is None else [round(v, 3) for v in interval]
-    results = {
-        "benchmark": "visioncap.bench.hop_ttft",
-        "command": ".venv/bin/python -m visioncap.bench.hop_ttft",
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "what": __doc__.split("\n\n")[1],
-        "machine": machine_facts(),
-        "workload": {"chat_per_s": options.chat_rate_per_s, "frames_per_s": options.flood_rate_per_s, "block_s": 60},
-        "arms": arms,
-    }
-    OUT.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    for arm, row in arms.items():
-        print(arm, json.dumps(row))
+    return arms
 
 
 if __name__ == "__main__":

@@ -356,15 +356,29 @@ def run_mixed(options: MixedOptions) -> dict[str, Any]:
 
 
 def _run_setups(run: Run) -> None:
+    """Every set-up, each on the server it needs: S1 on an FCFS server when asked for, the rest on a priority
+    server, then the budget frontier on a server per budget."""
+    if run.options.fcfs_restart:
+        _fcfs_setups(run)
+    _priority_setups(run)
+    _budget_frontier(run)
+
+
+def _fcfs_setups(run: Run) -> None:
+    """S1 and the flood alone on a first-come-first-served server."""
     o = run.options
-    direct_idle_name = "S1-idle"
-    if o.fcfs_restart:
-        run.mark("starting vLLM, FCFS policy")
-        with measured_vllm(with_policy(run.profile, "fcfs"), o.server_python, o.work_dir, "fcfs") as server:
-            run.warm(server)
-            direct = Target(server.base_url)
-            run.phase("S1", server.root_url, chat=direct, flood=direct)
-            run.phase(direct_idle_name, server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+    run.mark("starting vLLM, FCFS policy")
+    with measured_vllm(with_policy(run.profile, "fcfs"), o.server_python, o.work_dir, "fcfs") as server:
+        run.warm(server)
+        direct = Target(server.base_url)
+        run.phase("S1", server.root_url, chat=direct, flood=direct)
+        run.phase("S1-idle", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+
+
+def _priority_setups(run: Run) -> None:
+    """Calibration, fidelity, then S1 (without an FCFS restart), the overhead pairs, S2, the throttled flood and
+    everything through the gateway, on one priority-policy server."""
+    o = run.options
     run.mark("starting vLLM, priority policy")
     with measured_vllm(with_policy(run.profile, "priority"), o.server_python, o.work_dir, "priority") as server:
         direct = Target(server.base_url)
@@ -376,53 +390,78 @@ def _run_setups(run: Run) -> None:
             run.extra["fidelity"] = _fidelity(run, server)
         if not o.fcfs_restart:  # equal priorities on a priority server: vLLM orders them by arrival
             run.phase("S1", server.root_url, chat=direct, flood=direct)
-            run.phase(direct_idle_name, server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
-        chat_key, caption_key = new_key(), new_key()
-        _overhead(run, server, chat_key, caption_key)
+            run.phase("S1-idle", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+        keys = new_key(), new_key()
+        _overhead(run, server, *keys)
         run.phase("S2", server.root_url, chat=direct, flood=direct, flood_priority=o.background_priority)
         _throttled(run, server, o.background_priority)
         objectives = _objectives(run)
         run.extra["gateway_objectives"] = objectives
         run.extra["ceilings"] = _ceilings(run)
-        config = _gateway_config(run, server.base_url, chat_key, caption_key, objectives)
-        with GatewayProcess(config, o.work_dir, name="gateway-s3") as gateway:
-            run.extra["gateway_config"] = config.model_dump(mode="json", exclude={"keys"})
-            chat = Target(gateway.base_url, {"authorization": f"Bearer {chat_key}"})
-            captions = Target(gateway.base_url, {"authorization": f"Bearer {caption_key}"})
-            run.phase("S3", server.root_url, chat=chat, flood=captions, gateway=gateway, duration_s=o.s3_duration_s)
-            run.extra["gateway_metrics_after_s3"] = _gateway_metrics(gateway.metrics_text())
-            served = _p(run.summaries["S3"], "captions", "throughput_per_s", "") or 0.0
-            run.phase(
-                "S3-steady",
-                server.root_url,
-                chat=chat,
-                flood=captions,
-                gateway=gateway,
-                flood_rate_per_s=max(0.1, o.steady_fraction * served),
-            )
-            run.phase(
-                "S3-idle", server.root_url, chat=None, flood=captions, duration_s=o.idle_duration_s, gateway=gateway
-            )
-        for level in o.frontier_levels:
-            at_level = _objectives(run, level)
-            levelled = _gateway_config(run, server.base_url, chat_key, caption_key, at_level, level=level)
-            with GatewayProcess(levelled, o.work_dir, name=f"gateway-{level:g}x") as gateway:
-                chat = Target(gateway.base_url, {"authorization": f"Bearer {chat_key}"})
-                captions = Target(gateway.base_url, {"authorization": f"Bearer {caption_key}"})
-                run.phase(f"F-gateway-{level:g}x", server.root_url, chat=chat, flood=captions, gateway=gateway)
-                frontier_metrics = run.extra.setdefault("gateway_metrics_frontier", {})
-                frontier_metrics[f"F-gateway-{level:g}x"] = _gateway_metrics(gateway.metrics_text())
+        _gateway_s3(run, server, keys, objectives)
+        _gateway_frontier(run, server, keys)
         if o.gw_active_max_image_tokens is not None:
-            small = _gateway_config(
-                run, server.base_url, chat_key, caption_key, objectives, o.gw_active_max_image_tokens
-            )
-            with GatewayProcess(small, o.work_dir, name="gateway-s3-downscale") as gateway:
-                chat = Target(gateway.base_url, {"authorization": f"Bearer {chat_key}"})
-                captions = Target(gateway.base_url, {"authorization": f"Bearer {caption_key}"})
-                run.phase("S3-downscale", server.root_url, chat=chat, flood=captions, gateway=gateway)
-                run.extra["gateway_metrics_after_s3_downscale"] = _gateway_metrics(gateway.metrics_text())
+            _gateway_downscale(run, server, keys, objectives, o.gw_active_max_image_tokens)
         if o.fcfs_restart:  # the flood alone direct on this server too: S3-idle's same-server reference
             run.phase("direct-idle-priority", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+
+
+def _through(gateway: GatewayProcess, keys: tuple[str, str]) -> tuple[Target, Target]:
+    """Chat and captions sent through the gateway, each with its own key."""
+    chat_key, caption_key = keys
+    return (
+        Target(gateway.base_url, {"authorization": f"Bearer {chat_key}"}),
+        Target(gateway.base_url, {"authorization": f"Bearer {caption_key}"}),
+    )
+
+
+def _gateway_s3(run: Run, server: VllmServer, keys: tuple[str, str], objectives: dict[str, Any]) -> None:
+    """S3 through the gateway at the objectives, then at a steady share of what S3 served, then the flood alone."""
+    o = run.options
+    config = _gateway_config(run, server.base_url, *keys, objectives)
+    with GatewayProcess(config, o.work_dir, name="gateway-s3") as gateway:
+        run.extra["gateway_config"] = config.model_dump(mode="json", exclude={"keys"})
+        chat, captions = _through(gateway, keys)
+        run.phase("S3", server.root_url, chat=chat, flood=captions, gateway=gateway, duration_s=o.s3_duration_s)
+        run.extra["gateway_metrics_after_s3"] = _gateway_metrics(gateway.metrics_text())
+        served = _p(run.summaries["S3"], "captions", "throughput_per_s", "") or 0.0
+        run.phase(
+            "S3-steady",
+            server.root_url,
+            chat=chat,
+            flood=captions,
+            gateway=gateway,
+            flood_rate_per_s=max(0.1, o.steady_fraction * served),
+        )
+        run.phase("S3-idle", server.root_url, chat=None, flood=captions, duration_s=o.idle_duration_s, gateway=gateway)
+
+
+def _gateway_frontier(run: Run, server: VllmServer, keys: tuple[str, str]) -> None:
+    """The gateway's frontier: one phase per objective level, each with its own gateway."""
+    for level in run.options.frontier_levels:
+        at_level = _objectives(run, level)
+        levelled = _gateway_config(run, server.base_url, *keys, at_level, level=level)
+        with GatewayProcess(levelled, run.options.work_dir, name=f"gateway-{level:g}x") as gateway:
+            chat, captions = _through(gateway, keys)
+            run.phase(f"F-gateway-{level:g}x", server.root_url, chat=chat, flood=captions, gateway=gateway)
+            frontier_metrics = run.extra.setdefault("gateway_metrics_frontier", {})
+            frontier_metrics[f"F-gateway-{level:g}x"] = _gateway_metrics(gateway.metrics_text())
+
+
+def _gateway_downscale(
+    run: Run, server: VllmServer, keys: tuple[str, str], objectives: dict[str, Any], max_image_tokens: int
+) -> None:
+    """S3 again with the gateway shrinking images while chat is active."""
+    small = _gateway_config(run, server.base_url, *keys, objectives, max_image_tokens)
+    with GatewayProcess(small, run.options.work_dir, name="gateway-s3-downscale") as gateway:
+        chat, captions = _through(gateway, keys)
+        run.phase("S3-downscale", server.root_url, chat=chat, flood=captions, gateway=gateway)
+        run.extra["gateway_metrics_after_s3_downscale"] = _gateway_metrics(gateway.metrics_text())
+
+
+def _budget_frontier(run: Run) -> None:
+    """S2's workload on a priority server per step budget and per long-prefill threshold."""
+    o = run.options
     for flag, values, label in (
         ("--max-num-batched-tokens", o.frontier_budgets, "b"),
         ("--long-prefill-token-threshold", o.frontier_long_prefill_thresholds, "lpt"),
@@ -727,15 +766,38 @@ def evaluate_goals(
     front: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The goals map of #12 item 7: `{value, goal, met}` under the issue's names; `front`: frontier()'s table."""
+    goals: dict[str, Any] = {
+        "frontier_dominance": _dominance_goal(front),
+        "itl_p99_at_1_25": _bounded_goal("itl_p99_at_1_25", "s3_itl_p99_over_s0", ratios, bounds),
+        "ttft_p99_at_1_25": _bounded_goal("ttft_p99_at_1_25", "s3_ttft_p99_over_s0", ratios, bounds),
+    }
+    served = _p(summaries.get("S3"), "captions", "throughput_per_s", "")
+    top = None if ceilings is None else ceilings["levels"]["1.25"]["deterministic"]["frames_per_s"]
+    goals["ceiling_fraction_at_1_25"] = {
+        **_at_least(ratio(served, top), GOALS["ceiling_fraction_at_1_25"]),
+        "captions_per_s": served,
+        "ceiling_frames_per_s": top,
+    }
+    goals["no_expired_frames"] = _expired_goal(summaries.get("S3-steady"))
+    goals["idle_throughput"] = _at_least(ratios.get("s3_idle_throughput_over_s1_idle"), GOALS["idle_throughput"])
+    for name in ("overhead_ttft_p50", "overhead_ttft_p99", "overhead_itl_p99"):
+        goals[name] = _overhead_goal(overhead, name)
+    return goals
 
-    def bounded(name: str, key: str) -> dict[str, Any]:
-        value, interval, limit = ratios.get(key), bounds.get(key), GOALS[name]
-        met = None if interval is None else interval[1] <= limit
-        return {"value": value, "interval_95": interval, "goal": f"<= {limit} (upper bound)", "met": met}
 
-    def at_least(value: float | None, limit: float) -> dict[str, Any]:
-        return {"value": value, "goal": f">= {limit}", "met": None if value is None else value >= limit}
+def _bounded_goal(name: str, key: str, ratios: dict[str, Any], bounds: dict[str, Any]) -> dict[str, Any]:
+    """Goal `name` for the ratio `key`, judged on its 95 % interval's upper bound."""
+    value, interval, limit = ratios.get(key), bounds.get(key), GOALS[name]
+    met = None if interval is None else interval[1] <= limit
+    return {"value": value, "interval_95": interval, "goal": f"<= {limit} (upper bound)", "met": met}
 
+
+def _at_least(value: float | None, limit: float) -> dict[str, Any]:
+    return {"value": value, "goal": f">= {limit}", "met": None if value is None else value >= limit}
+
+
+def _dominance_goal(front: dict[str, Any] | None) -> dict[str, Any]:
+    """The gateway against the best vLLM-only configuration at every frontier level."""
     dominance = {
         "value": None if not front else {level: row["gateway_over_vllm"] for level, row in front.items()},
         "goal": f">= {GOALS['frontier_dominance']}x the best vLLM-only configuration's captions/s at every level "
@@ -744,42 +806,33 @@ def evaluate_goals(
     }
     if not front:
         dominance["not_judged"] = "no frontier points in this run"
-    goals: dict[str, Any] = {
-        "frontier_dominance": dominance,
-        "itl_p99_at_1_25": bounded("itl_p99_at_1_25", "s3_itl_p99_over_s0"),
-        "ttft_p99_at_1_25": bounded("ttft_p99_at_1_25", "s3_ttft_p99_over_s0"),
-    }
-    served = _p(summaries.get("S3"), "captions", "throughput_per_s", "")
-    top = None if ceilings is None else ceilings["levels"]["1.25"]["deterministic"]["frames_per_s"]
-    goals["ceiling_fraction_at_1_25"] = {
-        **at_least(ratio(served, top), GOALS["ceiling_fraction_at_1_25"]),
-        "captions_per_s": served,
-        "ceiling_frames_per_s": top,
-    }
-    steady = summaries.get("S3-steady")
+    return dominance
+
+
+def _expired_goal(steady: dict[str, Any] | None) -> dict[str, Any]:
+    """No frame expired (408) while the cameras offered less than S3 served."""
     outcomes = (steady.get("captions") or {}).get("outcomes") if steady else None
     expired = None if outcomes is None else outcomes.get("408", 0)
-    goals["no_expired_frames"] = {
+    return {
         "value": expired,
         "goal": "0 frames answered 408 with the cameras offering less than S3's rate (S3-steady)",
         "met": None if expired is None else expired == 0,
         "offered_per_s": steady.get("offered_per_s") if steady else None,
     }
-    goals["idle_throughput"] = at_least(ratios.get("s3_idle_throughput_over_s1_idle"), GOALS["idle_throughput"])
-    for name in ("overhead_ttft_p50", "overhead_ttft_p99", "overhead_itl_p99"):
-        found = (overhead or {}).get("goals", {}).get(name)
-        goals[name] = (
-            {"value": None, "goal": "see visioncap bench overhead", "met": None, "not_judged": "no overhead results"}
-            if found is None
-            else {
-                "value": found["value"],
-                "interval_95": found.get("interval_95"),
-                "goal": f"<= {found['goal']} (upper bound)",
-                "met": found.get("met_on_upper_bound"),
-                "source": f"{OVERHEAD_RESULTS} (`{(overhead or {}).get('command')}`, vllm bench serve, ABBA)",
-            }
-        )
-    return goals
+
+
+def _overhead_goal(overhead: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """An overhead goal as `visioncap bench overhead` judged it, when its results are there."""
+    found = (overhead or {}).get("goals", {}).get(name)
+    if found is None:
+        return {"value": None, "goal": "see visioncap bench overhead", "met": None, "not_judged": "no overhead results"}
+    return {
+        "value": found["value"],
+        "interval_95": found.get("interval_95"),
+        "goal": f"<= {found['goal']} (upper bound)",
+        "met": found.get("met_on_upper_bound"),
+        "source": f"{OVERHEAD_RESULTS} (`{(overhead or {}).get('command')}`, vllm bench serve, ABBA)",
+    }
 
 
 def frontier_points(summaries: dict[str, dict[str, Any]], bounds: dict[str, Any]) -> list[FrontierPoint]:

@@ -9,6 +9,9 @@ from typing import TYPE_CHECKING, Any
 from visioncap.bench.stats import ecdf
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+    from visioncap.bench.load import PhaseResult
     from visioncap.bench.mixed import MixedOptions, Run
 
 ROWS = (
@@ -228,6 +231,8 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 def plot(results: dict[str, Any], run: Run, path: Path) -> None:
+    """The bench's six panels (chat latency, caption latency and throughput, the gateway's caps in S3, its
+    overhead) in `path`, and the frontier plot beside it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -237,6 +242,28 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
     fig, axes = plt.subplots(2, 3, figsize=(17, 9.5))
     ax_ttft, ax_itl, ax_cap = axes[0]
     ax_bar, ax_gw, ax_over = axes[1]
+    _chat_latency(ax_ttft, ax_itl, phases)
+    _caption_latency(ax_cap, phases)
+    _caption_throughput(ax_bar, results["setups"])
+    s3 = phases.get("S3")
+    if s3 is not None and s3.probes.get("gateway"):
+        _gateway_caps(ax_gw, s3)
+    pairs = results.get("overhead_pairs") or []
+    if pairs:
+        _gateway_overhead(ax_over, pairs)
+    fig.suptitle(
+        f"visioncap bench mixed - {results['started_at']} - model {results['model']['profile']} - "
+        f"ratios from one run on a shared {results['machine']['cpu_count']}-CPU machine",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    plot_frontier(results, path.with_name(path.stem + "-frontier.png"))
+
+
+def _chat_latency(ax_ttft: Axes, ax_itl: Axes, phases: dict[str, PhaseResult]) -> None:
+    """Chat time to first token and inter-token gaps, one distribution per setup."""
     for name in ("S0", "S1", "S2", "S3", "S3-downscale", "S0-gateway"):
         phase = phases.get(name)
         if phase is None:
@@ -258,6 +285,10 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
         ax.axhline(0.99, color="#999999", linewidth=0.6)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
+
+
+def _caption_latency(ax_cap: Axes, phases: dict[str, PhaseResult]) -> None:
+    """Caption latency after each phase's warm-up, chat active (solid) and idle (dotted)."""
     for name in ("S1", "S2", "S3", "S3-downscale", "S1-idle", "S3-idle"):
         phase = phases.get(name)
         if phase is None:
@@ -278,7 +309,8 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
     ax_cap.grid(True, which="both", alpha=0.3)
     ax_cap.legend(fontsize=8, loc="lower right")
 
-    setups = results["setups"]
+
+def _caption_throughput(ax_bar: Axes, setups: dict[str, Any]) -> None:
     names = [n for n in ("S1", "S2", "S3", "S3-downscale", "S1-idle", "direct-idle-priority", "S3-idle") if n in setups]
     values = [(setups[n].get("captions") or {}).get("throughput_per_s") or 0.0 for n in names]
     colors = [COLORS.get(n.removesuffix("-idle"), "#7f7f7f") for n in names]
@@ -289,46 +321,39 @@ def plot(results: dict[str, Any], run: Run, path: Path) -> None:
     ax_bar.set_ylabel("images/s")
     ax_bar.set_title("caption throughput (chat active / idle)")
 
-    s3 = phases.get("S3")
-    if s3 is not None and s3.probes.get("gateway"):
-        samples = [(t, v) for t, v in s3.probes["gateway"] if isinstance(v, dict) and "cap" in v]
-        times = [t for t, _ in samples]
-        ax_gw.step(times, [v.get("cap") or 0 for _, v in samples], where="post", label="background cap")
-        ax_gw.step(times, [v.get("in_flight") or 0 for _, v in samples], where="post", label="background in flight")
-        if any(v.get("starts_per_s") is not None for _, v in samples):
-            rate = [v.get("starts_per_s") or 0 for _, v in samples]
-            ax_gw.step(times, rate, where="post", label="paced starts/s", alpha=0.8)
-        else:
-            ax_gw.step(times, [v.get("limit") or 0 for _, v in samples], where="post", label="AIMD limit", alpha=0.6)
-        for chat in s3.chats:
-            if chat.finished_at is not None:
-                ax_gw.plot([chat.sent_at, chat.finished_at], [-0.3, -0.3], color="#2ca02c", linewidth=4, alpha=0.4)
-        ax_gw.set_xlabel("s since S3 start (green: chat streams)")
-        ax_gw.set_title("S3: gateway's background caps over time")
-        ax_gw.legend(fontsize=8, loc="upper right")
-        ax_gw.grid(True, alpha=0.3)
 
-    pairs = results.get("overhead_pairs") or []
-    if pairs:
-        for offset, metric, label in ((0, "ttft", "TTFT"), (1, "itl", "inter-token (median)")):
-            direct = [p[f"direct_{metric}_s"] * 1000 for p in pairs]
-            through = [p[f"gateway_{metric}_s"] * 1000 for p in pairs]
-            ax_over.boxplot(
-                [direct, through], positions=[offset * 3, offset * 3 + 1], widths=0.7, tick_labels=["direct", "gw"]
-            )
-            ax_over.text(offset * 3 + 0.5, max(direct + through), label, ha="center", va="bottom", fontsize=8)
-        ax_over.set_yscale("log")
-        ax_over.set_ylabel("ms (log)")
-        ax_over.set_title("gateway overhead: single requests, ABBA pairs")
-    fig.suptitle(
-        f"visioncap bench mixed - {results['started_at']} - model {results['model']['profile']} - "
-        f"ratios from one run on a shared {results['machine']['cpu_count']}-CPU machine",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    plot_frontier(results, path.with_name(path.stem + "-frontier.png"))
+def _gateway_caps(ax_gw: Axes, s3: PhaseResult) -> None:
+    """S3's gateway probes over time: background cap, in flight, paced starts (or AIMD limit), chat streams."""
+    samples = [(t, v) for t, v in s3.probes["gateway"] if isinstance(v, dict) and "cap" in v]
+    times = [t for t, _ in samples]
+    ax_gw.step(times, [v.get("cap") or 0 for _, v in samples], where="post", label="background cap")
+    ax_gw.step(times, [v.get("in_flight") or 0 for _, v in samples], where="post", label="background in flight")
+    if any(v.get("starts_per_s") is not None for _, v in samples):
+        rate = [v.get("starts_per_s") or 0 for _, v in samples]
+        ax_gw.step(times, rate, where="post", label="paced starts/s", alpha=0.8)
+    else:
+        ax_gw.step(times, [v.get("limit") or 0 for _, v in samples], where="post", label="AIMD limit", alpha=0.6)
+    for chat in s3.chats:
+        if chat.finished_at is not None:
+            ax_gw.plot([chat.sent_at, chat.finished_at], [-0.3, -0.3], color="#2ca02c", linewidth=4, alpha=0.4)
+    ax_gw.set_xlabel("s since S3 start (green: chat streams)")
+    ax_gw.set_title("S3: gateway's background caps over time")
+    ax_gw.legend(fontsize=8, loc="upper right")
+    ax_gw.grid(True, alpha=0.3)
+
+
+def _gateway_overhead(ax_over: Axes, pairs: list[dict[str, Any]]) -> None:
+    """Direct against through-the-gateway TTFT and inter-token time of the ABBA pairs."""
+    for offset, metric, label in ((0, "ttft", "TTFT"), (1, "itl", "inter-token (median)")):
+        direct = [p[f"direct_{metric}_s"] * 1000 for p in pairs]
+        through = [p[f"gateway_{metric}_s"] * 1000 for p in pairs]
+        ax_over.boxplot(
+            [direct, through], positions=[offset * 3, offset * 3 + 1], widths=0.7, tick_labels=["direct", "gw"]
+        )
+        ax_over.text(offset * 3 + 0.5, max(direct + through), label, ha="center", va="bottom", fontsize=8)
+    ax_over.set_yscale("log")
+    ax_over.set_ylabel("ms (log)")
+    ax_over.set_title("gateway overhead: single requests, ABBA pairs")
 
 
 def plot_frontier(results: dict[str, Any], path: Path) -> None:

@@ -123,6 +123,43 @@ def _walk(sprite: str, x0: float, x1: float, feet: float, height: float) -> Walk
     return Walker(sprite, (Key(0.0, x0, feet, height), Key(1.0, x1, feet, height)))
 
 
+def _pair_stops_to_talk() -> tuple[Walker, Walker]:
+    """Walk in from the right, stop to talk for a while, walk out to the left."""
+    return (
+        Walker(
+            "coat",
+            (
+                Key(0.0, 1.12, 0.93, 230),
+                Key(0.3, 0.45, 0.93, 235),
+                Key(0.65, 0.42, 0.93, 235),
+                Key(1.0, -0.14, 0.94, 240),
+            ),
+        ),
+        Walker(
+            "black",
+            (
+                Key(0.0, 1.28, 0.91, 215),
+                Key(0.3, 0.62, 0.91, 220),
+                Key(0.65, 0.64, 0.91, 220),
+                Key(1.0, 0.04, 0.93, 225),
+            ),
+        ),
+    )
+
+
+def _approaches_waits_leaves() -> Walker:
+    """Comes closer across the frame (grows), waits, turns back the way they came."""
+    return Walker(
+        "black",
+        (
+            Key(0.0, -0.1, 0.72, 170),
+            Key(0.4, 0.55, 0.97, 290),
+            Key(0.6, 0.58, 0.97, 290),
+            Key(1.0, -0.16, 0.75, 175),
+        ),
+    )
+
+
 def _events_full() -> tuple[tuple[EventSpec, ...], float, tuple[Vehicle, ...]]:
     # Six events in 2.6 minutes: four short (5-10 s in view), two long (34 s, 36 s); groups of 1, 2 and 3.
     events = (
@@ -130,27 +167,7 @@ def _events_full() -> tuple[tuple[EventSpec, ...], float, tuple[Vehicle, ...]]:
         EventSpec(
             20,
             36,
-            (
-                # Walk in from the right, stop to talk for a while, walk out to the left.
-                Walker(
-                    "coat",
-                    (
-                        Key(0.0, 1.12, 0.93, 230),
-                        Key(0.3, 0.45, 0.93, 235),
-                        Key(0.65, 0.42, 0.93, 235),
-                        Key(1.0, -0.14, 0.94, 240),
-                    ),
-                ),
-                Walker(
-                    "black",
-                    (
-                        Key(0.0, 1.28, 0.91, 215),
-                        Key(0.3, 0.62, 0.91, 220),
-                        Key(0.65, 0.64, 0.91, 220),
-                        Key(1.0, 0.04, 0.93, 225),
-                    ),
-                ),
-            ),
+            _pair_stops_to_talk(),
             "pair stops to talk (long)",
         ),
         EventSpec(63, 7, (_walk("black", 1.12, -0.12, 0.78, 190),), "single, far, fast right to left"),
@@ -173,18 +190,7 @@ def _events_full() -> tuple[tuple[EventSpec, ...], float, tuple[Vehicle, ...]]:
         EventSpec(
             108,
             42,
-            (
-                # Comes closer across the frame (grows), waits, turns back the way they came.
-                Walker(
-                    "black",
-                    (
-                        Key(0.0, -0.1, 0.72, 170),
-                        Key(0.4, 0.55, 0.97, 290),
-                        Key(0.6, 0.58, 0.97, 290),
-                        Key(1.0, -0.16, 0.75, 175),
-                    ),
-                ),
-            ),
+            (_approaches_waits_leaves(),),
             "single approaches, waits, leaves (long)",
         ),
     )

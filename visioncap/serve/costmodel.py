@@ -313,11 +313,17 @@ def _shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
     model_type = config.get("model_type")
     if model_type not in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         raise ValueError(f"no shape reader for model_type {model_type!r} (Qwen2-VL, Qwen2.5-VL, Qwen3-VL only)")
+    text, vision = _text_from_config(config, model_type), _vision_from_config(config["vision_config"], model_type)
+    name = str((config.get("architectures") or [model_type])[0])
+    return ModelShape(name, text, vision, source)
+
+
+def _text_from_config(config: dict[str, Any], model_type: str) -> TextShape:
     text_config = config.get("text_config") or config  # Qwen2.5-VL keeps the text fields at the top level
     heads = int(text_config["num_attention_heads"])
     hidden = int(text_config["hidden_size"])
     qwen3 = model_type == "qwen3_vl"
-    text = TextShape(
+    return TextShape(
         layers=int(text_config["num_hidden_layers"]),
         hidden=hidden,
         intermediate=int(text_config["intermediate_size"]),
@@ -329,7 +335,9 @@ def _shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
         qkv_bias=not qwen3,
         qk_norm=qwen3,
     )
-    v = config["vision_config"]
+
+
+def _vision_from_config(v: dict[str, Any], model_type: str) -> VisionShape:
     common = {
         "depth": int(v["depth"]),
         "heads": int(v["num_heads"]),
@@ -339,15 +347,15 @@ def _shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
     }
     if model_type == "qwen2_vl":
         embed = int(v["embed_dim"])
-        vision = VisionShape(
+        return VisionShape(
             "qwen2_vl",
             hidden=embed,
             intermediate=int(embed * v.get("mlp_ratio", 4)),
             out_hidden=int(v["hidden_size"]),
             **common,
         )
-    elif model_type == "qwen2_5_vl":
-        vision = VisionShape(
+    if model_type == "qwen2_5_vl":
+        return VisionShape(
             "qwen2_5_vl",
             hidden=int(v["hidden_size"]),
             intermediate=int(v["intermediate_size"]),
@@ -357,20 +365,17 @@ def _shape_from_config(config: dict[str, Any], source: str) -> ModelShape:
             default_max_pixels=12845056,
             **common,
         )
-    else:
-        vision = VisionShape(
-            "qwen3_vl",
-            hidden=int(v["hidden_size"]),
-            intermediate=int(v["intermediate_size"]),
-            out_hidden=int(v["out_hidden_size"]),
-            deepstack_mergers=len(v.get("deepstack_visual_indexes", [])),
-            position_embeddings=int(v.get("num_position_embeddings", 0)),
-            default_min_pixels=65536,
-            default_max_pixels=16777216,
-            **common,
-        )
-    name = str((config.get("architectures") or [model_type])[0])
-    return ModelShape(name, text, vision, source)
+    return VisionShape(
+        "qwen3_vl",
+        hidden=int(v["hidden_size"]),
+        intermediate=int(v["intermediate_size"]),
+        out_hidden=int(v["out_hidden_size"]),
+        deepstack_mergers=len(v.get("deepstack_visual_indexes", [])),
+        position_embeddings=int(v.get("num_position_embeddings", 0)),
+        default_min_pixels=65536,
+        default_max_pixels=16777216,
+        **common,
+    )
 
 
 def read_shape(config_path: Path) -> ModelShape:
@@ -519,6 +524,7 @@ class StepBudget:
     largest_image_tokens: int | None
     encoder_budget_tokens: int | None  # vLLM 0.32: max(max_num_batched_tokens, largest image's tokens)
     frames_encoded_per_step: int | None  # frames whose encoder passes fit one step's encoder budget
+    worst_step_ms: float | None  # a typical-batch step running that many frames' encoders and their prefill
     image_tokens_per_step: int | None  # prefill tokens one frame may take in a step beside a typical batch
     frame_prefill_steps: int | None  # steps one frame's prompt takes to prefill at that rate
 
@@ -569,6 +575,77 @@ def _flag(args: list[str], name: str) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class _FrameCost:
+    """One camera frame of the workload through the vision encoder and the language model's prefill."""
+
+    layout: ImageLayout
+    encoder_ms: float
+    prompt_tokens: int  # image tokens plus the caption prompt's text
+    prefill_ms: float
+    largest_image_tokens: int | None  # the profile's largest image, which sizes vLLM's encoder budget
+
+
+def _frame_cost(
+    shape: ModelShape,
+    gpu: GpuSpec,
+    w: Workload,
+    eff: Efficiency,
+    max_pixels: int | None,
+    longest_edge: int | None,
+) -> _FrameCost | None:
+    """The workload's frame on this model, None for a model without a vision encoder."""
+    vision = shape.vision
+    if vision is None:
+        return None
+    layout = image_layout(vision, w.frame_width, w.frame_height, max_pixels, longest_edge)
+    prompt = layout.tokens + w.frame_text_tokens
+    largest = None
+    if vision.layout != "siglip_tiles":
+        biggest = max_pixels or vision.default_max_pixels
+        largest = biggest // (vision.patch_size * vision.merge_size) ** 2
+    return _FrameCost(
+        layout, encoder_ms(vision, gpu, layout, eff), prompt, prefill_ms(shape.text, gpu, prompt, 0, eff), largest
+    )
+
+
+def _step_budget(
+    text: TextShape,
+    gpu: GpuSpec,
+    w: Workload,
+    eff: Efficiency,
+    budget_tokens: int | None,
+    threshold: int | None,
+    frame: _FrameCost | None,
+) -> StepBudget:
+    """What one step holds under the budget: frames encoded, image-prompt tokens beside a typical batch, and the
+    worst step, the one whose encoder budget runs as many frames as fit, each prefilling after."""
+    encoder_budget = frames_per_step = image_per_step = prefill_steps = worst = None
+    if budget_tokens is not None:
+        image_per_step = max(budget_tokens - w.typical_batch, 1)
+        if threshold:
+            image_per_step = min(image_per_step, threshold)
+        if frame is not None:
+            encoder_budget = max(budget_tokens, frame.largest_image_tokens or 0)
+            # A frame is never split: at least one runs even when it exceeds the budget.
+            frames_per_step = max(encoder_budget // frame.layout.tokens, 1)
+            prefill_steps = math.ceil(frame.prompt_tokens / image_per_step)
+            # vLLM 0.32 never splits a frame's encoder pass, so all `frames_per_step` of them land in one step.
+            chunk = min(budget_tokens - w.typical_batch, frames_per_step * frame.prompt_tokens)
+            worst = step_ms(text, gpu, w.typical_batch, w.context_tokens, max(chunk, 0), eff)
+            worst += frames_per_step * frame.encoder_ms
+    return StepBudget(
+        max_num_batched_tokens=budget_tokens,
+        long_prefill_token_threshold=threshold,
+        largest_image_tokens=frame.largest_image_tokens if frame is not None else None,
+        encoder_budget_tokens=encoder_budget,
+        frames_encoded_per_step=frames_per_step,
+        worst_step_ms=worst,
+        image_tokens_per_step=image_per_step,
+        frame_prefill_steps=prefill_steps,
+    )
+
+
 def estimate(
     shape: ModelShape,
     gpu: GpuSpec,
@@ -590,40 +667,18 @@ def estimate(
         decode_step_ms(text, gpu, w.typical_batch, w.context_tokens, eff),
     )
     chat = prefill_ms(text, gpu, w.chat_prompt_tokens, 0, eff)
+    frame = _frame_cost(shape, gpu, w, eff, max_pixels, longest_edge)
+    prompt = frame.prompt_tokens if frame is not None else w.chat_prompt_tokens
+    per_token_prefill = prefill_ms(text, gpu, prompt, 0, eff) / prompt
+    budget = _step_budget(text, gpu, w, eff, max_num_batched_tokens, long_prefill_token_threshold or None, frame)
     notes: list[str] = []
-    frame = enc = per_token = prompt = frame_pre = with_frame = None
-    enc_steps = pre_steps = None
-    largest = None
-    vision = shape.vision
-    if vision is not None:
-        frame = image_layout(vision, w.frame_width, w.frame_height, max_pixels, longest_edge)
-        enc = encoder_ms(vision, gpu, frame, eff)
-        per_token = enc / frame.tokens
-        prompt = frame.tokens + w.frame_text_tokens
-        frame_pre = prefill_ms(text, gpu, prompt, 0, eff)
-        enc_steps, pre_steps = (enc / one, enc / typical), (frame_pre / one, frame_pre / typical)
-        if vision.layout != "siglip_tiles":
-            biggest = max_pixels or vision.default_max_pixels
-            largest = biggest // (vision.patch_size * vision.merge_size) ** 2
-    per_token_prefill = prefill_ms(text, gpu, prompt or w.chat_prompt_tokens, 0, eff) / (prompt or w.chat_prompt_tokens)
-
-    budget_tokens, threshold = max_num_batched_tokens, long_prefill_token_threshold or None
-    encoder_budget = frames_per_step = image_per_step = prefill_steps = None
-    if budget_tokens is not None:
-        image_per_step = max(budget_tokens - w.typical_batch, 1)
-        if threshold:
-            image_per_step = min(image_per_step, threshold)
-        if frame is not None and prompt is not None:
-            encoder_budget = max(budget_tokens, largest or 0)
-            # A frame is never split: at least one runs even when it exceeds the budget.
-            frames_per_step = max(encoder_budget // frame.tokens, 1)
-            prefill_steps = math.ceil(prompt / image_per_step)
-    else:
+    if max_num_batched_tokens is None:
         notes.append("max_num_batched_tokens not set: vLLM's default applies, no step budget figures")
-    if frame is not None and prompt is not None and enc is not None:
-        chunk = min(prompt, image_per_step or prompt)
+    with_frame = None
+    if frame is not None:
+        chunk = min(frame.prompt_tokens, budget.image_tokens_per_step or frame.prompt_tokens)
         # The encoder runs before the language model in the same step, so its time adds to the step's.
-        with_frame = step_ms(text, gpu, w.typical_batch, w.context_tokens, chunk, eff) + enc
+        with_frame = step_ms(text, gpu, w.typical_batch, w.context_tokens, chunk, eff) + frame.encoder_ms
     if not gpu.efficiencies_measured:
         notes.append(f"{gpu.name}: efficiencies carried over from the H200 measurements (assumed)")
     return CostModel(
@@ -634,24 +689,22 @@ def estimate(
         efficiency=eff,
         workload=w,
         text_params=text.params,
-        vision_params=vision.params if vision else 0,
+        vision_params=shape.vision.params if shape.vision else 0,
         weight_gb=(text.body_params + text.head_params) * BYTES_PER_VALUE / 1e9,
         kv_kib_per_token=text.kv_bytes_per_token / 1024,
         decode_ms=decode,
         prefill_ms_per_token=per_token_prefill,
-        frame=frame,
-        encoder_ms_per_frame=enc,
-        encoder_ms_per_image_token=per_token,
-        frame_prompt_tokens=prompt,
-        frame_prefill_ms=frame_pre,
+        frame=frame.layout if frame is not None else None,
+        encoder_ms_per_frame=frame.encoder_ms if frame is not None else None,
+        encoder_ms_per_image_token=frame.encoder_ms / frame.layout.tokens if frame is not None else None,
+        frame_prompt_tokens=frame.prompt_tokens if frame is not None else None,
+        frame_prefill_ms=frame.prefill_ms if frame is not None else None,
         chat_prefill_ms=chat,
-        frame_encoder_steps=enc_steps,
-        frame_prefill_steps=pre_steps,
+        frame_encoder_steps=(frame.encoder_ms / one, frame.encoder_ms / typical) if frame is not None else None,
+        frame_prefill_steps=(frame.prefill_ms / one, frame.prefill_ms / typical) if frame is not None else None,
         chat_prefill_steps=(chat / one, chat / typical),
         step_with_frame_ms=with_frame,
-        budget=StepBudget(
-            budget_tokens, threshold, largest, encoder_budget, frames_per_step, image_per_step, prefill_steps
-        ),
+        budget=budget,
         notes=tuple(notes),
     )
 
@@ -736,6 +789,16 @@ def report_lines(cost: CostModel, model: str = "") -> list[str]:
         f"cost model: a {w.chat_prompt_tokens}-token chat prompt's prefill {cost.chat_prefill_ms:.2f} ms = "
         f"{c1:.2f} / {cb:.2f} decode steps (batch 1 / batch {b})"
     )
+    lines += _step_lines(cost)
+    lines += [f"cost model: note: {note}" for note in cost.notes]
+    return lines
+
+
+def _step_lines(cost: CostModel) -> list[str]:
+    """What an engine step holds under the budget and what a step with frames costs: one frame's, the worst, and
+    the pacing ceiling that follows for chat."""
+    w, shape, b = cost.workload, cost.shape, cost.workload.typical_batch
+    lines: list[str] = []
     budget = cost.budget
     if budget.max_num_batched_tokens is not None:
         line = (
@@ -754,14 +817,19 @@ def report_lines(cost: CostModel, model: str = "") -> list[str]:
                 "per step"
             )
         lines.append(line)
+    typical = cost.decode_ms.get(b) or decode_step_ms(shape.text, cost.gpu, b, w.context_tokens, cost.efficiency)
     if cost.step_with_frame_ms is not None:
-        typical = cost.decode_ms.get(b) or decode_step_ms(shape.text, cost.gpu, b, w.context_tokens, cost.efficiency)
         lines.append(
             f"cost model: a batch-{b} step that also runs one frame's encoder and first prefill chunk: "
             f"{cost.step_with_frame_ms:.2f} ms ({cost.step_with_frame_ms / typical:.2f} decode steps)"
         )
+    if budget.worst_step_ms is not None:
+        lines.append(
+            f"cost model: the worst step, a batch-{b} step that runs {budget.frames_encoded_per_step} frame "
+            f"encoder pass(es) (the encoder budget) and their prefill: {budget.worst_step_ms:.2f} ms "
+            f"({budget.worst_step_ms / typical:.2f} decode steps)"
+        )
     if cost.frame_encoder_steps and cost.frame_prefill_steps:
-        typical = cost.decode_ms.get(b) or decode_step_ms(shape.text, cost.gpu, b, w.context_tokens, cost.efficiency)
         frame_steps = cost.frame_encoder_steps[1] + cost.frame_prefill_steps[1]
         top = ceiling(1.25, typical / 1000, frame_steps)
         lines.append(
@@ -769,7 +837,6 @@ def report_lines(cost: CostModel, model: str = "") -> list[str]:
             f"{top.frames_per_s:.2f} frames/s started one at a time ({top.step_share:.0%} of steps carry a "
             f"frame of {frame_steps:.2f} decode steps; the gateway's pacing.start_per_s)"
         )
-    lines += [f"cost model: note: {note}" for note in cost.notes]
     return lines
 
 

@@ -70,6 +70,7 @@ def is_visioncap(role: str) -> bool:
 
 
 def process_stats(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[str, Any]]:
+    """Per process (by pid), pipeline first: when it was seen and, after the warm-up, its memory and handles."""
     series: dict[int, list[tuple[float, dict[str, Any]]]] = {}
     for sample in samples:
         for proc in sample["processes"]:
@@ -90,53 +91,56 @@ def process_stats(samples: list[dict[str, Any]], warmup_s: float) -> list[dict[s
             "rss_peak_mb_whole_run": max(p["rss_mb"] for _, p in points),
         }
         if post:
-            rss = [(t, p["rss_mb"]) for t, p in post]
-            half = [(t, v) for t, v in rss if t >= post[0][0] + (post[-1][0] - post[0][0]) / 2]
-            fds = [(t, float(p["fds"])) for t, p in post]
-            threads = [(t, float(p["threads"])) for t, p in post]
-            span = post[-1][0] - post[0][0]
-            entry.update(
-                {
-                    "rss_first_mb": rss[0][1],
-                    "rss_last_mb": rss[-1][1],
-                    "rss_min_mb": min(v for _, v in rss),
-                    "rss_max_mb": max(v for _, v in rss),
-                    "rss_slope_mb_h": _round(slope_per_hour(rss)),
-                    # Separates steady growth from a one-time step (a cache filled once, an arena grown once).
-                    "rss_slope_last_half_mb_h": _round(slope_per_hour(half)),
-                    "anon_first_mb": post[0][1].get("anon_mb"),
-                    "anon_last_mb": post[-1][1].get("anon_mb"),
-                    "anon_slope_mb_h": _round(
-                        slope_per_hour([(t, p["anon_mb"]) for t, p in post if p.get("anon_mb") is not None])
-                    ),
-                    "anon_slope_last_half_mb_h": _round(
-                        slope_per_hour(
-                            [(t, p["anon_mb"]) for t, p in post if p.get("anon_mb") is not None and t >= half[0][0]]
-                        )
-                    ),
-                    "anon_min_mb": min((p["anon_mb"] for _, p in post if p.get("anon_mb") is not None), default=None),
-                    "anon_max_mb": max((p["anon_mb"] for _, p in post if p.get("anon_mb") is not None), default=None),
-                    # USS and PSS move when other processes map or unmap the same libraries: context, not a goal.
-                    "uss_slope_mb_h": _round(slope_per_hour([(t, p["uss_mb"]) for t, p in post])),
-                    "pss_slope_mb_h": _round(slope_per_hour([(t, p["pss_mb"]) for t, p in post])),
-                    "uss_last_mb": post[-1][1]["uss_mb"],
-                    "fds_min": int(min(v for _, v in fds)),
-                    "fds_max": int(max(v for _, v in fds)),
-                    "fds_slope_per_h": _round(slope_per_hour(fds)),
-                    "fds_flat": _flat(fds),
-                    "threads_min": int(min(v for _, v in threads)),
-                    "threads_max": int(max(v for _, v in threads)),
-                    "threads_slope_per_h": _round(slope_per_hour(threads)),
-                    "threads_flat": _flat(threads),
-                    "cpu_percent": _round((post[-1][1]["cpu_s"] - post[0][1]["cpu_s"]) / span * 100, 1)
-                    if span > 0
-                    else None,
-                }
-            )
+            entry.update(_memory_stats(post))
+            entry.update(_handle_stats(post))
         out.append(entry)
     order = {"pipeline": 0}
     out.sort(key=lambda e: (not e["visioncap"], order.get(e["role"], 1), e["role"], e["pid"]))
     return out
+
+
+def _memory_stats(post: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """RSS, anonymous RSS, USS and PSS over the samples after the warm-up: range and slopes."""
+    rss = [(t, p["rss_mb"]) for t, p in post]
+    half = [(t, v) for t, v in rss if t >= post[0][0] + (post[-1][0] - post[0][0]) / 2]
+    anon = [(t, p["anon_mb"]) for t, p in post if p.get("anon_mb") is not None]
+    return {
+        "rss_first_mb": rss[0][1],
+        "rss_last_mb": rss[-1][1],
+        "rss_min_mb": min(v for _, v in rss),
+        "rss_max_mb": max(v for _, v in rss),
+        "rss_slope_mb_h": _round(slope_per_hour(rss)),
+        # Separates steady growth from a one-time step (a cache filled once, an arena grown once).
+        "rss_slope_last_half_mb_h": _round(slope_per_hour(half)),
+        "anon_first_mb": post[0][1].get("anon_mb"),
+        "anon_last_mb": post[-1][1].get("anon_mb"),
+        "anon_slope_mb_h": _round(slope_per_hour(anon)),
+        "anon_slope_last_half_mb_h": _round(slope_per_hour([(t, v) for t, v in anon if t >= half[0][0]])),
+        "anon_min_mb": min((v for _, v in anon), default=None),
+        "anon_max_mb": max((v for _, v in anon), default=None),
+        # USS and PSS move when other processes map or unmap the same libraries: context, not a goal.
+        "uss_slope_mb_h": _round(slope_per_hour([(t, p["uss_mb"]) for t, p in post])),
+        "pss_slope_mb_h": _round(slope_per_hour([(t, p["pss_mb"]) for t, p in post])),
+        "uss_last_mb": post[-1][1]["uss_mb"],
+    }
+
+
+def _handle_stats(post: list[tuple[float, dict[str, Any]]]) -> dict[str, Any]:
+    """Open file descriptors and threads after the warm-up (range, slope, flat or not), and the CPU share."""
+    fds = [(t, float(p["fds"])) for t, p in post]
+    threads = [(t, float(p["threads"])) for t, p in post]
+    span = post[-1][0] - post[0][0]
+    return {
+        "fds_min": int(min(v for _, v in fds)),
+        "fds_max": int(max(v for _, v in fds)),
+        "fds_slope_per_h": _round(slope_per_hour(fds)),
+        "fds_flat": _flat(fds),
+        "threads_min": int(min(v for _, v in threads)),
+        "threads_max": int(max(v for _, v in threads)),
+        "threads_slope_per_h": _round(slope_per_hour(threads)),
+        "threads_flat": _flat(threads),
+        "cpu_percent": _round((post[-1][1]["cpu_s"] - post[0][1]["cpu_s"]) / span * 100, 1) if span > 0 else None,
+    }
 
 
 def _metric(sample: dict[str, Any], name: str) -> float | None:
@@ -317,9 +321,27 @@ def _signed(value: float | None) -> str:
 
 
 def markdown(result: dict[str, Any], notes: str | None, plot: bool) -> str:
-    software = result.get("software") or {}
-    machine = result["machine"]
-    lines = [
+    """The README of a soak run: how it was measured, the goals, per-process and pipeline figures, the machine."""
+    lines = [*_method(result), *_summary(result), *_process_table(result)]
+    if result["pipeline"]:
+        lines += _counters(result["pipeline"])
+    if result["disk"]:
+        lines += _disk(result["disk"])
+    end = result.get("end") or {}
+    if end:
+        lines += _end(end)
+    lines += _machine(result)
+    if plot:
+        lines += ["", "![RSS, open files, threads, captions and outbox over the run](soak.png)"]
+    if notes:
+        lines += ["", notes.strip()]
+    lines += _GPU_SECTION
+    return "\n".join(lines)
+
+
+def _method(result: dict[str, Any]) -> list[str]:
+    """What runs, what is sampled, and the command that ran it."""
+    return [
         "# Soak benchmark: memory, open files and threads over an hour (issue 11, item 4)",
         "",
         "Two real RTSP cameras (`tests/servers/rtsp_server.py` under Debian's python3, H.264, looping the demo video:",
@@ -351,6 +373,13 @@ def markdown(result: dict[str, Any], notes: str | None, plot: bool) -> str:
         "metrics (vLLM up, detector loaded; start-up is bounded by `--startup-timeout-s`), stops the pipeline with",
         "SIGINT (which stops its vLLM), then the RTSP servers; all traffic is on 127.0.0.1.",
         "",
+    ]
+
+
+def _summary(result: dict[str, Any]) -> list[str]:
+    """When and at which commit it ran, which samples count, and the goals met or not."""
+    software = result.get("software") or {}
+    lines = [
         f"## Result: {result['started']} to {result['ended']}, commit `{(software.get('git_commit') or '?')[:12]}`",
         "",
         f"Commit measured: `{software.get('git_commit')}` ({software.get('git_commit_subject')}); "
@@ -365,7 +394,12 @@ def markdown(result: dict[str, Any], notes: str | None, plot: bool) -> str:
         lines += ["**This run is not a valid soak:** " + "; ".join(result["problems"]) + ".", ""]
     lines += ["| goal | measured | met |", "| --- | --- | --- |"]
     lines += [f"| {g['goal']} | {g['measured']} | {'yes' if g['met'] else '**no**'} |" for g in result["goals"]]
-    lines += [
+    return lines
+
+
+def _process_table(result: dict[str, Any]) -> list[str]:
+    """Per process after the warm-up: memory, its slopes, open files, threads, CPU; those seen only before."""
+    lines = [
         "",
         "### Per process, after the warm-up",
         "",
@@ -391,56 +425,69 @@ def markdown(result: dict[str, Any], notes: str | None, plot: bool) -> str:
             + ", ".join(f"{p['role']} (pid {p['pid']}, {p['seen_from_min']}-{p['seen_to_min']} min)" for p in transient)
             + ".",
         ]
-    c = result["pipeline"]
-    if c:
-        lines += [
-            "",
-            "### Pipeline counters (Prometheus)",
-            "",
-            "| | whole run | after warm-up | per minute after warm-up |",
-            "| --- | --- | --- | --- |",
-        ]
-        for key, label in (
-            ("captions", "captions stored"),
-            ("frames_analysed", "frames analysed"),
-            ("person_events", "person events"),
-            ("frames_selected", "frames selected"),
-            ("frames_skipped", "frames skipped"),
-            ("caption_failures", "caption failures"),
-        ):
-            lines.append(
-                f"| {label} | {c.get(key)} | {c.get(f'{key}_after_warmup', '-')} "
-                f"| {_fmt(c.get(f'{key}_per_min_after_warmup'), 2)} |"
-            )
-        lines += [
-            "",
-            f"Outbox depth: max {c['outbox_depth_max']} (after warm-up {c['outbox_depth_max_after_warmup']}), "
-            f"{c['outbox_depth_last']} at the last sample. Mean caption latency {c['caption_latency_mean_s']} s. "
-            f"Captions per camera {c['captions_per_camera']}; frames analysed per camera "
-            f"{c['frames_analysed_per_camera']}; camera states at the end {c['camera_state_last']}, seen after the "
-            f"warm-up {c['camera_states_seen_after_warmup']}. Prometheus series exported (min, max after warm-up): "
-            f"{c['prometheus_series_min_max_after_warmup']}.",
-        ]
-    d = result["disk"]
-    if d:
-        lines += [
-            "",
-            f"Disk: {d['frame_files']} frame files, {d['frame_mb']} MB ({_signed(d['frames_mb_per_h'])} MB/h); "
-            f"SQLite {d['db_mb']} MB ({_signed(d['db_mb_per_h'])} MB/h). Both grow with the captions by design; "
-            "`VISIONCAP_RETENTION_DAYS` bounds them (not set in this run).",
-        ]
-    end = result.get("end") or {}
-    if end:
-        lines += [
-            "",
-            f"End: pipeline exit code {end.get('pipeline_exit_code')} {end.get('pipeline_stop_s')} s after SIGINT; "
-            f"summary `{end.get('pipeline_summary')}`. Pipeline log: {end.get('pipeline_log', {}).get('counts')}.",
-        ]
-        messages = end.get("pipeline_log", {}).get("messages") or []
-        if messages:
-            lines += ["", "Warnings and errors in the pipeline log (count, message):", ""]
-            lines += [f"- {m['count']} x `{m['message']}`" for m in messages[:10]]
+    return lines
+
+
+def _counters(c: dict[str, Any]) -> list[str]:
+    """The pipeline's Prometheus counters: whole run, after the warm-up, per minute; outbox and cameras."""
+    lines = [
+        "",
+        "### Pipeline counters (Prometheus)",
+        "",
+        "| | whole run | after warm-up | per minute after warm-up |",
+        "| --- | --- | --- | --- |",
+    ]
+    for key, label in (
+        ("captions", "captions stored"),
+        ("frames_analysed", "frames analysed"),
+        ("person_events", "person events"),
+        ("frames_selected", "frames selected"),
+        ("frames_skipped", "frames skipped"),
+        ("caption_failures", "caption failures"),
+    ):
+        lines.append(
+            f"| {label} | {c.get(key)} | {c.get(f'{key}_after_warmup', '-')} "
+            f"| {_fmt(c.get(f'{key}_per_min_after_warmup'), 2)} |"
+        )
     lines += [
+        "",
+        f"Outbox depth: max {c['outbox_depth_max']} (after warm-up {c['outbox_depth_max_after_warmup']}), "
+        f"{c['outbox_depth_last']} at the last sample. Mean caption latency {c['caption_latency_mean_s']} s. "
+        f"Captions per camera {c['captions_per_camera']}; frames analysed per camera "
+        f"{c['frames_analysed_per_camera']}; camera states at the end {c['camera_state_last']}, seen after the "
+        f"warm-up {c['camera_states_seen_after_warmup']}. Prometheus series exported (min, max after warm-up): "
+        f"{c['prometheus_series_min_max_after_warmup']}.",
+    ]
+    return lines
+
+
+def _disk(d: dict[str, Any]) -> list[str]:
+    return [
+        "",
+        f"Disk: {d['frame_files']} frame files, {d['frame_mb']} MB ({_signed(d['frames_mb_per_h'])} MB/h); "
+        f"SQLite {d['db_mb']} MB ({_signed(d['db_mb_per_h'])} MB/h). Both grow with the captions by design; "
+        "`VISIONCAP_RETENTION_DAYS` bounds them (not set in this run).",
+    ]
+
+
+def _end(end: dict[str, Any]) -> list[str]:
+    """How the pipeline stopped, and the warnings and errors in its log."""
+    lines = [
+        "",
+        f"End: pipeline exit code {end.get('pipeline_exit_code')} {end.get('pipeline_stop_s')} s after SIGINT; "
+        f"summary `{end.get('pipeline_summary')}`. Pipeline log: {end.get('pipeline_log', {}).get('counts')}.",
+    ]
+    messages = end.get("pipeline_log", {}).get("messages") or []
+    if messages:
+        lines += ["", "Warnings and errors in the pipeline log (count, message):", ""]
+        lines += [f"- {m['count']} x `{m['message']}`" for m in messages[:10]]
+    return lines
+
+
+def _machine(result: dict[str, Any]) -> list[str]:
+    software = result.get("software") or {}
+    machine = result["machine"]
+    return [
         "",
         "### Machine",
         "",
@@ -456,27 +503,25 @@ def markdown(result: dict[str, Any], notes: str | None, plot: bool) -> str:
         f"{result['setup']['image_size']} on the CPU, vLLM profile `{result['setup']['profile']}`, "
         "`VISIONCAP_DATA_DIR` and SQLite in a temporary folder. The pipeline file is in `soak.json`.",
     ]
-    if plot:
-        lines += ["", "![RSS, open files, threads, captions and outbox over the run](soak.png)"]
-    if notes:
-        lines += ["", notes.strip()]
-    lines += [
-        "",
-        "## What carries over to a GPU deployment",
-        "",
-        "The pipeline process is the same program on a GPU box: the same reader threads, tracker and selection "
-        "state, outbox, SQLAlchemy pool and metrics registry; only the detector's tensors move to the GPU (CUDA "
-        "context and caching allocator, sized once at start, outside RSS growth). Its RSS slope, open files and "
-        "threads measured here are what to expect there, per camera and per caption rate; more cameras or a "
-        "higher caption rate make more tracks and rows per hour, which is what a leak would scale with. vLLM is "
-        "different: on a GPU its memory is dominated by the KV cache it preallocates at start "
-        "(`--gpu-memory-utilization`), so GPU memory stays flat by construction, and the host RSS of its "
-        "processes is the CPU side only (tokenizer, multimodal processor, scheduler). On the CPU here the KV "
-        "cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB) is allocated at start too, so the vLLM rows above show the "
-        "growth of that CPU side, which is the part that carries over.",
-        "",
-    ]
-    return "\n".join(lines)
+
+
+# What carries over to a GPU deployment: the same for every run, after the run's own figures.
+_GPU_SECTION = (
+    "",
+    "## What carries over to a GPU deployment",
+    "",
+    "The pipeline process is the same program on a GPU box: the same reader threads, tracker and selection "
+    "state, outbox, SQLAlchemy pool and metrics registry; only the detector's tensors move to the GPU (CUDA "
+    "context and caching allocator, sized once at start, outside RSS growth). Its RSS slope, open files and "
+    "threads measured here are what to expect there, per camera and per caption rate; more cameras or a "
+    "higher caption rate make more tracks and rows per hour, which is what a leak would scale with. vLLM is "
+    "different: on a GPU its memory is dominated by the KV cache it preallocates at start "
+    "(`--gpu-memory-utilization`), so GPU memory stays flat by construction, and the host RSS of its "
+    "processes is the CPU side only (tokenizer, multimodal processor, scheduler). On the CPU here the KV "
+    "cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB) is allocated at start too, so the vLLM rows above show the "
+    "growth of that CPU side, which is the part that carries over.",
+    "",
+)
 
 
 def plot_png(samples: list[dict[str, Any]], measured_from_min: float | None, path: Path) -> bool:

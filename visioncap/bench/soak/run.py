@@ -382,176 +382,236 @@ def _log_problems(path: Path, limit: int = 20) -> dict[str, Any]:
     return {"counts": counts, "messages": [{"count": n, "message": m} for m, n in top]}
 
 
+@dataclass
+class _Soak:
+    """One run's options, temporary folder, samples file and metrics port, and what it started."""
+
+    args: argparse.Namespace
+    work: Path
+    samples_path: Path
+    server_python: Path
+    metrics_port: int
+    started: Started = field(default_factory=Started)
+    stop: _Stop = field(default_factory=_Stop)
+
+    @property
+    def data_dir(self) -> Path:
+        return self.work / "data"
+
+
 def run(args: argparse.Namespace) -> Path:
+    """Start the cameras and the pipeline, sample until the run ends and stop everything, whatever happens;
+    the samples file."""
     out_dir: Path = args.out
     out_dir.mkdir(parents=True, exist_ok=True)
-    samples_path = out_dir / "samples.jsonl"
-    work = Path(tempfile.mkdtemp(prefix="visioncap-soak-", dir=args.work_parent))
-    data_dir = work / "data"
-    data_dir.mkdir()
-    server_python = Path(os.environ.get("VISIONCAP_SERVER_PYTHON") or REPO / ".venv-vllm" / "bin" / "python")
-    metrics_port = _free_port()
-    stop = _Stop()
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
-    started = Started()
-    bench_log = (work / "benchmark.log").open("w")
-    print(f"work dir {work}; samples {samples_path}", flush=True)
+    soak = _Soak(
+        args,
+        work=Path(tempfile.mkdtemp(prefix="visioncap-soak-", dir=args.work_parent)),
+        samples_path=out_dir / "samples.jsonl",
+        server_python=Path(os.environ.get("VISIONCAP_SERVER_PYTHON") or REPO / ".venv-vllm" / "bin" / "python"),
+        metrics_port=_free_port(),
+    )
+    soak.data_dir.mkdir()
+    previous = {sig: signal.signal(sig, soak.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    bench_log = (soak.work / "benchmark.log").open("w")
+    print(f"work dir {soak.work}; samples {soak.samples_path}", flush=True)
     try:
-        video = work / "people.mp4"
-        subprocess.run(
-            [sys.executable, "-m", "visioncap", "make-demo-video", str(video)],
-            cwd=REPO,
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-        for camera in CAMERAS:
-            rtsp = RtspCamera(video, work / f"rtsp-{camera}.log")
-            started.cameras.append(rtsp)
-            rtsp.start()
-        pipeline_yaml = work / "soak.yaml"
-        pipeline_yaml.write_text(
-            PIPELINE_YAML.format(
-                sources="".join(
-                    SOURCE_YAML.format(camera=c, url=r.url, fps=args.analyze_fps)
-                    for c, r in zip(CAMERAS, started.cameras, strict=True)
-                ),
-                image_size=args.image_size,
-            )
-        )
-        env = {
-            **os.environ,
-            "VISIONCAP_DATA_DIR": str(data_dir),
-            "VISIONCAP_DATABASE_URL": f"sqlite:///{data_dir / 'visioncap.db'}",
-            "VISIONCAP_SERVER_PYTHON": str(server_python),
-            "VISIONCAP_MODELS_DIR": str(REPO / "models"),
-            "YOLO_OFFLINE": "1",
-            "YOLO_AUTOINSTALL": "False",
-            "YOLO_CONFIG_DIR": os.environ.get("YOLO_CONFIG_DIR") or str(work / "ultralytics"),
-            # Everything the run talks to is on loopback; keep any proxy setting out of it.
-            "NO_PROXY": "127.0.0.1,localhost",
-            "no_proxy": "127.0.0.1,localhost",
-        }
-        command = [
-            sys.executable,
-            "-m",
-            "visioncap",
-            "run",
-            str(pipeline_yaml),
-            "--serve",
-            args.profile,
-            "--metrics-port",
-            str(metrics_port),
-            "--progress",
-            "log",
-        ]
-        facts = machine_facts(memory_gib=round(psutil.virtual_memory().total / 2**30, 1))
-        header = {
-            "kind": "start",
-            "module": MODULE,
-            "at": facts["date"],
-            "argv": sys.argv[1:],
-            "minutes": args.minutes,
-            "warmup_minutes": args.warmup_minutes,
-            "interval_s": args.interval_s,
-            "analyze_fps": args.analyze_fps,
-            "image_size": args.image_size,
-            "profile": args.profile,
-            "cameras": {c: r.url for c, r in zip(CAMERAS, started.cameras, strict=True)},
-            "pipeline_command": command[1:],
-            "pipeline_yaml": pipeline_yaml.read_text(),
-            "machine": facts,
-            "software": software_facts(server_python),
-            "work_dir": str(work),
-        }
-        pipeline_log = work / "pipeline.log"
-        with samples_path.open("w") as samples, pipeline_log.open("wb") as plog:
-            samples.write(json.dumps(header) + "\n")
-            samples.flush()
-            t0 = time.monotonic()
-            started.pipeline = subprocess.Popen(
-                command, cwd=REPO, env=env, stdout=plog, stderr=subprocess.STDOUT, start_new_session=True
-            )
-            # Until the pipeline serves metrics (vLLM up, detector loaded) only the start-up timeout bounds the
-            # wait; from then on the run lasts --minutes, so a slow start on a busy machine does not eat the warm-up.
-            deadline = t0 + args.startup_timeout_s
-            next_at = t0
-            ready_s: float | None = None
-            ended_early: str | None = None
-            while True:
-                now = time.monotonic()
-                if now >= deadline:
-                    if ready_s is None:
-                        ended_early = f"metrics not served within {args.startup_timeout_s:.0f} s"
-                    break
-                if stop.event.wait(max(0.0, next_at - now)):
-                    ended_early = f"benchmark got signal {stop.signal}"
-                    break
-                t_s = time.monotonic() - t0
-                rtsp = {f"rtsp-{c}": r.process.pid for c, r in zip(CAMERAS, started.cameras, strict=True) if r.process}
-                procs = sample_processes(started.pipeline.pid, rtsp)
-                for proc in procs:
-                    if proc["role"] != "pipeline" and not proc["role"].startswith("rtsp-"):
-                        started.descendants.setdefault(proc["pid"], proc["created"])
-                metrics = scrape_metrics(metrics_port)
-                if metrics is not None and ready_s is None:
-                    ready_s = t_s
-                    deadline = t0 + ready_s + args.minutes * 60
-                record = {
-                    "kind": "sample",
-                    "t_s": round(t_s, 1),
-                    "at": _now(),
-                    "load_average": [round(x, 2) for x in os.getloadavg()],
-                    "processes": procs,
-                    "metrics": metrics,
-                    "disk": disk_usage(data_dir),
-                }
-                samples.write(json.dumps(record) + "\n")
-                samples.flush()
-                captions = metrics["sums"].get("visioncap_captions_total") if metrics else None
-                pipe = next((p for p in procs if p["role"] == "pipeline"), None)
-                print(
-                    f"{record['at']} t={t_s / 60:5.1f} min pipeline rss "
-                    f"{pipe['rss_mb'] if pipe else '-'} MB, processes {len(procs)}, captions {captions}",
-                    flush=True,
-                )
-                if started.pipeline.poll() is not None:
-                    ended_early = f"pipeline exited with code {started.pipeline.returncode}"
-                    break
-                next_at += args.interval_s
-            stopping = time.monotonic()
-            code = _stop_pipeline(started, bench_log)
-            stop_s = time.monotonic() - stopping
-            for rtsp_camera in started.cameras:
-                rtsp_camera.stop()
-            end = {
-                "kind": "end",
-                "at": _now(),
-                "duration_s": round(stopping - t0, 1),
-                "ended_early": ended_early,
-                "metrics_ready_s": ready_s,
-                "pipeline_exit_code": code,
-                "pipeline_stop_s": round(stop_s, 1),
-                "pipeline_summary": _summary_line(pipeline_log),
-                "pipeline_log": _log_problems(pipeline_log),
-                "load_average": [round(x, 2) for x in os.getloadavg()],
-                "disk": disk_usage(data_dir),
-            }
-            samples.write(json.dumps(end) + "\n")
-        print(f"{_now()} {ended_early or 'finished'}; pipeline exit {code} after {stop_s:.0f} s", flush=True)
+        _start_cameras(soak)
+        _run_pipeline(soak, bench_log)
     finally:
         # Also on errors in the set-up above: nothing the benchmark started may outlive it.
-        _stop_pipeline(started, bench_log)
-        for rtsp_camera in started.cameras:
+        _stop_pipeline(soak.started, bench_log)
+        for rtsp_camera in soak.started.cameras:
             rtsp_camera.stop()
         bench_log.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if args.keep_data:
-            print(f"kept {work} (pipeline.log, vLLM log under data/logs, database, frames)", flush=True)
+            print(f"kept {soak.work} (pipeline.log, vLLM log under data/logs, database, frames)", flush=True)
         else:
-            shutil.rmtree(work, ignore_errors=True)
-    return samples_path
+            shutil.rmtree(soak.work, ignore_errors=True)
+    return soak.samples_path
+
+
+def _start_cameras(soak: _Soak) -> None:
+    """The demo video, served by one RTSP test server per camera."""
+    video = soak.work / "people.mp4"
+    subprocess.run(
+        [sys.executable, "-m", "visioncap", "make-demo-video", str(video)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    for camera in CAMERAS:
+        rtsp = RtspCamera(video, soak.work / f"rtsp-{camera}.log")
+        soak.started.cameras.append(rtsp)
+        rtsp.start()
+
+
+def _write_pipeline_yaml(soak: _Soak) -> Path:
+    pipeline_yaml = soak.work / "soak.yaml"
+    pipeline_yaml.write_text(
+        PIPELINE_YAML.format(
+            sources="".join(
+                SOURCE_YAML.format(camera=c, url=r.url, fps=soak.args.analyze_fps)
+                for c, r in zip(CAMERAS, soak.started.cameras, strict=True)
+            ),
+            image_size=soak.args.image_size,
+        )
+    )
+    return pipeline_yaml
+
+
+def _pipeline_env(soak: _Soak) -> dict[str, str]:
+    return {
+        **os.environ,
+        "VISIONCAP_DATA_DIR": str(soak.data_dir),
+        "VISIONCAP_DATABASE_URL": f"sqlite:///{soak.data_dir / 'visioncap.db'}",
+        "VISIONCAP_SERVER_PYTHON": str(soak.server_python),
+        "VISIONCAP_MODELS_DIR": str(REPO / "models"),
+        "YOLO_OFFLINE": "1",
+        "YOLO_AUTOINSTALL": "False",
+        "YOLO_CONFIG_DIR": os.environ.get("YOLO_CONFIG_DIR") or str(soak.work / "ultralytics"),
+        # Everything the run talks to is on loopback; keep any proxy setting out of it.
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+    }
+
+
+def _pipeline_command(soak: _Soak, pipeline_yaml: Path) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "visioncap",
+        "run",
+        str(pipeline_yaml),
+        "--serve",
+        soak.args.profile,
+        "--metrics-port",
+        str(soak.metrics_port),
+        "--progress",
+        "log",
+    ]
+
+
+def _header(soak: _Soak, command: list[str], pipeline_yaml: Path) -> dict[str, Any]:
+    """The samples file's first record: the run's options, cameras, pipeline, machine and software."""
+    args = soak.args
+    facts = machine_facts(memory_gib=round(psutil.virtual_memory().total / 2**30, 1))
+    return {
+        "kind": "start",
+        "module": MODULE,
+        "at": facts["date"],
+        "argv": sys.argv[1:],
+        "minutes": args.minutes,
+        "warmup_minutes": args.warmup_minutes,
+        "interval_s": args.interval_s,
+        "analyze_fps": args.analyze_fps,
+        "image_size": args.image_size,
+        "profile": args.profile,
+        "cameras": {c: r.url for c, r in zip(CAMERAS, soak.started.cameras, strict=True)},
+        "pipeline_command": command[1:],
+        "pipeline_yaml": pipeline_yaml.read_text(),
+        "machine": facts,
+        "software": software_facts(soak.server_python),
+        "work_dir": str(soak.work),
+    }
+
+
+def _run_pipeline(soak: _Soak, bench_log: IO[str]) -> None:
+    """The pipeline started, sampled until the run ends and stopped; the samples file gets the header, every
+    sample and the end record."""
+    pipeline_yaml = _write_pipeline_yaml(soak)
+    env = _pipeline_env(soak)
+    command = _pipeline_command(soak, pipeline_yaml)
+    header = _header(soak, command, pipeline_yaml)
+    pipeline_log = soak.work / "pipeline.log"
+    with soak.samples_path.open("w") as samples, pipeline_log.open("wb") as plog:
+        samples.write(json.dumps(header) + "\n")
+        samples.flush()
+        t0 = time.monotonic()
+        soak.started.pipeline = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=plog, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        ready_s, ended_early = _sample_until_done(soak, soak.started.pipeline, samples, t0)
+        stopping = time.monotonic()
+        code = _stop_pipeline(soak.started, bench_log)
+        stop_s = time.monotonic() - stopping
+        for rtsp_camera in soak.started.cameras:
+            rtsp_camera.stop()
+        end = {
+            "kind": "end",
+            "at": _now(),
+            "duration_s": round(stopping - t0, 1),
+            "ended_early": ended_early,
+            "metrics_ready_s": ready_s,
+            "pipeline_exit_code": code,
+            "pipeline_stop_s": round(stop_s, 1),
+            "pipeline_summary": _summary_line(pipeline_log),
+            "pipeline_log": _log_problems(pipeline_log),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "disk": disk_usage(soak.data_dir),
+        }
+        samples.write(json.dumps(end) + "\n")
+    print(f"{_now()} {ended_early or 'finished'}; pipeline exit {code} after {stop_s:.0f} s", flush=True)
+
+
+def _sample_until_done(
+    soak: _Soak, pipeline: subprocess.Popen[bytes], samples: IO[str], t0: float
+) -> tuple[float | None, str | None]:
+    """A sample every --interval-s until --minutes after the metrics are first served, a signal, or the
+    pipeline's exit; when the metrics were first served, and why the run ended early (None: it did not)."""
+    args = soak.args
+    # Until the pipeline serves metrics (vLLM up, detector loaded) only the start-up timeout bounds the
+    # wait; from then on the run lasts --minutes, so a slow start on a busy machine does not eat the warm-up.
+    deadline = t0 + args.startup_timeout_s
+    next_at = t0
+    ready_s: float | None = None
+    while True:
+        now = time.monotonic()
+        if now >= deadline:
+            return ready_s, (f"metrics not served within {args.startup_timeout_s:.0f} s" if ready_s is None else None)
+        if soak.stop.event.wait(max(0.0, next_at - now)):
+            return ready_s, f"benchmark got signal {soak.stop.signal}"
+        t_s = time.monotonic() - t0
+        record = _sample(soak, pipeline, t_s)
+        if record["metrics"] is not None and ready_s is None:
+            ready_s = t_s
+            deadline = t0 + ready_s + args.minutes * 60
+        samples.write(json.dumps(record) + "\n")
+        samples.flush()
+        captions = record["metrics"]["sums"].get("visioncap_captions_total") if record["metrics"] else None
+        pipe = next((p for p in record["processes"] if p["role"] == "pipeline"), None)
+        print(
+            f"{record['at']} t={t_s / 60:5.1f} min pipeline rss "
+            f"{pipe['rss_mb'] if pipe else '-'} MB, processes {len(record['processes'])}, captions {captions}",
+            flush=True,
+        )
+        if pipeline.poll() is not None:
+            return ready_s, f"pipeline exited with code {pipeline.returncode}"
+        next_at += args.interval_s
+
+
+def _sample(soak: _Soak, pipeline: subprocess.Popen[bytes], t_s: float) -> dict[str, Any]:
+    """One sample: every process of the run (those below the pipeline remembered for the clean-up), the
+    pipeline's metrics (None until it serves them), the load and the disk."""
+    cameras = soak.started.cameras
+    rtsp = {f"rtsp-{c}": r.process.pid for c, r in zip(CAMERAS, cameras, strict=True) if r.process}
+    procs = sample_processes(pipeline.pid, rtsp)
+    for proc in procs:
+        if proc["role"] != "pipeline" and not proc["role"].startswith("rtsp-"):
+            soak.started.descendants.setdefault(proc["pid"], proc["created"])
+    metrics = scrape_metrics(soak.metrics_port)
+    return {
+        "kind": "sample",
+        "t_s": round(t_s, 1),
+        "at": _now(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "processes": procs,
+        "metrics": metrics,
+        "disk": disk_usage(soak.data_dir),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

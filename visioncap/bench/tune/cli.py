@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import signal
 import sys
 from pathlib import Path
@@ -16,11 +15,9 @@ from rich.progress import Progress as RichBar
 from rich.table import Table
 
 from visioncap.bench.tune.progress import Progress
-from visioncap.errors import ConfigError
 
 if TYPE_CHECKING:
-    from visioncap.bench.tune.run import StandInTarget
-    from visioncap.config.profiles import ModelProfile
+    from visioncap.bench.tune.run import TuneOptions
 
 err = Console(stderr=True)
 
@@ -75,33 +72,6 @@ def results_table(results: dict[str, Any]) -> Table:
             "yes" if m["meets_objectives"] else "no",
         )
     return table
-
-
-def target_budgets(current: int | None) -> list[int]:
-    """A GPU profile's budgets to try on a stand-in: a quarter, half, once and twice its current one."""
-    base = current or 2048
-    return sorted({max(64, base // 4), max(64, base // 2), base, base * 2})
-
-
-def _stand_in(
-    name: str, target: ModelProfile, gpu: str | None, gpu_class: str, models_dir: Path
-) -> tuple[ModelProfile, StandInTarget]:
-    """The stand-in profile and what it is measured for; ConfigError when it does not stand in for `target`."""
-    from visioncap.bench.tune.run import StandInTarget
-    from visioncap.config.profiles import load_profile
-
-    if gpu is None or gpu_class == "cpu":
-        raise ConfigError("--stand-in: name the GPU class to tune for with --gpu (e.g. --gpu h200)")
-    served = load_profile(name, models_dir)
-    spec = served.stand_in
-    if spec is None or spec.target != target.name:
-        raise ConfigError(f"--stand-in: {served.name} does not stand in for {target.name} (its stand_in.target)")
-    workload = spec.workloads.get(gpu_class)  # type: ignore[call-overload]
-    if workload is None:
-        raise ConfigError(
-            f"--stand-in: {served.name} has no workload for {gpu_class} (visioncap bench standin --write sizes one)"
-        )
-    return served, StandInTarget(target, gpu_class, workload.token_scale)
 
 
 def tune_command(
@@ -182,97 +152,45 @@ def tune_command(
     PROFILE-GPU.json and .png. Exit 0 when a candidate met the objectives, 1 when none did (the lowest
     inter-token p99 is then written, marked objectives_met: false), 2 for bad options or profile.
     """
-    from visioncap.bench.tune.candidates import build_candidates, default_budgets, parse_int_list
-    from visioncap.bench.tune.run import TuneOptions, frame_size, run_tune, total_steps
-    from visioncap.config.profiles import load_profile
-    from visioncap.config.settings import Settings
-    from visioncap.serve.plan import plan_serving
+    from visioncap.bench.tune.arguments import TuneArgs, announcement, tune_options, tune_subject
+    from visioncap.config.settings import load_settings
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    try:
-        settings = Settings()
-    except Exception as exc:  # pydantic's ValidationError, already naming the variable
-        raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc
-    loaded = load_profile(profile, settings.models_dir)
-    # The class as `visioncap serve` picks it (nvidia-smi, else cpu); a class the profile lacks is refused here.
-    gpu_class = plan_serving(loaded, gpu=gpu or "auto").gpu_class
-    serving = loaded.serving_for(gpu_class)
-    target: StandInTarget | None = None
-    served = loaded
-    if stand_in is not None:
-        served, target = _stand_in(stand_in, loaded, gpu, gpu_class, settings.models_dir)
-        gpu_class = plan_serving(served, gpu="auto").gpu_class  # where the stand-in runs: this machine
-        if level is None and ttft_p99_ms is None and itl_p99_ms is None:
-            level = 1.25
-    if level is not None and (ttft_p99_ms is not None or itl_p99_ms is not None):
-        raise ConfigError("--level: objectives relative to chat alone exclude --ttft-p99-ms/--itl-p99-ms")
-    if level is not None and level <= 0:
-        raise ConfigError(f"--level: must be above 0, not {level}")
-    if budgets is not None:
-        budget_list = parse_int_list(budgets, "--budgets")
-    elif target is not None:
-        budget_list = target_budgets(serving.max_num_batched_tokens)
-    else:
-        budget_list = default_budgets(gpu_class)
-    threshold_list = parse_int_list(thresholds, "--thresholds") if thresholds is not None else None
-    candidates = build_candidates(budget_list, threshold_list, serving.max_model_len, serving.max_num_seqs)
-    try:
-        width, height = (int(v) for v in image_size.lower().split("x"))
-    except ValueError as exc:
-        raise ConfigError(f"--image-size: {image_size!r} is not WIDTHxHEIGHT (e.g. 640x480)") from exc
-    if width < 28 or height < 28:
-        raise ConfigError(f"--image-size: {image_size!r} is smaller than one image token (28x28)")
-    width, height = frame_size(width, height, loaded.image.max_pixels)
-    if flood_rate is None:
-        flood_rate = 4.0 if target is not None else 12.0
-    for name, value in (
-        ("--chat-rate", chat_rate),
-        ("--flood-rate", flood_rate),
-        ("--flood-concurrency", flood_concurrency),
-    ):
-        if value <= 0:
-            raise ConfigError(f"{name}: must be above 0, not {value}")
-    for name, value in (("--ttft-p99-ms", ttft_p99_ms), ("--itl-p99-ms", itl_p99_ms), ("--duration-s", duration_s)):
-        if value is not None and value <= 0:
-            raise ConfigError(f"{name}: must be above 0, not {value}")
-    values: dict[str, Any] = TuneOptions.quick_defaults() if quick else {}
-    if duration_s is not None:
-        values["duration_s"] = duration_s
-    if level is not None:
-        # The objectives rest on chat alone: as long a reference as a candidate's phase.
-        values["reference_s"] = values.get("duration_s", TuneOptions.duration_s)
-    options = TuneOptions(
-        profile=served.name if target is not None else profile,
-        gpu_class=gpu_class,
-        candidates=candidates,
-        models_dir=settings.models_dir,
-        server_python=settings.server_python,
-        out_dir=out,
-        work_dir=settings.data_dir / "tune",
+    settings = load_settings()
+    args = TuneArgs(
+        profile=profile,
+        gpu=gpu,
+        budgets=budgets,
+        thresholds=thresholds,
         ttft_p99_ms=ttft_p99_ms,
         itl_p99_ms=itl_p99_ms,
-        chat_rate_per_s=chat_rate,
-        flood_rate_per_s=flood_rate,
+        duration_s=duration_s,
+        quick=quick,
+        chat_rate=chat_rate,
+        flood_rate=flood_rate,
         flood_concurrency=flood_concurrency,
-        image_width=width,
-        image_height=height,
+        image_size=image_size,
+        out=out,
+        no_write=no_write,
         seed=seed,
         fidelity_target=fidelity_target,
         fidelity_gpu=fidelity_gpu,
-        stand_in_for=target,
-        objective_level=level,
-        write=not no_write,
-        command=shlex.join(["visioncap", *sys.argv[1:]]) if sys.argv[1:2] == ["tune"] else "visioncap tune",
-        **values,
+        stand_in=stand_in,
+        level=level,
     )
-    if options.duration_s <= options.warmup_s + 1:
-        raise ConfigError(f"--duration-s: must be above the {options.warmup_s:g} s warm-up plus 1 s")
-    on = f" on the stand-in {served.name} ({gpu_class}, x{target.token_scale:g} tokens)" if target else ""
-    err.print(
-        f"tuning {loaded.name} for {target.gpu_class if target else gpu_class}{on}: {len(candidates)} candidates "
-        f"({', '.join(c.label for c in candidates)})"
-    )
-    # SIGTERM unwinds like Ctrl-C, so the candidate's vLLM (a process group of its own) is stopped, not orphaned.
+    subject = tune_subject(args, settings.models_dir)
+    options = tune_options(args, subject, settings.models_dir, settings.server_python, settings.data_dir)
+    err.print(announcement(subject, options.candidates))
+    results = _run_with_bar(options)
+    print_results(results)
+    _exit_unless_tuned(results, options.work_dir)
+
+
+def _run_with_bar(options: TuneOptions) -> dict[str, Any]:
+    """run_tune under a progress bar on stderr; SIGTERM unwinds like Ctrl-C, so the candidate's vLLM (a process
+    group of its own) is stopped, not orphaned."""
+    from visioncap.bench.tune.run import run_tune, total_steps
+
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         with RichBar(
@@ -284,9 +202,13 @@ def tune_command(
             console=err,
             transient=False,
         ) as bar:
-            results = run_tune(options, BarProgress(bar, total_steps(options)))
+            return run_tune(options, BarProgress(bar, total_steps(options)))
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def print_results(results: dict[str, Any]) -> None:
+    """The candidates' table, the choice and its margins on stdout; warnings on stderr; the files written."""
     # A pipe or a file gets the whole table, not 80 columns.
     Console(width=None if sys.stdout.isatty() else 140).print(results_table(results))
     chosen = results["chosen"]
@@ -304,10 +226,14 @@ def tune_command(
         err.print(f"[yellow]warning[/]: {warning}", highlight=False)
     written = results.get("profile_written")
     typer.echo(f"wrote {results['files']['json']}, {results['files']['png']}" + (f", {written}" if written else ""))
+
+
+def _exit_unless_tuned(results: dict[str, Any], work_dir: Path) -> None:
+    """Exit 1, saying why, when the profile was left as it was or no candidate met the objectives."""
     if not results["complete"]:
         err.print(
             "[red]fewer than two candidates could be measured[/] (see the failures above and the vLLM logs in "
-            f"{options.work_dir / 'logs'}); the profile was left as it was"
+            f"{work_dir / 'logs'}); the profile was left as it was"
         )
         raise typer.Exit(1)
     if results.get("not_judged"):

@@ -77,28 +77,19 @@ class StandInTarget:
 
     def estimate(self, candidate: Candidate) -> dict[str, float | int | None]:
         """The cost model's figures for the candidate on the target GPU class (rounded for the record)."""
-        from visioncap.serve.costmodel import for_profile, step_ms
+        from visioncap.serve.costmodel import for_profile
 
         values: dict[str, int] = {"max_num_batched_tokens": candidate.max_num_batched_tokens}
         if candidate.long_prefill_token_threshold is not None:
             values["long_prefill_token_threshold"] = candidate.long_prefill_token_threshold
         cost = for_profile(self.profile.with_serving(self.gpu_class, **values), self.gpu_class)
-        w = cost.workload
-        decode = cost.decode_ms[w.typical_batch]
-        frames = cost.budget.frames_encoded_per_step
-        worst = None
-        if frames and cost.encoder_ms_per_frame is not None and cost.frame_prompt_tokens is not None:
-            # A step whose encoder budget runs `frames` frames (vLLM 0.32 never splits one), each prefilling after.
-            chunk = min(candidate.max_num_batched_tokens - w.typical_batch, frames * cost.frame_prompt_tokens)
-            text, batch, context = cost.shape.text, w.typical_batch, w.context_tokens
-            worst = step_ms(text, cost.gpu, batch, context, max(chunk, 0), cost.efficiency)
-            worst += frames * cost.encoder_ms_per_frame
-        with_frame = cost.step_with_frame_ms
+        decode = cost.decode_ms[cost.workload.typical_batch]
+        with_frame, worst = cost.step_with_frame_ms, cost.budget.worst_step_ms
         return {
             "decode_step_ms": round(decode, 2),
             "step_with_frame_ms": None if with_frame is None else round(with_frame, 2),
             "stall_steps": None if with_frame is None else round(with_frame / decode, 2),
-            "frames_encoded_per_step": frames,
+            "frames_encoded_per_step": cost.budget.frames_encoded_per_step,
             "worst_step_ms": None if worst is None else round(worst, 2),
             "frame_prefill_steps": cost.budget.frame_prefill_steps,
         }
@@ -382,18 +373,31 @@ def _label(m: TunedMeasurement) -> str:
 
 def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str, Any]:
     """Measure every candidate, choose, write the results files (and the profile unless `write` is off)."""
-    from visioncap.bench.tune.plot import plot
-    from visioncap.bench.tune.write import write_results, write_tuned
-
     report = progress or Progress()
     started = time.monotonic()
     started_at = datetime.now(UTC)
     profile = load_profile(options.profile, options.models_dir)
+    options = _with_workload(options, profile)
+    # Said here, once the workload is what will be sent (a stand-in's replaces the frames and chat prompts).
+    report.note(f"workload: {options.workload_line()}")
+    options.work_dir.mkdir(parents=True, exist_ok=True)
+    measured = _Candidates(options, profile, Run(mixed_options(options), profile), report)
+    measured.measure()
+    choice = _judge(options, measured)
+    finished_at = datetime.now(UTC)
+    results = _results(options, profile, measured, choice, started_at, finished_at, time.monotonic() - started)
+    _write(results, options, profile, measured.fidelity, choice, finished_at)
+    return results
+
+
+def _with_workload(options: TuneOptions, profile: ModelProfile) -> TuneOptions:
+    """The options with what a stand-in is measured for: its target as the fidelity target, and its sized
+    workload (frames, filler, chat prompts; the budgets are swept) as the one sent."""
     target_of = options.stand_in_for
     if target_of is not None:
         options = replace(options, fidelity_target=target_of.profile.name, fidelity_gpu=target_of.gpu_class)
     workload = workload_for(profile, options.fidelity_target, options.fidelity_gpu)
-    if workload is not None:  # a sized stand-in: its frames, filler and chat prompts (the budgets are swept)
+    if workload is not None:
         options = replace(options, **workload_options(workload, options.chat_prompt_tokens))
     elif target_of is not None:
         raise TuneError(
@@ -402,45 +406,45 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
         )
     if options.objective_level is not None and options.reference_s <= 0:
         raise TuneError("objectives relative to chat alone need its reference phase (reference_s > 0)")
-    # Said here, once the workload is what will be sent (a stand-in's replaces the frames and chat prompts).
-    report.note(f"workload: {options.workload_line()}")
-    options.work_dir.mkdir(parents=True, exist_ok=True)
-    run = Run(mixed_options(options), profile)
-    runs: list[CandidateRun] = []
-    reference: dict[str, Any] | None = None
-    fidelity: FidelityResult | None = None
-    for index, candidate in enumerate(options.candidates):
+    return options
+
+
+class _Candidates:
+    """Each candidate measured on a vLLM of its own; the first server also measures the stand-in's fidelity and
+    the chat-alone reference."""
+
+    def __init__(self, options: TuneOptions, profile: ModelProfile, run: Run, report: Progress) -> None:
+        self.options = options
+        self.profile = profile
+        self.run = run
+        self.report = report
+        self.runs: list[CandidateRun] = []
+        self.reference: dict[str, Any] | None = None
+        self.fidelity: FidelityResult | None = None
+
+    def measure(self) -> None:
+        for index, candidate in enumerate(self.options.candidates):
+            self.runs.append(self._measure(candidate, first=index == 0))
+
+    def _measure(self, candidate: Candidate, first: bool) -> CandidateRun:
+        options, target_of = self.options, self.options.stand_in_for
         served = candidate_profile(
-            profile, options.gpu_class, target_of.served(candidate) if target_of is not None else candidate
+            self.profile, options.gpu_class, target_of.served(candidate) if target_of is not None else candidate
         )
         current = CandidateRun(candidate, served.command_args(options.gpu_class))
-        runs.append(current)
         flood_priority = BACKGROUND_PRIORITY if _uses_priority(served, options.gpu_class) else None
-        steps = _Steps(report, steps_per_candidate() + (1 if index == 0 and options.reference_s > 0 else 0))
+        steps = _Steps(self.report, steps_per_candidate() + (1 if first and options.reference_s > 0 else 0))
         steps.next(f"{candidate.label}: starting vLLM")
         try:
             t0 = time.monotonic()
             with serve(served, options, candidate.label.replace("/", "-")) as server:
                 current.startup_s = round(time.monotonic() - t0, 1)
                 steps.next(f"{candidate.label}: warm-up")
-                run.warm(server)
-                if index == 0 and options.fidelity_target is not None:
-                    fidelity = _fidelity(options, server, run.model)
-                    for line in fidelity_lines(fidelity):
-                        report.note(line)
-                if index == 0 and options.reference_s > 0:
-                    steps.next(f"{candidate.label}: chat alone (reference), {options.reference_s:g} s")
-                    reference = run.phase(
-                        "chat-alone",
-                        server.root_url,
-                        chat=Target(server.base_url),
-                        flood=None,
-                        duration_s=options.reference_s,
-                        warmup_s=0.5,
-                        schedule_seed=options.seed + 1,
-                    )
+                self.run.warm(server)
+                if first:
+                    self._on_first_server(server, candidate, steps)
                 steps.next(f"{candidate.label}: chat + camera flood, {options.duration_s:g} s")
-                current.summary = run.phase(
+                current.summary = self.run.phase(
                     f"mixed-{candidate.label}",
                     server.root_url,
                     chat=Target(server.base_url),
@@ -449,41 +453,98 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
                 )
         except (ServerError, httpx.HTTPError) as exc:
             current.error = f"{type(exc).__name__}: {str(exc)[:500]}"
-            report.note(f"[red]{candidate.label}: failed: {current.error.splitlines()[0]}[/]")
+            self.report.note(f"[red]{candidate.label}: failed: {current.error.splitlines()[0]}[/]")
             log.debug("candidate %s failed: %s", candidate.label, current.error)
         steps.finish()  # steps a failed candidate did not reach count too, so the bar ends full
         if current.summary is not None:
-            current.measurement = measurement(candidate, current.summary)
-            if target_of is not None:
-                current.measurement = current.measurement.model_copy(
-                    update={
-                        "served_max_num_batched_tokens": target_of.served(candidate).max_num_batched_tokens,
-                        "estimate": target_of.estimate(candidate),
-                    }
-                )
+            current.measurement = self._measurement(candidate, current.summary)
             m = current.measurement
-            report.note(
+            self.report.note(
                 f"{candidate.label}: {m.captions_per_s} captions/s, chat ITL p50/p99 {m.itl_p50_ms}/{m.itl_p99_ms} ms,"
                 f" TTFT p50/p99 {m.ttft_p50_ms}/{m.ttft_p99_ms} ms"
             )
-    measured_runs = [r for r in runs if r.measurement is not None]
+        return current
+
+    def _on_first_server(self, server: VllmServer, candidate: Candidate, steps: _Steps) -> None:
+        options = self.options
+        if options.fidelity_target is not None:
+            self.fidelity = _fidelity(options, server, self.run.model)
+            for line in fidelity_lines(self.fidelity):
+                self.report.note(line)
+        if options.reference_s > 0:
+            steps.next(f"{candidate.label}: chat alone (reference), {options.reference_s:g} s")
+            self.reference = self.run.phase(
+                "chat-alone",
+                server.root_url,
+                chat=Target(server.base_url),
+                flood=None,
+                duration_s=options.reference_s,
+                warmup_s=0.5,
+                schedule_seed=options.seed + 1,
+            )
+
+    def _measurement(self, candidate: Candidate, summary: dict[str, Any]) -> TunedMeasurement:
+        """The phase's figures; on a stand-in, with the budget it served and the cost model's on the target."""
+        found = measurement(candidate, summary)
+        target_of = self.options.stand_in_for
+        if target_of is None:
+            return found
+        return found.model_copy(
+            update={
+                "served_max_num_batched_tokens": target_of.served(candidate).max_num_batched_tokens,
+                "estimate": target_of.estimate(candidate),
+            }
+        )
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """The measured candidates judged against the objectives."""
+
+    measured_runs: list[CandidateRun]
+    objectives: TunedObjectives
+    marked: list[TunedMeasurement]
+    chosen: int
+    met: bool | None  # None: not judged
+    not_judged: str | None  # why, when the stand-in was off target
+
+
+def _judge(options: TuneOptions, measured: _Candidates) -> _Choice:
+    """The objectives (given, from chat alone, or from the best candidate) and the candidate chosen under them;
+    each measured run's measurement is marked with whether it met them."""
+    measured_runs = [r for r in measured.runs if r.measurement is not None]
     if not measured_runs:
-        raise TuneError("no candidate could be measured: " + "; ".join(f"{r.candidate.label}: {r.error}" for r in runs))
-    measured = [r.measurement for r in measured_runs if r.measurement is not None]
+        raise TuneError(
+            "no candidate could be measured: " + "; ".join(f"{r.candidate.label}: {r.error}" for r in measured.runs)
+        )
+    found = [r.measurement for r in measured_runs if r.measurement is not None]
     if options.objective_level is not None:
-        target = reference_objectives(reference, options.objective_level)
+        target = reference_objectives(measured.reference, options.objective_level)
     else:
-        target = objectives(measured, options.ttft_p99_ms, options.itl_p99_ms)
+        target = objectives(found, options.ttft_p99_ms, options.itl_p99_ms)
     clean = [_clean(r.summary or {}) for r in measured_runs]
-    marked, chosen, met = choose(measured, clean, target)
+    marked, chosen, met = choose(found, clean, target)
     not_judged = None
+    fidelity = measured.fidelity
     if fidelity is not None and not fidelity.faithful:
         # A budget chosen on a stand-in that does not cost what the target costs would be carried to the target.
         not_judged = "stand-in off target or machine too busy: " + "; ".join(fidelity_lines(fidelity)[2:])
-        met = None
     for r, m in zip(measured_runs, marked, strict=True):
         r.measurement = m
-    finished_at = datetime.now(UTC)
+    return _Choice(measured_runs, target, marked, chosen, None if not_judged else met, not_judged)
+
+
+def _results(
+    options: TuneOptions,
+    profile: ModelProfile,
+    measured: _Candidates,
+    choice: _Choice,
+    started_at: datetime,
+    finished_at: datetime,
+    wall_s: float,
+) -> dict[str, Any]:
+    """The results file's content (the files written are added by `_write`)."""
+    fidelity, marked, target_of = measured.fidelity, choice.marked, options.stand_in_for
     results: dict[str, Any] = {
         "command": options.command,
         "profile": profile.name,
@@ -492,47 +553,66 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
         "hardware": hardware(),
         "started_at": started_at.isoformat(timespec="seconds"),
         "finished_at": finished_at.isoformat(timespec="seconds"),
-        "wall_s": round(time.monotonic() - started, 1),
+        "wall_s": round(wall_s, 1),
         "machine": machine_facts(),
         "workload": {
             "line": options.workload_line(),
-            "tokens_per_word": run.tokens_per_word,
+            "tokens_per_word": measured.run.tokens_per_word,
             "flood_priority": BACKGROUND_PRIORITY if _uses_priority(profile, options.gpu_class) else None,
             **{k: v for k, v in asdict(options).items() if k not in ("candidates", "command", "stand_in_for")},
         },
-        "objectives": target.model_dump(),
+        "objectives": choice.objectives.model_dump(),
         "objective_level": options.objective_level,
-        "stand_in_for": None
-        if target_of is None
-        else {
-            "profile": target_of.profile.name,
-            "profile_file": str(target_of.profile.path) if target_of.profile.path else None,
-            "gpu_class": target_of.gpu_class,
-            "token_scale": target_of.token_scale,
-        },
-        "reference_chat_alone": reference,
-        "candidates": [
-            {
-                "label": r.candidate.label,
-                "max_num_batched_tokens": r.candidate.max_num_batched_tokens,
-                "long_prefill_token_threshold": r.candidate.long_prefill_token_threshold,
-                "vllm_args": r.profile_args,
-                "startup_s": r.startup_s,
-                "error": r.error,
-                "clean": _clean(r.summary) if r.summary else None,
-                "measurement": r.measurement.model_dump() if r.measurement else None,
-                "summary": r.summary,
-            }
-            for r in runs
-        ],
-        "chosen": marked[chosen].model_dump() | {"label": _label(marked[chosen])},
-        "objectives_met": met,
+        "stand_in_for": None if target_of is None else _stand_in_record(target_of),
+        "reference_chat_alone": measured.reference,
+        "candidates": [_candidate_record(r) for r in measured.runs],
+        "chosen": marked[choice.chosen].model_dump() | {"label": _label(marked[choice.chosen])},
+        "objectives_met": choice.met,
         "fidelity": fidelity.to_dict() if fidelity is not None else None,
-        "not_judged": not_judged,
-        "margins": margins(marked, chosen),
-        "warnings": warnings(runs, offered_rate=options.objective_level is not None),
+        "not_judged": choice.not_judged,
+        "margins": margins(marked, choice.chosen),
+        "warnings": warnings(measured.runs, offered_rate=options.objective_level is not None),
     }
-    results = _jsonable(results)
+    return _jsonable(results)
+
+
+def _stand_in_record(target_of: StandInTarget) -> dict[str, Any]:
+    return {
+        "profile": target_of.profile.name,
+        "profile_file": str(target_of.profile.path) if target_of.profile.path else None,
+        "gpu_class": target_of.gpu_class,
+        "token_scale": target_of.token_scale,
+    }
+
+
+def _candidate_record(r: CandidateRun) -> dict[str, Any]:
+    return {
+        "label": r.candidate.label,
+        "max_num_batched_tokens": r.candidate.max_num_batched_tokens,
+        "long_prefill_token_threshold": r.candidate.long_prefill_token_threshold,
+        "vllm_args": r.profile_args,
+        "startup_s": r.startup_s,
+        "error": r.error,
+        "clean": _clean(r.summary) if r.summary else None,
+        "measurement": r.measurement.model_dump() if r.measurement else None,
+        "summary": r.summary,
+    }
+
+
+def _write(
+    results: dict[str, Any],
+    options: TuneOptions,
+    profile: ModelProfile,
+    fidelity: FidelityResult | None,
+    choice: _Choice,
+    finished_at: datetime,
+) -> None:
+    """The results JSON and plot, then the tuned profile (the target's, on a stand-in) unless `write` is off,
+    fewer than two candidates were measured or the stand-in was off target; `results` says what was written."""
+    from visioncap.bench.tune.plot import plot
+    from visioncap.bench.tune.write import write_results, write_tuned
+
+    target_of = options.stand_in_for
     stem = f"{profile.name}-{options.gpu_class}"
     if target_of is not None:
         stem = f"{target_of.profile.name}-{target_of.gpu_class}-on-{profile.name}"
@@ -540,7 +620,7 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     options.out_dir.mkdir(parents=True, exist_ok=True)
     results["files"] = {k: str(v) for k, v in files.items()}
     results["profile_written"] = None
-    results["complete"] = len(measured_runs) >= 2
+    results["complete"] = len(choice.measured_runs) >= 2
     # Results first: a profile that cannot be written must not cost the measurements.
     write_results(results, files["json"])
     plot(results, files["png"])
@@ -548,16 +628,34 @@ def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str
     written, written_class, measured_on = profile.path, options.gpu_class, None
     if target_of is not None:
         written, written_class = target_of.profile.path, target_of.gpu_class
-        scale = target_of.token_scale
-        measured_on = f"stand-in {profile.name} on {options.gpu_class} ({hardware()}); its tokens = {scale:g} x these"
-        if fidelity is not None:
-            ratios = ", ".join(f"{k} {v:.2f}" for k, v in fidelity.ratio.items() if v is not None)
-            measured_on += f"; fidelity (measured / target, decode steps): {ratios}"
-    if options.write and written is not None and results["complete"] and not_judged is None:
-        write_tuned(written, written_class, results, marked, target, met, finished_at, options, measured_on)
+        measured_on = _measured_on(options, profile, target_of, fidelity)
+    if options.write and written is not None and results["complete"] and choice.not_judged is None:
+        assert choice.met is not None  # judged
+        write_tuned(
+            written,
+            written_class,
+            results,
+            choice.marked,
+            choice.objectives,
+            choice.met,
+            finished_at,
+            options,
+            measured_on,
+        )
         results["profile_written"] = str(written)
         write_results(results, files["json"])
-    return results
+
+
+def _measured_on(
+    options: TuneOptions, profile: ModelProfile, target_of: StandInTarget, fidelity: FidelityResult | None
+) -> str:
+    """How the target's choice was measured: on which stand-in and machine, and how faithfully."""
+    scale = target_of.token_scale
+    measured_on = f"stand-in {profile.name} on {options.gpu_class} ({hardware()}); its tokens = {scale:g} x these"
+    if fidelity is not None:
+        ratios = ", ".join(f"{k} {v:.2f}" for k, v in fidelity.ratio.items() if v is not None)
+        measured_on += f"; fidelity (measured / target, decode steps): {ratios}"
+    return measured_on
 
 
 def _fidelity(options: TuneOptions, server: VllmServer, model: str) -> FidelityResult:
