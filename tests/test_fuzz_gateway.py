@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
 from visioncap.gateway.app import create_app
-from visioncap.gateway.server import GatewayThread
+from visioncap.gateway.in_thread import GatewayThread
 from visioncap.serve import VllmServer
 
 pytestmark = pytest.mark.vllm

@@ -33,8 +33,8 @@ from taps import AsgiThread, Tap
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig
 from visioncap.config.keys import hash_key
 from visioncap.gateway.images import data_uri_size, image_tokens
+from visioncap.gateway.in_thread import GatewayThread
 from visioncap.gateway.scheduler import SchedulerState
-from visioncap.gateway.server import GatewayThread
 from visioncap.gateway.sse import StreamObserver
 from visioncap.serve import VllmServer, free_port
 
@@ -166,7 +166,7 @@ def post_chat(gw: GatewayThread, key: str, body: dict[str, Any], **headers: str)
     return httpx.post(f"{gw.base_url}/chat/completions", json=body, headers={**auth(key), **headers}, timeout=TIMEOUT)
 
 
-# -- serve(): what `visioncap gateway` runs ----------------------------------------------------------------------
+# -- run_gateway(): what `visioncap gateway` runs ----------------------------------------------------------------------
 
 
 def test_serve_runs_a_gateway_from_a_file_until_sigterm(vllm_server: VllmServer, tmp_path: Path) -> None:
@@ -178,7 +178,8 @@ def test_serve_runs_a_gateway_from_a_file_until_sigterm(vllm_server: VllmServer,
     port = free_port()
     program = (
         "import sys; from pathlib import Path; from visioncap.config.gateway import load_gateway_config; "
-        "from visioncap.gateway import serve; serve(load_gateway_config(Path(sys.argv[1])), port=int(sys.argv[2]))"
+        "from visioncap.gateway import run_gateway; "
+        "run_gateway(load_gateway_config(Path(sys.argv[1])), port=int(sys.argv[2]))"
     )
     process = subprocess.Popen([sys.executable, "-c", program, str(path), str(port)], cwd=REPO)
     try:

@@ -21,7 +21,7 @@ from PIL import Image
 from visioncap.config.gateway import GatewayConfig, ImagesConfig
 from visioncap.config.keys import hash_key
 from visioncap.gateway.images import inspect_messages
-from visioncap.gateway.server import GatewayThread
+from visioncap.gateway.in_thread import GatewayThread
 from visioncap.serve import free_port
 
 CHAT_KEY = "hostile-chat-key"

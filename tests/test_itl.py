@@ -27,7 +27,7 @@ from visioncap.bench.stats import summarize
 from visioncap.bench.workload import ChatTurn
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
-from visioncap.gateway.server import GatewayThread
+from visioncap.gateway.in_thread import GatewayThread
 from visioncap.gateway.sse import StreamObserver, inter_token_gaps, token_gaps
 from visioncap.serve import VllmServer
 

@@ -108,9 +108,9 @@ def gateway_command(
     from visioncap.config.gateway import load_gateway_config
 
     gateway_config = load_gateway_config(config)
-    from visioncap.gateway import serve
+    from visioncap.gateway import run_gateway
 
-    serve(gateway_config, host=host, port=port, log_level=log_level, source=f"gateway file {config}")
+    run_gateway(gateway_config, host=host, port=port, log_level=log_level, source=f"gateway file {config}")
 
 
 @app.command("gateway-key")
@@ -133,9 +133,9 @@ def api_command(
     from visioncap.config.api import ApiSettings
 
     settings = load_settings(ApiSettings)
-    from visioncap.api import serve
+    from visioncap.api import run_api
 
-    serve(settings, host=host, port=port, log_level=log_level)
+    run_api(settings, host=host, port=port, log_level=log_level)
 
 
 @app.command("api-key")

@@ -2,7 +2,7 @@
 
 Laid out like the gateway: `app` (factory, middleware), `routers/` (one thin router per resource),
 `protocol` (response models), `serving` (the request flow), `auth` (API keys and scopes), `images`,
-`metrics`, `settings`, `errors`, and `static/` (the captions browser served at /).
+`metrics`, `errors`, and `static/` (the captions browser served at /).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from visioncap.api.app import create_app, serve
+    from visioncap.api.app import create_app, run_api
 
-__all__ = ["create_app", "serve"]
+__all__ = ["create_app", "run_api"]
 
 
 def __getattr__(name: str) -> Any:

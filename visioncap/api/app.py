@@ -1,5 +1,5 @@
 """The API's composition root: `create_app` builds the app from settings, `build_api` adds the checks for the
-address it will listen on, and `serve()`, which the `visioncap api` command calls, runs it."""
+address it will listen on, and `run_api()`, which the `visioncap api` command calls, runs it."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def build_api(settings: ApiSettings, host: str) -> FastAPI:
     return create_app(settings)
 
 
-def serve(settings: ApiSettings, host: str = "127.0.0.1", port: int = 8090, log_level: str = "info") -> None:
+def run_api(settings: ApiSettings, host: str = "127.0.0.1", port: int = 8090, log_level: str = "info") -> None:
     """Run the API in the foreground until Ctrl-C/SIGTERM (uvicorn handles both)."""
     import uvicorn
 

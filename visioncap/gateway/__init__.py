@@ -2,7 +2,7 @@
 
 Laid out like vLLM's endpoint folders: `router` (thin routes), `protocol` (the request fields read),
 `serving` (the request flow), and one module per concern: `auth`, `admission` (the controller, pure logic),
-`scheduler` (background queue), `images`, `proxy`, `sse`, `metrics`, `upstream_metrics`. `server` runs a
+`scheduler` (background queue), `images`, `proxy`, `sse`, `metrics`, `upstream_metrics`. `in_thread` runs a
 gateway in a thread of the current process (tests, benchmarks).
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from visioncap.gateway.app import create_app, serve
+    from visioncap.gateway.app import create_app, run_gateway
 
-__all__ = ["create_app", "serve"]
+__all__ = ["create_app", "run_gateway"]
 
 
 def __getattr__(name: str) -> Any:

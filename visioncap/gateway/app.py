@@ -1,5 +1,5 @@
 """The gateway's composition root: `create_app` builds the app from its configuration, `build_gateway` adds the
-checks for where it will run, and `serve()`, which the `visioncap gateway` command calls, runs it."""
+checks for where it will run, and `run_gateway()`, which the `visioncap gateway` command calls, runs it."""
 
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def build_gateway(config: GatewayConfig, host: str, source: str = "gateway confi
     return create_app(config)
 
 
-def serve(
+def run_gateway(
     config: GatewayConfig,
     host: str = "127.0.0.1",
     port: int = 8080,

@@ -1,4 +1,6 @@
-"""The caption store: the only place that writes or reads caption rows."""
+"""The caption store: where the pipeline inserts caption rows and moves them through their statuses, and reads
+them back. Two other modules touch the table, each for one job: `retention` deletes rows past their cutoff, and
+`search` runs the API's queries."""
 
 from __future__ import annotations
 

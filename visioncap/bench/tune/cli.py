@@ -14,7 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, SpinnerColumn, TextColu
 from rich.progress import Progress as RichBar
 from rich.table import Table
 
-from visioncap.bench.tune.progress import Progress
+from visioncap.bench.tune.progress import TuneProgress
 
 if TYPE_CHECKING:
     from visioncap.bench.tune.run import TuneOptions
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 err = Console(stderr=True)
 
 
-class BarProgress(Progress):
+class BarProgress(TuneProgress):
     """A rich progress bar over candidates x steps, with a line per measured candidate."""
 
     def __init__(self, bar: RichBar, total: int) -> None:

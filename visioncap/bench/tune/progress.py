@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-class Progress:
+class TuneProgress:
     """What the runner reports while it works (the CLI shows a progress bar); the default says nothing."""
 
     def step(self, description: str) -> None:

@@ -36,7 +36,7 @@ from visioncap.bench.mixed import MixedOptions, Run
 from visioncap.bench.servers import measured_vllm
 from visioncap.bench.standin import stand_in_tokens, workload_for, workload_options
 from visioncap.bench.tune.candidates import Candidate, candidate_profile
-from visioncap.bench.tune.progress import Progress
+from visioncap.bench.tune.progress import TuneProgress
 from visioncap.config.profiles import ModelProfile, load_profile
 from visioncap.config.tuned import TunedMeasurement, TunedObjectives
 from visioncap.errors import VisioncapError
@@ -162,7 +162,7 @@ class CandidateRun:
 class _Steps:
     """One candidate's steps on the progress bar."""
 
-    def __init__(self, report: Progress, total: int) -> None:
+    def __init__(self, report: TuneProgress, total: int) -> None:
         self.report = report
         self.total = total
         self.done = -1  # the first next() starts the first step
@@ -224,7 +224,7 @@ def frame_size(width: int, height: int, max_pixels: int | None) -> tuple[int, in
 
 
 @contextlib.contextmanager
-def serve(profile: ModelProfile, options: TuneOptions, label: str) -> Iterator[VllmServer]:
+def candidate_server(profile: ModelProfile, options: TuneOptions, label: str) -> Iterator[VllmServer]:
     """vLLM for one candidate, planned for the GPU class as `visioncap serve --gpu CLASS` would."""
     with measured_vllm(profile, options.server_python, options.work_dir, label, options.gpu_class) as server:
         yield server
@@ -371,9 +371,9 @@ def _label(m: TunedMeasurement) -> str:
     return Candidate(m.max_num_batched_tokens, m.long_prefill_token_threshold).label
 
 
-def run_tune(options: TuneOptions, progress: Progress | None = None) -> dict[str, Any]:
+def run_tune(options: TuneOptions, progress: TuneProgress | None = None) -> dict[str, Any]:
     """Measure every candidate, choose, write the results files (and the profile unless `write` is off)."""
-    report = progress or Progress()
+    report = progress or TuneProgress()
     started = time.monotonic()
     started_at = datetime.now(UTC)
     profile = load_profile(options.profile, options.models_dir)
@@ -413,7 +413,7 @@ class _Candidates:
     """Each candidate measured on a vLLM of its own; the first server also measures the stand-in's fidelity and
     the chat-alone reference."""
 
-    def __init__(self, options: TuneOptions, profile: ModelProfile, run: Run, report: Progress) -> None:
+    def __init__(self, options: TuneOptions, profile: ModelProfile, run: Run, report: TuneProgress) -> None:
         self.options = options
         self.profile = profile
         self.run = run
@@ -437,7 +437,7 @@ class _Candidates:
         steps.next(f"{candidate.label}: starting vLLM")
         try:
             t0 = time.monotonic()
-            with serve(served, options, candidate.label.replace("/", "-")) as server:
+            with candidate_server(served, options, candidate.label.replace("/", "-")) as server:
                 current.startup_s = round(time.monotonic() - t0, 1)
                 steps.next(f"{candidate.label}: warm-up")
                 self.run.warm(server)
