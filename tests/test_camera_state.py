@@ -18,6 +18,7 @@ from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.demo_video import Segment
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import VllmServer
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
@@ -107,7 +108,7 @@ def api_settings(data_dir: Path) -> ApiSettings:
 def test_cameras_route_merges_reported_state_with_stored_rows(
     store: CaptionStore, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    outbox = Outbox(store, tmp_path / "data", OutboxConfig(capacity=10))
+    outbox = Outbox(store, tmp_path / "data", OutboxConfig(capacity=10), PipelineMetrics())
     for index in range(3):
         new = NewCaption(
             pipeline="p",
@@ -180,7 +181,7 @@ def test_a_pipeline_run_leaves_finished_cameras_and_runs_retention(
         image_height=16,
         model="tiny",
     )
-    _, old_id = Outbox(store, data_dir, OutboxConfig()).put(old_frame, b"\xff\xd8\xff\xd9")
+    _, old_id = Outbox(store, data_dir, OutboxConfig(), PipelineMetrics()).put(old_frame, b"\xff\xd8\xff\xd9")
     assert old_id is not None
     store.mark_failed(old_id, "refused", attempts=1)
     old_image = data_dir / store.get(old_id).image_path  # type: ignore[union-attr,operator]

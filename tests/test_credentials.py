@@ -39,6 +39,7 @@ from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError, SourceError, VisioncapError
 from visioncap.frames import Frame
 from visioncap.pipeline.hub import FrameHub
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.runner import PipelineRunner
 from visioncap.redact import SECRET_PARAMETERS, MaskingFormatter
 from visioncap.sources.state import CameraState
@@ -398,7 +399,7 @@ def test_pipeline_on_a_camera_with_credentials_stores_and_serves_it_masked(
         config = PipelineConfig.model_validate(yaml.safe_load(yaml.safe_dump(data)))
         detector = PersonDetector(config.detector)
         captioner = VlmCaptioner(config.vlm, config.caption, dead_vlm, "key")
-        runner = PipelineRunner(config, detector, captioner, store, tmp_path / "data")
+        runner = PipelineRunner(config, detector, captioner, store, tmp_path / "data", PipelineMetrics())
         thread = threading.Thread(target=runner.run, name="credentials-pipeline", daemon=True)
         thread.start()
         try:

@@ -95,19 +95,23 @@ def run(
             base_url = server.base_url
         store = CaptionStore(create_db_engine(settings.resolved_database_url()))
         store.create_schema()
-        from visioncap.store.retention import RetentionJob, default_metrics
+        from visioncap.pipeline.metrics import PipelineMetrics
+        from visioncap.store.retention import RetentionJob
 
+        metrics = PipelineMetrics()
         # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
-        retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, default_metrics()))
+        retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, metrics.retention))
         captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
         captioner.check_ready()
         detector = PersonDetector(config.detector, base_dir=pipeline.parent)
         # A frame that cannot be saved for lack of space wakes retention (VISIONCAP_RETENTION_MIN_FREE_MB).
-        runner = PipelineRunner(config, detector, captioner, store, settings.data_dir, on_disk_full=retention.wake)
+        runner = PipelineRunner(
+            config, detector, captioner, store, settings.data_dir, metrics, on_disk_full=retention.wake
+        )
         if metrics_port is not None:
             from visioncap.pipeline.health import HealthServer
 
-            stack.enter_context(HealthServer(runner.readiness, port=metrics_port))
+            stack.enter_context(HealthServer(runner.readiness, metrics, port=metrics_port))
 
         def _stop(_signum: int, _frame: object) -> None:
             log.info("stopping: sources close, pending captions stay pending for the next run")

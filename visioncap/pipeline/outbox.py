@@ -28,10 +28,10 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
-from visioncap import metrics
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.journal import Journal, JournalEntry, Outcome
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption
 from visioncap.store.safety import describe, is_unavailable
 
@@ -102,6 +102,7 @@ class Outbox:
         store: CaptionStore,
         data_dir: Path,
         config: OutboxConfig,
+        metrics: PipelineMetrics,
         clock: Callable[[], float] = time.monotonic,
         pipeline: str | None = None,
         on_disk_full: Callable[[], None] | None = None,
@@ -110,6 +111,7 @@ class Outbox:
         self._pipeline = pipeline
         self._data_dir = data_dir
         self._config = config
+        self._metrics = metrics
         self._clock = clock
         self._on_disk_full = on_disk_full
         self._lock = threading.Condition()
@@ -129,7 +131,7 @@ class Outbox:
         self._disk_full_since: float | None = None
         self._disk_warned: dict[str, float] = {}  # camera -> when its last disk warning was logged
         self._finished_during_read: set[str] | None = None  # while `recover` reads pending rows
-        metrics.STORE_AVAILABLE.set(1)
+        self._metrics.store_available.set(1)
 
     # -- producer side ---------------------------------------------------------------------------
 
@@ -308,7 +310,7 @@ class Outbox:
                 if self._disk_full_since is None:
                     self._disk_full_since = time.time()
                 self.counts["disk_full"] += 1
-            metrics.DISK_FULL.set(1)
+            self._metrics.disk_full.set(1)
             if self._on_disk_full is not None:
                 self._on_disk_full()  # retention frees space early when it is configured to keep some free
         self._warn_disk(new.camera, f"camera {new.camera}: frame {new.frame_index} not saved ({reason}: {exc})")
@@ -325,7 +327,7 @@ class Outbox:
 
     def _skipped(self, camera: str, reason: str) -> None:
         self._count("skipped")
-        metrics.FRAMES_SKIPPED.labels(camera, reason).inc()
+        self._metrics.frames_skipped.labels(camera, reason).inc()
 
     def _count(self, outcome: str) -> None:
         with self._lock:
@@ -351,7 +353,7 @@ class Outbox:
         if self._disk_full_since is not None:
             with self._lock:
                 self._disk_full_since = None
-            metrics.DISK_FULL.set(0)
+            self._metrics.disk_full.set(0)
             log.info("disk: frames are saved again")
         return relative
 
@@ -359,7 +361,7 @@ class Outbox:
         self._queued[item.key] = item
         self._by_event[item.event_key] = item.key
         heapq.heappush(self._heap, item)
-        metrics.OUTBOX_DEPTH.set(len(self._queued) + len(self._in_flight))
+        self._metrics.outbox_depth.set(len(self._queued) + len(self._in_flight))
 
     def _dequeue(self, key: str) -> OutboxItem:
         # The heap entry stays and is skipped when it surfaces: removal from the middle of a heap is O(n).
@@ -401,7 +403,7 @@ class Outbox:
     def fail(self, item: OutboxItem, error: str) -> None:
         self._settle(item, Outcome(CaptionStatus.FAILED, item.attempts + 1, error=error))
         self._count("failed")
-        metrics.CAPTION_FAILURES.labels(item.camera, "permanent").inc()
+        self._metrics.caption_failures.labels(item.camera, "permanent").inc()
         self._finish(item)
 
     def skip(self, item: OutboxItem, reason: str) -> None:
@@ -414,7 +416,7 @@ class Outbox:
         """Back into the queue after a transient failure; returns the backoff in seconds."""
         attempts = item.attempts + 1
         self._settle(item, Outcome(CaptionStatus.PENDING, attempts, error=error))
-        metrics.CAPTION_FAILURES.labels(item.camera, "transient").inc()
+        self._metrics.caption_failures.labels(item.camera, "transient").inc()
         delay = min(self._config.retry_max_s, self._config.retry_initial_s * 2 ** (attempts - 1))
         with self._lock:
             self._in_flight.pop(item.key, None)
@@ -428,7 +430,7 @@ class Outbox:
             self._in_flight.pop(item.key, None)
             if self._finished_during_read is not None:
                 self._finished_during_read.add(item.key)
-            metrics.OUTBOX_DEPTH.set(len(self._queued) + len(self._in_flight))
+            self._metrics.outbox_depth.set(len(self._queued) + len(self._in_flight))
             self._lock.notify_all()
 
     def wait_drained(self, timeout: float) -> bool:
@@ -551,8 +553,8 @@ class Outbox:
                 self._down_since = time.time()
             self._down_error = describe(exc)
             self._lock.notify_all()
-        metrics.STORE_AVAILABLE.set(0)
-        metrics.STORE_ERRORS.inc()
+        self._metrics.store_available.set(0)
+        self._metrics.store_errors.inc()
         self._start_flusher()  # it probes the database while nothing is journaled
         if first:
             log.warning("database unavailable (%s): frames and captions are kept in %s until it is back",
@@ -563,11 +565,11 @@ class Outbox:
             if self._down_since is None:
                 return
             since, self._down_since, self._down_error = self._down_since, None, None
-        metrics.STORE_AVAILABLE.set(1)
+        self._metrics.store_available.set(1)
         log.info("database available again after %.0f s", time.time() - since)
 
     def _publish(self) -> None:
-        metrics.JOURNAL_ENTRIES.set(len(self._journaled))
+        self._metrics.journal_entries.set(len(self._journaled))
 
     def _start_flusher(self) -> None:
         with self._lock:

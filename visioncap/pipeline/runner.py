@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from visioncap import metrics
 from visioncap.caption.client import VlmCaptioner
 from visioncap.caption.encode import compose, encode_jpeg, people_region
 from visioncap.config.pipeline import PipelineConfig
@@ -20,6 +19,7 @@ from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
 from visioncap.frames import Detection, Frame, SelectedFrame
 from visioncap.pipeline.hub import FrameHub
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import CAPTIONING, Outbox
 from visioncap.pipeline.workers import CaptionWorkers
 from visioncap.select.events import EventSelector
@@ -124,6 +124,7 @@ class PipelineRunner:
         captioner: VlmCaptioner,
         store: CaptionStore,
         data_dir: Path,
+        metrics: PipelineMetrics,
         on_disk_full: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
@@ -131,8 +132,9 @@ class PipelineRunner:
         self._captioner = captioner
         self._store = store
         self._data_dir = data_dir
+        self.metrics = metrics
         self._stop = threading.Event()
-        self.outbox = Outbox(store, data_dir, config.outbox, pipeline=config.name, on_disk_full=on_disk_full)
+        self.outbox = Outbox(store, data_dir, config.outbox, metrics, pipeline=config.name, on_disk_full=on_disk_full)
         self._cameras: dict[str, _Camera] = {}
         for source in config.sources:
             self._cameras[source.camera] = _Camera(
@@ -184,7 +186,7 @@ class PipelineRunner:
         if summary.recovered:
             log.info("outbox: %d pending frames from an earlier run are captioned first", summary.recovered)
         next_requeue_check = time.monotonic() + REQUEUE_POLL_S
-        workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency)
+        workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency, self.metrics)
         workers.start()
         self._camera_states.start()
         sources = []
@@ -237,7 +239,7 @@ class PipelineRunner:
         with self._lock:
             self._cameras[camera].stats.state = value
         for known in ("starting", "online", "reconnecting", "offline", "finished"):
-            metrics.CAMERA_STATE.labels(camera, known).set(1 if known == value else 0)
+            self.metrics.camera_state.labels(camera, known).set(1 if known == value else 0)
         self._camera_states.state(camera, value)
 
     def _on_finished(self, camera: str, error: str | None) -> None:
@@ -251,7 +253,7 @@ class PipelineRunner:
         camera = self._cameras[detection.frame.camera]
         stats = camera.stats
         stats.analysed_frame(time.monotonic())
-        metrics.FRAMES_ANALYSED.labels(stats.camera).inc()
+        self.metrics.frames_analysed.labels(stats.camera).inc()
         if isinstance(camera.config, FileSourceConfig | FolderSourceConfig) and stats.state == "starting":
             stats.state = "online"
             self._camera_states.state(stats.camera, "online")
@@ -260,11 +262,11 @@ class PipelineRunner:
         if tracked.people:
             stats.person_frames += 1
         stats.people_in_view = len(tracked.people)
-        metrics.PEOPLE_IN_VIEW.labels(stats.camera).set(stats.people_in_view)
+        self.metrics.people_in_view.labels(stats.camera).set(stats.people_in_view)
         before = camera.selector.events_started
         selections = camera.selector.offer(tracked)
         if camera.selector.events_started > before:
-            metrics.EVENTS.labels(stats.camera).inc(camera.selector.events_started - before)
+            self.metrics.events.labels(stats.camera).inc(camera.selector.events_started - before)
         stats.events = camera.selector.events_started
         for selected in selections:
             self._submit(camera, selected)
@@ -308,7 +310,7 @@ class PipelineRunner:
         )
         result, row_id = self.outbox.put(new, image.jpeg)
         camera.stats.selected += 1
-        metrics.FRAMES_SELECTED.labels(frame.camera, selected.reason).inc()
+        self.metrics.frames_selected.labels(frame.camera, selected.reason).inc()
         if result in CAPTIONING:
-            metrics.IMAGE_TOKENS.labels(frame.camera).inc(image.image_tokens)
+            self.metrics.image_tokens.labels(frame.camera).inc(image.image_tokens)
         log.debug("camera %s frame %d: %s -> %s (#%s)", frame.camera, frame.index, selected.reason, result, row_id)
