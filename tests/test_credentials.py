@@ -42,11 +42,11 @@ from visioncap.pipeline.hub import FrameHub
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.runner import PipelineRunner
 from visioncap.redact import SECRET_PARAMETERS, MaskingFormatter
-from visioncap.sources.state import CameraState
 from visioncap.sources.stream import StreamSource
 from visioncap.sources.urls import mask_credentials, mask_urls
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 from visioncap.store.cameras import CameraReport, camera_states, write_camera
+from visioncap.store.records import CameraState
 
 SECRET = "s3cret-Xq7"
 READ_KEY = "credentials-test-key"

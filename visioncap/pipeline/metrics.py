@@ -6,6 +6,8 @@ registered on import, so several pipelines (tests) can live in one process.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -20,6 +22,13 @@ from prometheus_client import (
 from visioncap.store.retention import RetentionMetrics
 
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32, 64)
+
+
+class FailureKind(StrEnum):
+    """The `kind` label of failed caption attempts."""
+
+    TRANSIENT = "transient"  # tried again later
+    PERMANENT = "permanent"  # refused for good: the row is failed
 
 
 class PipelineMetrics:

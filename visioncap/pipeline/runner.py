@@ -20,13 +20,14 @@ from visioncap.detect.yolo import PersonDetector
 from visioncap.frames import Detection, Frame, SelectedFrame
 from visioncap.pipeline.hub import FrameHub
 from visioncap.pipeline.metrics import PipelineMetrics
-from visioncap.pipeline.outbox import CAPTIONING, Outbox
+from visioncap.pipeline.outbox import CAPTIONING, Outbox, PutResult
 from visioncap.pipeline.workers import CaptionWorkers
 from visioncap.select.events import EventSelector
 from visioncap.sources.factory import analyse_rate, open_source, time_anchor
 from visioncap.sources.urls import mask_credentials
 from visioncap.store.cameras import CameraStateRecorder
 from visioncap.store.captions import CaptionStore, NewCaption
+from visioncap.store.records import CameraState, CaptionStatus
 
 log = logging.getLogger(__name__)
 RATE_WINDOW_S = 5.0
@@ -38,7 +39,7 @@ class CameraStats:
     """What the progress display shows for one camera."""
 
     camera: str
-    state: str = "starting"
+    state: CameraState = CameraState.STARTING
     analysed: int = 0
     person_frames: int = 0
     people_in_view: int = 0
@@ -226,27 +227,27 @@ class PipelineRunner:
             workers.join(timeout=self._config.vlm.timeout_s + 5)
         summary.frames = sum(getattr(c.source, "frames_read", 0) for c in self._cameras.values())
         counts = self.outbox.counts
-        summary.captions, summary.failed = counts["captioned"], counts["failed"]
-        summary.skipped, summary.duplicates = counts["skipped"], counts["duplicate"]
+        summary.captions, summary.failed = counts[CaptionStatus.CAPTIONED], counts[CaptionStatus.FAILED]
+        summary.skipped, summary.duplicates = counts[CaptionStatus.SKIPPED], counts[PutResult.DUPLICATE]
         summary.pending = self.outbox.depth
         summary.journaled = self.outbox.journaled
         summary.stopped = self._stop.is_set()
         summary.elapsed_s = time.perf_counter() - started
         return summary
 
-    def _on_state(self, camera: str, state: object) -> None:
-        value = str(state)
+    def _on_state(self, camera: str, state: CameraState) -> None:
         with self._lock:
-            self._cameras[camera].stats.state = value
-        for known in ("starting", "online", "reconnecting", "offline", "finished"):
-            self.metrics.camera_state.labels(camera, known).set(1 if known == value else 0)
-        self._camera_states.state(camera, value)
+            self._cameras[camera].stats.state = state
+        for known in CameraState:
+            if known is not CameraState.FAILED:  # the pipeline's verdict on a file, never a source's report
+                self.metrics.camera_state.labels(camera, known).set(1 if known == state else 0)
+        self._camera_states.state(camera, state)
 
     def _on_finished(self, camera: str, error: str | None) -> None:
         with self._lock:
             stats = self._cameras[camera].stats
             stats.error = error
-            stats.state = "failed" if error else "finished"
+            stats.state = CameraState.FAILED if error else CameraState.FINISHED
         self._camera_states.state(camera, stats.state, error)
 
     def _handle(self, detection: Detection) -> None:
@@ -254,9 +255,9 @@ class PipelineRunner:
         stats = camera.stats
         stats.analysed_frame(time.monotonic())
         self.metrics.frames_analysed.labels(stats.camera).inc()
-        if isinstance(camera.config, FileSourceConfig | FolderSourceConfig) and stats.state == "starting":
-            stats.state = "online"
-            self._camera_states.state(stats.camera, "online")
+        if isinstance(camera.config, FileSourceConfig | FolderSourceConfig) and stats.state is CameraState.STARTING:
+            stats.state = CameraState.ONLINE
+            self._camera_states.state(stats.camera, CameraState.ONLINE)
         self._camera_states.frame(stats.camera, self._captured_at(camera, detection.frame))
         tracked = camera.tracker.update(detection)
         if tracked.people:

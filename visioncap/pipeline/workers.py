@@ -67,7 +67,7 @@ class CaptionWorkers:
                        f"in {delay:.1f} s")  # fmt: skip
         except SkippedCaptionError as exc:
             log.info("frame %s skipped: %s", item.id or item.key, exc)
-            self._outbox.skip(item, str(exc))
+            self._outbox.skip(item, exc.reason, exc.detail)
         except CaptionError as exc:
             log.error("caption of frame %s refused: %s", item.id or item.key, exc)
             self._outbox.fail(item, str(exc))

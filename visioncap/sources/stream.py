@@ -22,8 +22,9 @@ import numpy as np
 
 from visioncap.config.sources import StreamSourceConfig
 from visioncap.frames import Frame
-from visioncap.sources.state import CameraState, StateListener
+from visioncap.sources.state import StateListener
 from visioncap.sources.urls import mask_credentials, mask_urls
+from visioncap.store.records import CameraState
 
 log = logging.getLogger(__name__)
 
