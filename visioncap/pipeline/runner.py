@@ -133,7 +133,7 @@ class PipelineRunner:
         self._captioner = captioner
         self._store = store
         self._data_dir = data_dir
-        self.metrics = metrics
+        self._metrics = metrics
         self._stop = threading.Event()
         self.outbox = Outbox(store, data_dir, config.outbox, metrics, pipeline=config.name, on_disk_full=on_disk_full)
         self._cameras: dict[str, _Camera] = {}
@@ -187,7 +187,7 @@ class PipelineRunner:
         if summary.recovered:
             log.info("outbox: %d pending frames from an earlier run are captioned first", summary.recovered)
         next_requeue_check = time.monotonic() + REQUEUE_POLL_S
-        workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency, self.metrics)
+        workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency, self._metrics)
         workers.start()
         self._camera_states.start()
         sources = []
@@ -240,7 +240,7 @@ class PipelineRunner:
             self._cameras[camera].stats.state = state
         for known in CameraState:
             if known is not CameraState.FAILED:  # the pipeline's verdict on a file, never a source's report
-                self.metrics.camera_state.labels(camera, known).set(1 if known == state else 0)
+                self._metrics.camera_state.labels(camera, known).set(1 if known == state else 0)
         self._camera_states.state(camera, state)
 
     def _on_finished(self, camera: str, error: str | None) -> None:
@@ -254,7 +254,7 @@ class PipelineRunner:
         camera = self._cameras[detection.frame.camera]
         stats = camera.stats
         stats.analysed_frame(time.monotonic())
-        self.metrics.frames_analysed.labels(stats.camera).inc()
+        self._metrics.frames_analysed.labels(stats.camera).inc()
         if isinstance(camera.config, FileSourceConfig | FolderSourceConfig) and stats.state is CameraState.STARTING:
             stats.state = CameraState.ONLINE
             self._camera_states.state(stats.camera, CameraState.ONLINE)
@@ -263,11 +263,11 @@ class PipelineRunner:
         if tracked.people:
             stats.person_frames += 1
         stats.people_in_view = len(tracked.people)
-        self.metrics.people_in_view.labels(stats.camera).set(stats.people_in_view)
+        self._metrics.people_in_view.labels(stats.camera).set(stats.people_in_view)
         before = camera.selector.events_started
         selections = camera.selector.offer(tracked)
         if camera.selector.events_started > before:
-            self.metrics.events.labels(stats.camera).inc(camera.selector.events_started - before)
+            self._metrics.events.labels(stats.camera).inc(camera.selector.events_started - before)
         stats.events = camera.selector.events_started
         for selected in selections:
             self._submit(camera, selected)
@@ -311,7 +311,7 @@ class PipelineRunner:
         )
         result, row_id = self.outbox.put(new, image.jpeg)
         camera.stats.selected += 1
-        self.metrics.frames_selected.labels(frame.camera, selected.reason).inc()
+        self._metrics.frames_selected.labels(frame.camera, selected.reason).inc()
         if result in CAPTIONING:
-            self.metrics.image_tokens.labels(frame.camera).inc(image.image_tokens)
+            self._metrics.image_tokens.labels(frame.camera).inc(image.image_tokens)
         log.debug("camera %s frame %d: %s -> %s (#%s)", frame.camera, frame.index, selected.reason, result, row_id)
