@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from helpers import missing
 
-from visioncap.sources.state import CameraState
 from visioncap.sources.stream import StreamSource
+from visioncap.store.records import CameraState
 
 SERVERS = Path(__file__).resolve().parent / "servers"
 # How long a test waits for a state or for frames before failing: a bound on a broken test, never a measurement,

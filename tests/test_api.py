@@ -35,6 +35,7 @@ from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import generate_key, hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import VllmServer
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
@@ -162,7 +163,7 @@ def store(database_url: str) -> CaptionStore:
 
 @pytest.fixture
 def seed(store: CaptionStore, data_dir: Path) -> Seed:
-    return seed_rows(store, Outbox(store, data_dir, OutboxConfig(capacity=100)))
+    return seed_rows(store, Outbox(store, data_dir, OutboxConfig(capacity=100), PipelineMetrics()))
 
 
 def settings_for(data_dir: Path, **changes: Any) -> ApiSettings:
@@ -406,7 +407,7 @@ def test_image_path_outside_the_data_dir_is_never_served(
 
 
 def test_boxes_need_the_frame_geometry(client: TestClient, store: CaptionStore, data_dir: Path) -> None:
-    outbox = Outbox(store, data_dir, OutboxConfig())
+    outbox = Outbox(store, data_dir, OutboxConfig(), PipelineMetrics())
     _, row_id = outbox.put(new_caption(400, "cam-9", frame_width=None, frame_height=None), jpeg())
     assert client.get(f"/v1/captions/{row_id}/image").status_code == 200
     refused = client.get(f"/v1/captions/{row_id}/image", params={"boxes": True})
@@ -437,7 +438,7 @@ def test_regenerate_puts_the_row_back_in_the_outbox(
     assert row is not None and (row.status, row.error, row.caption, row.attempts) == ("pending", None, None, 0)
     assert client.post(f"/v1/captions/{row_id}/regenerate", headers=admin).status_code == 409  # already pending
     # What a pipeline does at its next start: the row is queued, with its image.
-    outbox = Outbox(store, data_dir, OutboxConfig(capacity=100))
+    outbox = Outbox(store, data_dir, OutboxConfig(capacity=100), PipelineMetrics())
     assert outbox.recover() >= 1
     item = outbox.take(timeout=0)
     pending_ids = [item.id] if item else []
@@ -704,7 +705,7 @@ def test_api_reads_while_a_pipeline_writes(app: FastAPI, store: CaptionStore, da
     stop = threading.Event()
 
     def pipeline_writer() -> int:
-        outbox = Outbox(store, data_dir, OutboxConfig(capacity=1000))
+        outbox = Outbox(store, data_dir, OutboxConfig(capacity=1000), PipelineMetrics())
         written = 0
         for index in range(150):
             _, row_id = outbox.put(new_caption(1000 + index, f"cam-{index % 5}", people=index % 3), jpeg())

@@ -18,6 +18,7 @@ from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.demo_video import Segment
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import VllmServer
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
@@ -107,7 +108,7 @@ def api_settings(data_dir: Path) -> ApiSettings:
 def test_cameras_route_merges_reported_state_with_stored_rows(
     store: CaptionStore, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    outbox = Outbox(store, tmp_path / "data", OutboxConfig(capacity=10))
+    outbox = Outbox(store, tmp_path / "data", OutboxConfig(capacity=10), PipelineMetrics())
     for index in range(3):
         new = NewCaption(
             pipeline="p",
@@ -128,7 +129,9 @@ def test_cameras_route_merges_reported_state_with_stored_rows(
         store.mark_captioned(row_id, Caption("x", "tiny", 1, 1, 0.1), attempts=1)
     write_camera(store.engine, report("gate", "online", last_frame_at=T0 + timedelta(minutes=5), frames_analysed=7))
     write_camera(store.engine, report("dock", "offline"))  # no rows yet: listed all the same
-    write_camera(store.engine, report("lab", "paused"))
+    write_camera(store.engine, report("lab", "online"))
+    with store.engine.begin() as conn:  # a state only a newer version writes (this one refuses to write it)
+        conn.execute(text("UPDATE cameras SET state = 'paused' WHERE camera = 'lab'"))
     monkeypatch.setenv("VISIONCAP_DATABASE_URL", database_url)
     with TestClient(create_app(api_settings(tmp_path / "data")), headers={"X-Api-Key": READ_KEY}) as client:
         response = client.get("/v1/cameras")
@@ -180,7 +183,7 @@ def test_a_pipeline_run_leaves_finished_cameras_and_runs_retention(
         image_height=16,
         model="tiny",
     )
-    _, old_id = Outbox(store, data_dir, OutboxConfig()).put(old_frame, b"\xff\xd8\xff\xd9")
+    _, old_id = Outbox(store, data_dir, OutboxConfig(), PipelineMetrics()).put(old_frame, b"\xff\xd8\xff\xd9")
     assert old_id is not None
     store.mark_failed(old_id, "refused", attempts=1)
     old_image = data_dir / store.get(old_id).image_path  # type: ignore[union-attr,operator]

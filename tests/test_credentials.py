@@ -41,11 +41,11 @@ from visioncap.pipeline.compose import build_pipeline
 from visioncap.pipeline.hub import FrameHub
 from visioncap.redact import SECRET_PARAMETERS, MaskingFormatter
 from visioncap.sources.base import FrameSource
-from visioncap.sources.state import CameraState
 from visioncap.sources.stream import StreamSource
 from visioncap.sources.urls import mask_credentials, mask_urls
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 from visioncap.store.cameras import CameraReport, camera_states, write_camera
+from visioncap.store.records import CameraState
 
 SECRET = "s3cret-Xq7"
 READ_KEY = "credentials-test-key"

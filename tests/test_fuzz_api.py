@@ -36,6 +36,7 @@ from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.cameras import CameraReport, write_camera
@@ -60,7 +61,7 @@ def seed(database_url: str, data_dir: Path) -> None:
     """Twelve rows over three cameras in every status, and one camera a pipeline reported as failed."""
     store = CaptionStore(create_db_engine(database_url))
     store.create_schema()
-    outbox = Outbox(store, data_dir, OutboxConfig(capacity=100))
+    outbox = Outbox(store, data_dir, OutboxConfig(capacity=100), PipelineMetrics())
     for index in range(12):
         camera = f"cam-{index % 3 + 1}"
         new = NewCaption(

@@ -11,6 +11,7 @@ import pytest
 
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 
@@ -53,7 +54,7 @@ def frame(index: int, event: str = "e", score: float = 0.5) -> NewCaption:
 
 
 def outbox(store: CaptionStore, tmp_path: Path, clock: Clock | None = None, **config: float) -> Outbox:
-    return Outbox(store, tmp_path, OutboxConfig(**config), clock=clock or Clock())
+    return Outbox(store, tmp_path, OutboxConfig(**config), PipelineMetrics(), clock=clock or Clock())
 
 
 def test_frame_is_on_disk_and_pending_before_any_caption(store: CaptionStore, tmp_path: Path) -> None:
@@ -130,7 +131,7 @@ def test_rows_put_back_to_pending_join_a_running_outbox_once(store: CaptionStore
     assert box.recover() == 1
     taken = {box.take(timeout=0).id, box.take(timeout=0).id}  # type: ignore[union-attr]
     assert taken == {done, waiting}
-    other = Outbox(store, tmp_path, OutboxConfig(), clock=Clock(), pipeline="another")
+    other = Outbox(store, tmp_path, OutboxConfig(), PipelineMetrics(), clock=Clock(), pipeline="another")
     assert other.recover() == 0, "each pipeline takes only its own rows"
 
 
@@ -175,7 +176,7 @@ def test_duplicate_instant_is_not_queued_twice(store: CaptionStore, tmp_path: Pa
 def test_take_wakes_up_when_a_frame_arrives(store: CaptionStore, tmp_path: Path) -> None:
     import time
 
-    box = Outbox(store, tmp_path, OutboxConfig(), clock=time.monotonic)
+    box = Outbox(store, tmp_path, OutboxConfig(), PipelineMetrics(), clock=time.monotonic)
     got: list[int] = []
     worker = threading.Thread(target=lambda: got.append(box.take(timeout=30).id))  # type: ignore[union-attr]
     worker.start()

@@ -29,6 +29,7 @@ from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.retention import MIB, RetentionJob, RetentionMetrics, RetentionPolicy, RetentionResult, sweep
@@ -74,7 +75,7 @@ class Rows:
     def __init__(self, store: CaptionStore, data_dir: Path) -> None:
         self.store = store
         self.data_dir = data_dir
-        self.outbox = Outbox(store, data_dir, OutboxConfig(capacity=1000))
+        self.outbox = Outbox(store, data_dir, OutboxConfig(capacity=1000), PipelineMetrics())
         self.count = 0
 
     def add(

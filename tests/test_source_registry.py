@@ -27,7 +27,7 @@ from visioncap.config.sources import (
 from visioncap.errors import ConfigError
 from visioncap.sources import FrameSource, ImageFolderSource, StreamSource, VideoFileSource
 from visioncap.sources.registry import open_source, registered_kinds, source_class
-from visioncap.sources.state import CameraState
+from visioncap.store.records import CameraState
 
 SECRET = "s3cret-Rg4"
 FPS, FRAMES = 8, 24

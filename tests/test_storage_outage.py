@@ -23,6 +23,7 @@ from videos import make_event_video
 
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.serve import VllmServer, free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
@@ -78,7 +79,7 @@ def test_outbox_keeps_frames_and_answers_through_an_outage_and_a_restart(
     store = CaptionStore(create_db_engine(fresh_database(cluster.base_url)))
     store.create_schema()
     config = OutboxConfig(store_retry_max_s=0.5)
-    box = Outbox(store, tmp_path, config, pipeline="p")
+    box = Outbox(store, tmp_path, config, PipelineMetrics(), pipeline="p")
     before = box.put(frame(1), JPEG)
     in_flight = box.take(timeout=0)  # a worker is asking the VLM about frame 1 when the database goes
     assert before[0] is PutResult.QUEUED and in_flight is not None and in_flight.id == before[1]
@@ -95,7 +96,7 @@ def test_outbox_keeps_frames_and_answers_through_an_outage_and_a_restart(
     assert len(list((tmp_path / "journal").rglob("*.json"))) == 4, "every entry is on disk, not only in memory"
 
     # The process dies here (nothing is closed); a new one starts while the database is still away.
-    again = Outbox(store, tmp_path, config, pipeline="p")
+    again = Outbox(store, tmp_path, config, PipelineMetrics(), pipeline="p")
     assert again.recover() == 2, "frames 3 and 4 still need captions; 1 and 2 have theirs in the journal"
     taken = [again.take(timeout=0) for _ in range(3)]
     assert taken[2] is None
@@ -125,7 +126,7 @@ def test_a_write_that_committed_but_lost_its_answer_is_not_stored_twice(
     (the frame's row is in the database, the outbox did not hear so) is made by recording it before the outage."""
     store = CaptionStore(create_db_engine(fresh_database(cluster.base_url)))
     store.create_schema()
-    box = Outbox(store, tmp_path, OutboxConfig(store_retry_max_s=0.5), pipeline="p")
+    box = Outbox(store, tmp_path, OutboxConfig(store_retry_max_s=0.5), PipelineMetrics(), pipeline="p")
     _, row_id = box.put(frame(7), JPEG)
     item = box.take(timeout=0)
     assert item is not None and row_id is not None
@@ -154,7 +155,7 @@ def test_model_output_postgres_cannot_store_is_cleaned_or_marked_failed_never_re
 ) -> None:
     store = CaptionStore(create_db_engine(fresh_database(cluster.base_url)))
     store.create_schema()
-    box = Outbox(store, tmp_path, OutboxConfig(), pipeline="p")
+    box = Outbox(store, tmp_path, OutboxConfig(), PipelineMetrics(), pipeline="p")
     box.put(frame(1), JPEG)
     box.put(frame(2), JPEG)
     noisy = Caption("a\x00 person\x07 waves\ud800\n", "tiny", 300, 8, 0.1, structured={"summary\x00": ["x\x00y"]})
@@ -211,7 +212,7 @@ def test_a_full_disk_costs_only_the_frames_that_cannot_be_written(
     store = CaptionStore(create_db_engine(f"sqlite:///{tmp_path / 'c.db'}"))  # the database lives elsewhere
     store.create_schema()
     wakes: list[int] = []
-    box = Outbox(store, small_disk, OutboxConfig(capacity=100), on_disk_full=lambda: wakes.append(1))
+    box = Outbox(store, small_disk, OutboxConfig(capacity=100), PipelineMetrics(), on_disk_full=lambda: wakes.append(1))
     big = b"\xff\xd8" + b"\x00" * 30_000 + b"\xff\xd9"
     caplog.set_level(logging.WARNING, "visioncap.pipeline.outbox")
     results = [box.put(frame(i, camera="a" if i % 2 else "b"), big)[0] for i in range(12)]

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from visioncap.frames import Caption
+from visioncap.frames import Caption, SelectionReason
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 
 
@@ -28,7 +28,7 @@ def new_caption(index: int, **changes: object) -> NewCaption:
         "frame_index": index,
         "offset_s": index / 10,
         "captured_at": datetime(2026, 11, 29, 12, 0, tzinfo=UTC) + timedelta(seconds=index),
-        "reason": "run-start",
+        "reason": SelectionReason.NEW_EVENT,
         "people": [{"x1": 1.5, "y1": 2.0, "x2": 30.0, "y2": 60.0, "confidence": 0.91, "class_id": 0}],
         "image_width": 560,
         "image_height": 420,

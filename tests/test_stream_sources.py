@@ -20,9 +20,9 @@ from streams import WAIT_S, FrameCollector, RtspServer, StateRecorder, skip_unle
 from visioncap.config.sources import FolderSourceConfig, StreamSourceConfig
 from visioncap.errors import SourceError
 from visioncap.sources.image_folder import ImageFolderSource
-from visioncap.sources.state import CameraState
 from visioncap.sources.stream import StreamSource
 from visioncap.sources.urls import mask_credentials
+from visioncap.store.records import CameraState
 
 WIDTH, HEIGHT, FPS, SECONDS = 320, 240, 10, 3
 

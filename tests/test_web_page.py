@@ -26,6 +26,7 @@ from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
@@ -71,7 +72,7 @@ class Writer:
     def __init__(self, data_dir: Path) -> None:
         self.store = CaptionStore(create_db_engine(f"sqlite:///{data_dir / 'visioncap.db'}"))
         self.store.create_schema()
-        self.outbox = Outbox(self.store, data_dir, OutboxConfig(capacity=100))
+        self.outbox = Outbox(self.store, data_dir, OutboxConfig(capacity=100), PipelineMetrics())
 
     def add(self, index: int, seeded: Seeded) -> int:
         new = NewCaption(

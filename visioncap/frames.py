@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -58,12 +59,22 @@ class Detection:
     people: tuple[PersonBox, ...]
 
 
+class SelectionReason(StrEnum):
+    """Why a frame was chosen for a caption; in order of precedence when several apply."""
+
+    NEW_EVENT = "new-event"  # a person event became stable and has no caption yet
+    PEOPLE_LEFT = "people-left"  # people the last caption described have left
+    MOVEMENT = "movement"  # a captioned person moved far
+    RECAPTION = "recaption"  # the recaption interval of a captioned person passed
+    STREAM_END = "stream-end"  # the stream ended with a frame held back by the rate limits
+
+
 @dataclass(frozen=True, slots=True)
 class SelectedFrame:
     """A person frame chosen for captioning: why, for which person events (track ids), and how good it is."""
 
     detection: Detection
-    reason: str
+    reason: SelectionReason
     event_ids: tuple[int, ...] = ()
     score: float = 0.0
 

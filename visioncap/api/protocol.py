@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 from sqlalchemy import Row
 
+from visioncap.frames import SelectionReason
 from visioncap.redact import mask_credentials, mask_urls
 from visioncap.store.cameras import CameraReport
-from visioncap.store.records import CaptionRecord, CaptionStatus
+from visioncap.store.records import CameraState, CaptionRecord, CaptionStatus
 from visioncap.store.search import CameraSummary, CaptionRow
 
 
@@ -44,7 +45,11 @@ class Caption(_Model):
     captured_at: datetime = Field(description="When the frame was captured (UTC, ISO 8601).")
     frame_index: int = Field(description="Index of the frame in its source.")
     offset_s: float = Field(description="Seconds from the start of the source.")
-    reason: str = Field(description="Why the frame was selected (e.g. new-event, recaption, movement).")
+    reason: SelectionReason = Field(
+        description="Why the frame was selected: new-event (a person became stable), people-left (people it was "
+        "described with left), movement (a person moved far), recaption (the recaption interval passed) or "
+        "stream-end (held back by the rate limits until its stream ended)."
+    )
     event_key: str = Field(description="The person event the frame describes.")
     event_ids: list[int] = Field(description="Track ids of the people the frame describes.")
     score: float = Field(description="Frame quality score used to choose it.")
@@ -147,14 +152,11 @@ class StatusCounts(_Model):
     skipped: int = Field(description="Never sent (coalesced, queue full, too old).")
 
 
-CameraStateName = Literal["starting", "online", "reconnecting", "offline", "finished", "failed"]
-
-
 class Camera(_Model):
     """What the database knows of one camera: the state its pipeline last reported, and its stored rows."""
 
     camera: str = Field(description="Camera id.")
-    state: CameraStateName | None = Field(
+    state: CameraState | None = Field(
         description="As the pipeline last reported it: starting, online (frames arrive), reconnecting, offline "
         "(still failing at the longest retry interval), finished (stopped or its file ended), failed (a file or "
         "folder that could not be read). Null when no pipeline has reported the camera. A pipeline that was "
@@ -180,12 +182,12 @@ class Camera(_Model):
     @classmethod
     def of(cls, camera: str, summary: CameraSummary | None, report: CameraReport | None) -> Camera:
         summary = summary or CameraSummary(camera)
-        counts = StatusCounts(**{status.value: summary.by_status.get(status.value, 0) for status in CaptionStatus})
+        counts = StatusCounts(**{status: summary.by_status.get(status, 0) for status in CaptionStatus})
         frame_times = [t for t in (summary.last_frame_at, report.last_frame_at if report else None) if t is not None]
         return cls(
             camera=camera,
-            # A state some other (newer) writer stored is shown as unknown rather than failing the whole list.
-            state=report.state if report and report.state in get_args(CameraStateName) else None,  # type: ignore[arg-type]
+            # A state some other (newer) writer stored reads as None: shown as unknown, the list still answers.
+            state=report.state if report else None,
             state_since=report.state_since if report else None,
             error=mask_urls(report.error) if report and report.error is not None else None,
             pipeline=report.pipeline if report else None,
@@ -209,7 +211,7 @@ class Regenerated(_Model):
     """A caption put back in the outbox."""
 
     id: int = Field(description="The caption id.")
-    status: Literal["pending"] = Field(description="Always pending: waiting for the pipeline.")
+    status: Literal[CaptionStatus.PENDING] = Field(description="Always pending: waiting for the pipeline.")
     detail: str = Field(description="When the new caption will come.")
 
 

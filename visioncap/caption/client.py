@@ -26,6 +26,7 @@ from visioncap.config.caption import CaptionConfig
 from visioncap.config.vlm import VlmConfig
 from visioncap.errors import ConfigError, VlmUnavailableError
 from visioncap.frames import Caption
+from visioncap.store.records import SkipReason
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,11 @@ class TransientCaptionError(CaptionError):
 
 class SkippedCaptionError(CaptionError):
     """The endpoint declined the frame on purpose (the gateway's deadline for background work passed)."""
+
+    def __init__(self, reason: SkipReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
 
 
 class VlmCaptioner:
@@ -109,7 +115,7 @@ class VlmCaptioner:
             if exc.status_code == 408:
                 # The gateway gives up on background work that waited past its deadline: a fresher frame of
                 # the event is worth more than this one, so it is recorded as skipped, not retried.
-                raise SkippedCaptionError(f"deadline: {exc.message}") from exc
+                raise SkippedCaptionError(SkipReason.DEADLINE, exc.message) from exc
             raise CaptionError(f"VLM refused the request (HTTP {exc.status_code}): {exc.message}") from exc
         latency = time.perf_counter() - started
         text = (response.choices[0].message.content or "").strip()

@@ -20,9 +20,10 @@ from visioncap.config.settings import Settings
 from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError
 from visioncap.pipeline.health import HealthServer
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.runner import PipelineRunner, RunSummary
 from visioncap.store import CaptionStore, create_db_engine
-from visioncap.store.retention import RetentionJob, default_metrics
+from visioncap.store.retention import RetentionJob
 
 if TYPE_CHECKING:
     from visioncap.serve import VllmServer
@@ -34,9 +35,10 @@ class Pipeline:
     """A pipeline ready to run, with everything it uses started; `close()` (or the end of a `with` block) stops
     those in reverse order. Made by `build_pipeline`."""
 
-    def __init__(self, runner: PipelineRunner, resources: ExitStack) -> None:
+    def __init__(self, runner: PipelineRunner, metrics: PipelineMetrics, resources: ExitStack) -> None:
         self._runner = runner
         self._resources = resources
+        self.metrics = metrics
 
     @property
     def summary(self) -> RunSummary:
@@ -76,6 +78,7 @@ def build_pipeline(
     serve: str | None = None,
     metrics_port: int | None = None,
     check_vlm: bool = True,
+    metrics: PipelineMetrics | None = None,
 ) -> Pipeline:
     """Wires and starts everything `config` needs around its runner; nothing reads frames before `run()`.
 
@@ -83,11 +86,13 @@ def build_pipeline(
     model profile whose vLLM server is started for the pipeline's lifetime (on a free port) and captions instead
     of `vlm.base_url`. `metrics_port` serves /metrics, /healthz and /readyz on 127.0.0.1. `check_vlm` fails
     here, before the detector loads, when the VLM endpoint is down or does not serve `vlm.model`; without it
-    the run starts anyway and its captions wait in the outbox until the endpoint answers.
+    the run starts anyway and its captions wait in the outbox until the endpoint answers. `metrics` is the
+    registry the pipeline records into (a new one by default: each pipeline in a process keeps its own series).
 
     Raises ConfigError or VlmUnavailableError (naming the configuration field or setting at fault); whatever
     was started by then is stopped again.
     """
+    metrics = metrics or PipelineMetrics()
     with ExitStack() as stack:
         base_url = config.vlm.base_url or settings.vlm_base_url
         if serve is not None:
@@ -104,16 +109,18 @@ def build_pipeline(
         stack.callback(store.engine.dispose)
         store.create_schema()
         # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
-        retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, default_metrics()))
+        retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, metrics.retention))
         captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
         if check_vlm:
             captioner.check_ready()
         detector = PersonDetector(config.detector, base_dir=base_dir)
         # A frame that cannot be saved for lack of space wakes retention (VISIONCAP_RETENTION_MIN_FREE_MB).
-        runner = PipelineRunner(config, detector, captioner, store, settings.data_dir, on_disk_full=retention.wake)
+        runner = PipelineRunner(
+            config, detector, captioner, store, settings.data_dir, metrics, on_disk_full=retention.wake
+        )
         if metrics_port is not None:
-            stack.enter_context(HealthServer(runner.readiness, port=metrics_port))
-        return Pipeline(runner, stack.pop_all())
+            stack.enter_context(HealthServer(runner.readiness, metrics, port=metrics_port))
+        return Pipeline(runner, metrics, stack.pop_all())
 
 
 def stop_on_signals(pipeline: Pipeline) -> None:

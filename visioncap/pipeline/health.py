@@ -9,7 +9,9 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from visioncap.pipeline.metrics import PipelineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +22,8 @@ Readiness = Callable[[], tuple[bool, dict[str, Any]]]
 class HealthServer:
     """`/metrics`, `/healthz` and `/readyz` (200 ready, 503 degraded, JSON details) on one loopback port."""
 
-    def __init__(self, readiness: Readiness, port: int = 0, host: str = "127.0.0.1") -> None:
-        handler = type("Handler", (_Handler,), {"readiness": staticmethod(readiness)})
+    def __init__(self, readiness: Readiness, metrics: PipelineMetrics, port: int = 0, host: str = "127.0.0.1") -> None:
+        handler = type("Handler", (_Handler,), {"readiness": staticmethod(readiness), "metrics": metrics})
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="health-http", daemon=True)
@@ -41,11 +43,12 @@ class HealthServer:
 
 class _Handler(BaseHTTPRequestHandler):
     readiness: Readiness
+    metrics: PipelineMetrics
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
-            self._send(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            self._send(200, self.metrics.render(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
             self._send(200, b'{"status":"ok"}', "application/json")
         elif path == "/readyz":

@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from visioncap.frames import Caption
+from visioncap.frames import Caption, SelectionReason
 from visioncap.store import CaptionStatus, NewCaption
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,8 @@ class JournalEntry:
     def from_json(cls, data: dict[str, Any]) -> JournalEntry:
         new = data.get("new")
         if new is not None:
-            new = NewCaption(**{**new, "captured_at": datetime.fromisoformat(new["captured_at"])})
+            captured_at = datetime.fromisoformat(new["captured_at"])
+            new = NewCaption(**{**new, "captured_at": captured_at, "reason": SelectionReason(new["reason"])})
         outcome = data.get("outcome")
         return cls(
             key=str(data["key"]),

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 
-from visioncap import metrics
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.journal import Journal, JournalEntry, Outcome
+from visioncap.pipeline.metrics import FailureKind, PipelineMetrics
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption
+from visioncap.store.records import SkipReason
 from visioncap.store.safety import describe, is_unavailable
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,14 @@ class PutResult(StrEnum):
 
 
 CAPTIONING = (PutResult.QUEUED, PutResult.JOURNALED, PutResult.REPLACED)
+
+# What `Outbox.counts` counts: final statuses of frames, and puts that stored nothing (or only a skipped row).
+Counted = CaptionStatus | PutResult
+
+
+def _skip_error(reason: SkipReason, detail: str) -> str:
+    """A skipped row's error: its reason code first, so that it reads the same however it was skipped."""
+    return f"{reason}: {detail}"
 
 
 def _needs_caption(entry: JournalEntry) -> bool:
@@ -102,6 +111,7 @@ class Outbox:
         store: CaptionStore,
         data_dir: Path,
         config: OutboxConfig,
+        metrics: PipelineMetrics,
         clock: Callable[[], float] = time.monotonic,
         pipeline: str | None = None,
         on_disk_full: Callable[[], None] | None = None,
@@ -110,6 +120,7 @@ class Outbox:
         self._pipeline = pipeline
         self._data_dir = data_dir
         self._config = config
+        self._metrics = metrics
         self._clock = clock
         self._on_disk_full = on_disk_full
         self._lock = threading.Condition()
@@ -119,7 +130,7 @@ class Outbox:
         self._in_flight: dict[str, OutboxItem] = {}
         self._seq = itertools.count()
         self._closed = False
-        self.counts: Counter[str] = Counter()  # outcomes of this process: captioned, failed, skipped, duplicate
+        self.counts: Counter[Counted] = Counter()  # outcomes in this process
         self._journal = Journal(data_dir, pipeline)
         self._journaled: dict[str, JournalEntry] = {}
         self._journal_loaded = False
@@ -129,7 +140,7 @@ class Outbox:
         self._disk_full_since: float | None = None
         self._disk_warned: dict[str, float] = {}  # camera -> when its last disk warning was logged
         self._finished_during_read: set[str] | None = None  # while `recover` reads pending rows
-        metrics.STORE_AVAILABLE.set(1)
+        self._metrics.store_available.set(1)
 
     # -- producer side ---------------------------------------------------------------------------
 
@@ -208,15 +219,15 @@ class Outbox:
             rival_key = self._by_event.get(new.event_key) if full else None
             rival = self._queued.get(rival_key) if rival_key is not None else None
         if full and (rival is None or rival.score >= new.score):
-            reason = (
-                f"coalesced: a better frame of this event is waiting (#{rival.id or rival.key})"
+            reason, detail = (
+                (SkipReason.COALESCED, f"a better frame of this event is waiting (#{rival.id or rival.key})")
                 if rival is not None
-                else f"queue-full: {self._config.capacity} frames already waiting"
+                else (SkipReason.QUEUE_FULL, f"{self._config.capacity} frames already waiting")
             )
-            result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=reason))
+            result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=_skip_error(reason, detail)))
             if result in (PutResult.DUPLICATE, PutResult.UNSTORABLE):
                 return result, None
-            self._skipped(new.camera, "coalesced" if rival is not None else "queue-full")
+            self._skipped(new.camera, reason)
             return (PutResult.COALESCED if rival is not None else PutResult.QUEUE_FULL), row_id
 
         try:
@@ -231,7 +242,7 @@ class Outbox:
         if result in (PutResult.JOURNAL_FULL, PutResult.UNSTORABLE):
             (self._data_dir / relative).unlink(missing_ok=True)
             if result is PutResult.JOURNAL_FULL:
-                self._skipped(new.camera, "journal_full")
+                self._skipped(new.camera, SkipReason.JOURNAL_FULL)
                 self._warn_disk(new.camera, f"camera {new.camera}: the database is away and the journal is full")
             return result, None
         item = self._item(str(relative), row_id, new, 0)
@@ -242,9 +253,11 @@ class Outbox:
             self._enqueue(item)
             self._lock.notify_all()
         if replaced is not None:
-            reason = f"coalesced: replaced by a better frame of this event (#{row_id or item.key})"
-            self._settle(replaced, Outcome(CaptionStatus.SKIPPED, replaced.attempts, error=reason, image_removed=True))
-            self._skipped(replaced.camera, "coalesced")
+            error = _skip_error(
+                SkipReason.COALESCED, f"replaced by a better frame of this event (#{row_id or item.key})"
+            )
+            self._settle(replaced, Outcome(CaptionStatus.SKIPPED, replaced.attempts, error=error, image_removed=True))
+            self._skipped(replaced.camera, SkipReason.COALESCED)
             if replaced.image_path is not None:
                 replaced.image_path.unlink(missing_ok=True)
             return PutResult.REPLACED, row_id
@@ -275,18 +288,18 @@ class Outbox:
                 if not is_unavailable(exc):
                     # Refused for good (a value this database cannot hold): it costs this frame, not the pipeline.
                     log.error("camera %s: frame %d cannot be stored: %s", new.camera, new.frame_index, describe(exc))
-                    self._count("failed")
+                    self._count(CaptionStatus.FAILED)
                     return PutResult.UNSTORABLE, None
                 self._store_failed(exc)
             else:
                 if row_id is None:
-                    self._count("duplicate")
+                    self._count(PutResult.DUPLICATE)
                     return PutResult.DUPLICATE, None
                 self._store_ok()
                 return PutResult.QUEUED, row_id
         with self._lock:
             if len(self._journaled) >= self._config.journal_capacity:
-                self.counts["journal_full"] += 1
+                self.counts[PutResult.JOURNAL_FULL] += 1
                 return PutResult.JOURNAL_FULL, None
             key = new.image_path or f"skipped:{uuid.uuid4().hex}"
             entry = JournalEntry(key=key, seq=time.time_ns(), new=new, outcome=outcome)
@@ -299,16 +312,16 @@ class Outbox:
     def _unwritable(self, new: NewCaption, exc: OSError) -> tuple[PutResult, int | None]:
         """The frame's image could not be written: it costs this frame only, recorded as skipped with the reason."""
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-        reason = "disk_full" if full else "image_write_failed"
-        result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=f"{reason}: {exc}"))
+        reason = SkipReason.DISK_FULL if full else SkipReason.IMAGE_WRITE_FAILED
+        result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=_skip_error(reason, str(exc))))
         if result not in (PutResult.DUPLICATE, PutResult.UNSTORABLE):
             self._skipped(new.camera, reason)
         if full:
             with self._lock:
                 if self._disk_full_since is None:
                     self._disk_full_since = time.time()
-                self.counts["disk_full"] += 1
-            metrics.DISK_FULL.set(1)
+                self.counts[PutResult.DISK_FULL] += 1
+            self._metrics.disk_full.set(1)
             if self._on_disk_full is not None:
                 self._on_disk_full()  # retention frees space early when it is configured to keep some free
         self._warn_disk(new.camera, f"camera {new.camera}: frame {new.frame_index} not saved ({reason}: {exc})")
@@ -323,11 +336,11 @@ class Outbox:
         log.warning("%s; further frames of this camera that cannot be saved are counted, not logged, for %.0f s",
                     message, DISK_WARN_EVERY_S)  # fmt: skip
 
-    def _skipped(self, camera: str, reason: str) -> None:
-        self._count("skipped")
-        metrics.FRAMES_SKIPPED.labels(camera, reason).inc()
+    def _skipped(self, camera: str, reason: SkipReason) -> None:
+        self._count(CaptionStatus.SKIPPED)
+        self._metrics.frames_skipped.labels(camera, reason).inc()
 
-    def _count(self, outcome: str) -> None:
+    def _count(self, outcome: Counted) -> None:
         with self._lock:
             self.counts[outcome] += 1
 
@@ -351,7 +364,7 @@ class Outbox:
         if self._disk_full_since is not None:
             with self._lock:
                 self._disk_full_since = None
-            metrics.DISK_FULL.set(0)
+            self._metrics.disk_full.set(0)
             log.info("disk: frames are saved again")
         return relative
 
@@ -359,7 +372,7 @@ class Outbox:
         self._queued[item.key] = item
         self._by_event[item.event_key] = item.key
         heapq.heappush(self._heap, item)
-        metrics.OUTBOX_DEPTH.set(len(self._queued) + len(self._in_flight))
+        self._metrics.outbox_depth.set(len(self._queued) + len(self._in_flight))
 
     def _dequeue(self, key: str) -> OutboxItem:
         # The heap entry stays and is skipped when it surfaces: removal from the middle of a heap is O(n).
@@ -395,26 +408,26 @@ class Outbox:
 
     def complete(self, item: OutboxItem, caption: Caption) -> None:
         self._settle(item, Outcome(CaptionStatus.CAPTIONED, item.attempts + 1, caption=caption))
-        self._count("captioned")
+        self._count(CaptionStatus.CAPTIONED)
         self._finish(item)
 
     def fail(self, item: OutboxItem, error: str) -> None:
         self._settle(item, Outcome(CaptionStatus.FAILED, item.attempts + 1, error=error))
-        self._count("failed")
-        metrics.CAPTION_FAILURES.labels(item.camera, "permanent").inc()
+        self._count(CaptionStatus.FAILED)
+        self._metrics.caption_failures.labels(item.camera, FailureKind.PERMANENT).inc()
         self._finish(item)
 
-    def skip(self, item: OutboxItem, reason: str) -> None:
+    def skip(self, item: OutboxItem, reason: SkipReason, detail: str) -> None:
         """Never captioned, on purpose (e.g. too old by the time the VLM had room): recorded with the reason."""
-        self._settle(item, Outcome(CaptionStatus.SKIPPED, item.attempts, error=reason))
-        self._skipped(item.camera, reason.split(":")[0])
+        self._settle(item, Outcome(CaptionStatus.SKIPPED, item.attempts, error=_skip_error(reason, detail)))
+        self._skipped(item.camera, reason)
         self._finish(item)
 
     def retry(self, item: OutboxItem, error: str) -> float:
         """Back into the queue after a transient failure; returns the backoff in seconds."""
         attempts = item.attempts + 1
         self._settle(item, Outcome(CaptionStatus.PENDING, attempts, error=error))
-        metrics.CAPTION_FAILURES.labels(item.camera, "transient").inc()
+        self._metrics.caption_failures.labels(item.camera, FailureKind.TRANSIENT).inc()
         delay = min(self._config.retry_max_s, self._config.retry_initial_s * 2 ** (attempts - 1))
         with self._lock:
             self._in_flight.pop(item.key, None)
@@ -428,7 +441,7 @@ class Outbox:
             self._in_flight.pop(item.key, None)
             if self._finished_during_read is not None:
                 self._finished_during_read.add(item.key)
-            metrics.OUTBOX_DEPTH.set(len(self._queued) + len(self._in_flight))
+            self._metrics.outbox_depth.set(len(self._queued) + len(self._in_flight))
             self._lock.notify_all()
 
     def wait_drained(self, timeout: float) -> bool:
@@ -469,7 +482,7 @@ class Outbox:
                 journal_entries=len(self._journaled),
                 disk_ok=self._disk_full_since is None,
                 disk_full_since=self._disk_full_since,
-                disk_full_frames=self.counts["disk_full"],
+                disk_full_frames=self.counts[PutResult.DISK_FULL],
             )
 
     def wait_journal_empty(self, timeout: float) -> bool:
@@ -551,8 +564,8 @@ class Outbox:
                 self._down_since = time.time()
             self._down_error = describe(exc)
             self._lock.notify_all()
-        metrics.STORE_AVAILABLE.set(0)
-        metrics.STORE_ERRORS.inc()
+        self._metrics.store_available.set(0)
+        self._metrics.store_errors.inc()
         self._start_flusher()  # it probes the database while nothing is journaled
         if first:
             log.warning("database unavailable (%s): frames and captions are kept in %s until it is back",
@@ -563,11 +576,11 @@ class Outbox:
             if self._down_since is None:
                 return
             since, self._down_since, self._down_error = self._down_since, None, None
-        metrics.STORE_AVAILABLE.set(1)
+        self._metrics.store_available.set(1)
         log.info("database available again after %.0f s", time.time() - since)
 
     def _publish(self) -> None:
-        metrics.JOURNAL_ENTRIES.set(len(self._journaled))
+        self._metrics.journal_entries.set(len(self._journaled))
 
     def _start_flusher(self) -> None:
         with self._lock:
@@ -666,7 +679,7 @@ class Outbox:
         return None
 
     def _drop_duplicate(self, entry: JournalEntry) -> None:
-        self._count("duplicate")
+        self._count(PutResult.DUPLICATE)
         with self._lock:
             del self._journaled[entry.key]
             self._journal.remove(entry.key)

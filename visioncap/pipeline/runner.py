@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from visioncap import metrics
 from visioncap.caption.client import VlmCaptioner
 from visioncap.caption.encode import compose, encode_jpeg, people_region
 from visioncap.config.pipeline import PipelineConfig
@@ -19,13 +18,15 @@ from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
 from visioncap.frames import Detection, Frame, SelectedFrame
 from visioncap.pipeline.hub import FrameHub
-from visioncap.pipeline.outbox import CAPTIONING, Outbox
+from visioncap.pipeline.metrics import PipelineMetrics
+from visioncap.pipeline.outbox import CAPTIONING, Outbox, PutResult
 from visioncap.pipeline.workers import CaptionWorkers
 from visioncap.select.events import EventSelector
 from visioncap.sources.base import FrameSource
 from visioncap.sources.registry import open_source
 from visioncap.store.cameras import CameraStateRecorder
 from visioncap.store.captions import CaptionStore, NewCaption
+from visioncap.store.records import CameraState, CaptionStatus
 
 log = logging.getLogger(__name__)
 RATE_WINDOW_S = 5.0
@@ -37,7 +38,7 @@ class CameraStats:
     """What the progress display shows for one camera."""
 
     camera: str
-    state: str = "starting"
+    state: CameraState = CameraState.STARTING
     analysed: int = 0
     person_frames: int = 0
     people_in_view: int = 0
@@ -119,6 +120,7 @@ class PipelineRunner:
         captioner: VlmCaptioner,
         store: CaptionStore,
         data_dir: Path,
+        metrics: PipelineMetrics,
         on_disk_full: Callable[[], None] | None = None,
     ) -> None:
         self._config = config
@@ -126,8 +128,9 @@ class PipelineRunner:
         self._captioner = captioner
         self._store = store
         self._data_dir = data_dir
+        self._metrics = metrics
         self._stop = threading.Event()
-        self.outbox = Outbox(store, data_dir, config.outbox, pipeline=config.name, on_disk_full=on_disk_full)
+        self.outbox = Outbox(store, data_dir, config.outbox, metrics, pipeline=config.name, on_disk_full=on_disk_full)
         self._cameras: dict[str, _Camera] = {}
         for source_config in config.sources:
             # Made here, read in run(): their rates and descriptions are needed now, their frames only then.
@@ -181,7 +184,7 @@ class PipelineRunner:
         if summary.recovered:
             log.info("outbox: %d pending frames from an earlier run are captioned first", summary.recovered)
         next_requeue_check = time.monotonic() + REQUEUE_POLL_S
-        workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency)
+        workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency, self._metrics)
         workers.start()
         self._camera_states.start()
         hub = FrameHub([camera.source for camera in self._cameras.values()], on_finished=self._on_finished)
@@ -217,48 +220,48 @@ class PipelineRunner:
             workers.join(timeout=self._config.vlm.timeout_s + 5)
         summary.frames = sum(c.source.frames_read for c in self._cameras.values())
         counts = self.outbox.counts
-        summary.captions, summary.failed = counts["captioned"], counts["failed"]
-        summary.skipped, summary.duplicates = counts["skipped"], counts["duplicate"]
+        summary.captions, summary.failed = counts[CaptionStatus.CAPTIONED], counts[CaptionStatus.FAILED]
+        summary.skipped, summary.duplicates = counts[CaptionStatus.SKIPPED], counts[PutResult.DUPLICATE]
         summary.pending = self.outbox.depth
         summary.journaled = self.outbox.journaled
         summary.stopped = self._stop.is_set()
         summary.elapsed_s = time.perf_counter() - started
         return summary
 
-    def _on_state(self, camera: str, state: object) -> None:
-        value = str(state)
+    def _on_state(self, camera: str, state: CameraState) -> None:
         with self._lock:
-            self._cameras[camera].stats.state = value
+            self._cameras[camera].stats.state = state
             self._cameras[camera].reports_state = True
-        for known in ("starting", "online", "reconnecting", "offline", "finished"):
-            metrics.CAMERA_STATE.labels(camera, known).set(1 if known == value else 0)
-        self._camera_states.state(camera, value)
+        for known in CameraState:
+            if known is not CameraState.FAILED:  # the pipeline's verdict on a file, never a source's report
+                self._metrics.camera_state.labels(camera, known).set(1 if known == state else 0)
+        self._camera_states.state(camera, state)
 
     def _on_finished(self, camera: str, error: str | None) -> None:
         with self._lock:
             stats = self._cameras[camera].stats
             stats.error = error
-            stats.state = "failed" if error else "finished"
+            stats.state = CameraState.FAILED if error else CameraState.FINISHED
         self._camera_states.state(camera, stats.state, error)
 
     def _handle(self, detection: Detection) -> None:
         camera = self._cameras[detection.frame.camera]
         stats = camera.stats
         stats.analysed_frame(time.monotonic())
-        metrics.FRAMES_ANALYSED.labels(stats.camera).inc()
-        if not camera.reports_state and stats.state == "starting":
-            stats.state = "online"
-            self._camera_states.state(stats.camera, "online")
+        self._metrics.frames_analysed.labels(stats.camera).inc()
+        if not camera.reports_state and stats.state is CameraState.STARTING:
+            stats.state = CameraState.ONLINE
+            self._camera_states.state(stats.camera, CameraState.ONLINE)
         self._camera_states.frame(stats.camera, self._captured_at(camera, detection.frame))
         tracked = camera.tracker.update(detection)
         if tracked.people:
             stats.person_frames += 1
         stats.people_in_view = len(tracked.people)
-        metrics.PEOPLE_IN_VIEW.labels(stats.camera).set(stats.people_in_view)
+        self._metrics.people_in_view.labels(stats.camera).set(stats.people_in_view)
         before = camera.selector.events_started
         selections = camera.selector.offer(tracked)
         if camera.selector.events_started > before:
-            metrics.EVENTS.labels(stats.camera).inc(camera.selector.events_started - before)
+            self._metrics.events.labels(stats.camera).inc(camera.selector.events_started - before)
         stats.events = camera.selector.events_started
         for selected in selections:
             self._submit(camera, selected)
@@ -301,7 +304,7 @@ class PipelineRunner:
         )
         result, row_id = self.outbox.put(new, image.jpeg)
         camera.stats.selected += 1
-        metrics.FRAMES_SELECTED.labels(frame.camera, selected.reason).inc()
+        self._metrics.frames_selected.labels(frame.camera, selected.reason).inc()
         if result in CAPTIONING:
-            metrics.IMAGE_TOKENS.labels(frame.camera).inc(image.image_tokens)
+            self._metrics.image_tokens.labels(frame.camera).inc(image.image_tokens)
         log.debug("camera %s frame %d: %s -> %s (#%s)", frame.camera, frame.index, selected.reason, result, row_id)

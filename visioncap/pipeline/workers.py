@@ -6,9 +6,9 @@ import logging
 import threading
 import time
 
-from visioncap import metrics
 from visioncap.caption.client import CaptionError, SkippedCaptionError, TransientCaptionError, VlmCaptioner
 from visioncap.frames import Caption
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox, OutboxItem
 
 log = logging.getLogger(__name__)
@@ -19,8 +19,9 @@ WARN_EVERY_S = 10.0
 class CaptionWorkers:
     """N threads draining the outbox until it is closed."""
 
-    def __init__(self, outbox: Outbox, captioner: VlmCaptioner, count: int) -> None:
+    def __init__(self, outbox: Outbox, captioner: VlmCaptioner, count: int, metrics: PipelineMetrics) -> None:
         self._outbox = outbox
+        self._metrics = metrics
         self._captioner = captioner
         self._threads = [threading.Thread(target=self._loop, name=f"caption-{i}", daemon=True) for i in range(count)]
         self._last_warning = 0.0
@@ -48,8 +49,8 @@ class CaptionWorkers:
                 continue
             # Recorded in the database or, while it is away, in the journal: an answer is never asked for twice.
             self._outbox.complete(item, caption)
-            metrics.CAPTIONS.labels(item.camera).inc()
-            metrics.CAPTION_LATENCY.observe(caption.latency_s)
+            self._metrics.captions.labels(item.camera).inc()
+            self._metrics.caption_latency.observe(caption.latency_s)
             log.info("camera %s frame %s: %s", item.camera, item.id or item.key, caption.text[:120])
 
     def _ask(self, item: OutboxItem) -> Caption | None:
@@ -66,7 +67,7 @@ class CaptionWorkers:
                        f"in {delay:.1f} s")  # fmt: skip
         except SkippedCaptionError as exc:
             log.info("frame %s skipped: %s", item.id or item.key, exc)
-            self._outbox.skip(item, str(exc))
+            self._outbox.skip(item, exc.reason, exc.detail)
         except CaptionError as exc:
             log.error("caption of frame %s refused: %s", item.id or item.key, exc)
             self._outbox.fail(item, str(exc))

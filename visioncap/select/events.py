@@ -13,14 +13,8 @@ import math
 from dataclasses import dataclass
 
 from visioncap.config.selection import SelectionConfig
-from visioncap.frames import Detection, PersonBox, SelectedFrame
+from visioncap.frames import Detection, PersonBox, SelectedFrame, SelectionReason
 from visioncap.select.scoring import frame_score
-
-NEW_EVENT = "new-event"
-RECAPTION = "recaption"
-MOVEMENT = "movement"
-PEOPLE_LEFT = "people-left"
-STREAM_END = "stream-end"
 
 
 @dataclass
@@ -47,7 +41,7 @@ class EventSelector:
         self._config = config
         self._tracks: dict[int, _Track] = {}
         self._window_start: float | None = None
-        self._window_reasons: list[str] = []
+        self._window_reasons: list[SelectionReason] = []
         self._window_focus: int | None = None  # per_person: the event the window is for
         self._best: _Candidate | None = None
         self._last_emit_s: float | None = None
@@ -113,40 +107,40 @@ class EventSelector:
     def _visible(self) -> dict[int, _Track]:
         return {tid: t for tid, t in self._tracks.items() if t.box is not None and t.started}
 
-    def _due_ids(self, now: float) -> dict[int, str]:
-        due: dict[int, str] = {}
+    def _due_ids(self, now: float) -> dict[int, SelectionReason]:
+        due: dict[int, SelectionReason] = {}
         for tid, track in self._visible().items():
             if track.captioned_s is None:
-                due[tid] = NEW_EVENT
+                due[tid] = SelectionReason.NEW_EVENT
             elif (
                 self._config.recaption_interval_s is not None
                 and now - track.captioned_s >= self._config.recaption_interval_s
             ):
-                due[tid] = RECAPTION
+                due[tid] = SelectionReason.RECAPTION
             elif self._config.movement_threshold is not None and track.captioned_center and track.box:
                 cx, cy = track.box.center
                 px, py = track.captioned_center
                 if math.hypot(cx - px, cy - py) >= self._config.movement_threshold * self._diagonal:
-                    due[tid] = MOVEMENT
+                    due[tid] = SelectionReason.MOVEMENT
         return due
 
-    def _due_reasons(self, due: dict[int, str]) -> list[str]:
+    def _due_reasons(self, due: dict[int, SelectionReason]) -> list[SelectionReason]:
         reasons = set(due.values())
         if self._config.recaption_on_count_change and self._last_caption_ids:
             gone = self._last_caption_ids - set(self._tracks)
             if gone and self._visible():
-                reasons.add(PEOPLE_LEFT)
+                reasons.add(SelectionReason.PEOPLE_LEFT)
                 # Counted once: the people who left are not waited for again.
                 self._last_caption_ids -= gone
         return sorted(reasons, key=_REASON_ORDER.index)
 
     @staticmethod
-    def _focus(due: dict[int, str]) -> int | None:
+    def _focus(due: dict[int, SelectionReason]) -> int | None:
         return min(due, key=lambda tid: (_REASON_ORDER.index(due[tid]), tid)) if due else None
 
     # -- window ----------------------------------------------------------------------------------
 
-    def _consider(self, detection: Detection, due: dict[int, str]) -> None:
+    def _consider(self, detection: Detection, due: dict[int, SelectionReason]) -> None:
         if self._window_focus is not None:
             people = tuple(p for p in detection.people if p.track_id == self._window_focus)
         else:
@@ -154,7 +148,7 @@ class EventSelector:
             people = tuple(p for p in detection.people if p.track_id is not None)
         if not people:
             return
-        wanted = set(due) if PEOPLE_LEFT not in self._window_reasons else {p.track_id for p in people}
+        wanted = set(due) if SelectionReason.PEOPLE_LEFT not in self._window_reasons else {p.track_id for p in people}
         covered = len(wanted & {p.track_id for p in people})
         if not covered and self._window_focus is None:
             return
@@ -187,7 +181,11 @@ class EventSelector:
                 track.captioned_center = next(p.center for p in best.people if p.track_id == tid)
         self._last_caption_ids = set(ids) if not self._config.per_person else self._last_caption_ids | set(ids)
         self._last_emit_s = self._now
-        reason = self._window_reasons[0] if self._window_reasons else (STREAM_END if final else NEW_EVENT)
+        reason = (
+            self._window_reasons[0]
+            if self._window_reasons
+            else (SelectionReason.STREAM_END if final else SelectionReason.NEW_EVENT)
+        )
         selected = SelectedFrame(
             detection=Detection(frame=frame, people=best.people),
             reason=reason,
@@ -201,4 +199,4 @@ class EventSelector:
         return selected
 
 
-_REASON_ORDER = [NEW_EVENT, PEOPLE_LEFT, MOVEMENT, RECAPTION, STREAM_END]
+_REASON_ORDER = list(SelectionReason)  # its members are declared in order of precedence

@@ -6,12 +6,11 @@ Importing the package imports every kind of source, which registers it with `reg
 from visioncap.sources.base import FrameSource
 from visioncap.sources.image_folder import ImageFolderSource
 from visioncap.sources.registry import open_source, registered_kinds, source_class
-from visioncap.sources.state import CameraState, StateListener
+from visioncap.sources.state import StateListener
 from visioncap.sources.stream import StreamSource
 from visioncap.sources.video_file import VideoFileSource
 
 __all__ = [
-    "CameraState",
     "FrameSource",
     "ImageFolderSource",
     "StateListener",

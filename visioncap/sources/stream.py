@@ -24,8 +24,9 @@ from visioncap.config.sources import StreamSourceConfig
 from visioncap.frames import Frame
 from visioncap.sources.base import FrameSource
 from visioncap.sources.registry import register_source
-from visioncap.sources.state import CameraState, StateListener
+from visioncap.sources.state import StateListener
 from visioncap.sources.urls import mask_credentials, mask_urls
+from visioncap.store.records import CameraState
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from visioncap.store.records import CameraRecord, utcnow
+from visioncap.store.records import CameraRecord, CameraState, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class CameraReport:
     camera: str
     pipeline: str
     source: str
-    state: str
+    state: CameraState | None  # None: read back, a state some newer writer stored that this version does not know
     state_since: datetime
     error: str | None = None
     last_frame_at: datetime | None = None
@@ -105,7 +105,8 @@ class CameraStateRecorder:
         self._frame_interval_s = frame_interval_s
         now = utcnow()
         self._latest = {
-            camera: CameraReport(camera, pipeline, source, "starting", now) for camera, source in sources.items()
+            camera: CameraReport(camera, pipeline, source, CameraState.STARTING, now)
+            for camera, source in sources.items()
         }
         self._dirty: set[str] = set(self._latest)  # every camera is written as `starting` first
         self._urgent = True
@@ -118,7 +119,7 @@ class CameraStateRecorder:
     def start(self) -> None:
         self._thread.start()
 
-    def state(self, camera: str, state: str, error: str | None = None) -> None:
+    def state(self, camera: str, state: CameraState, error: str | None = None) -> None:
         """A state change: written at once (by the writer thread)."""
         with self._cond:
             current = self._latest[camera]

@@ -12,7 +12,7 @@ from sqlalchemy import Engine, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
-from visioncap.frames import Caption
+from visioncap.frames import Caption, SelectionReason
 from visioncap.store.records import CaptionRecord, CaptionStatus
 from visioncap.store.safety import MAX_ERROR_CHARS, clean_json, clean_text
 
@@ -27,7 +27,7 @@ class NewCaption:
     frame_index: int
     offset_s: float
     captured_at: datetime
-    reason: str
+    reason: SelectionReason
     people: list[dict[str, Any]]
     image_width: int
     image_height: int
@@ -171,7 +171,9 @@ class CaptionStore:
         with self._sessions() as session:
             return session.get(CaptionRecord, caption_id)
 
-    def list(self, camera: str | None = None, status: str | None = None, limit: int = 50) -> list[CaptionRecord]:
+    def list(
+        self, camera: str | None = None, status: CaptionStatus | None = None, limit: int = 50
+    ) -> list[CaptionRecord]:
         """Newest first (by capture time, then id)."""
         query = select(CaptionRecord).order_by(CaptionRecord.captured_at.desc(), CaptionRecord.id.desc())
         if camera is not None:
@@ -209,7 +211,7 @@ class CaptionStore:
         with self._sessions.begin() as session:
             return session.execute(query).rowcount == 1
 
-    def count(self, status: str | None = None) -> int:
+    def count(self, status: CaptionStatus | None = None) -> int:
         query = select(func.count()).select_from(CaptionRecord)
         if status is not None:
             query = query.where(CaptionRecord.status == status)

@@ -1,13 +1,15 @@
-"""Database tables."""
+"""Database tables, and the closed sets of values their columns hold (also metric labels and API enums)."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import JSON, DateTime, Dialect, Float, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from visioncap.frames import SelectionReason
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -29,6 +31,9 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+E = TypeVar("E", bound=StrEnum)
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -43,7 +48,63 @@ class CaptionStatus(StrEnum):
     PENDING = "pending"  # saved, waiting for (or between attempts at) a caption
     CAPTIONED = "captioned"
     FAILED = "failed"  # the VLM refused it for good (e.g. HTTP 400); the error says why
-    SKIPPED = "skipped"  # never sent: coalesced, queue full, too old; the error says why
+    SKIPPED = "skipped"  # never sent: coalesced, queue full, too old; the error says why (a SkipReason first)
+
+
+class SkipReason(StrEnum):
+    """Why a selected frame was never captioned: the `reason` label of the skip metric, and the start of the
+    skipped row's error (`<reason>: <detail>`)."""
+
+    COALESCED = "coalesced"  # the queue was full and a better frame of the same event took its place
+    QUEUE_FULL = "queue-full"  # the queue was full and nothing of its event could make room
+    DISK_FULL = "disk_full"  # its image could not be written for lack of space
+    IMAGE_WRITE_FAILED = "image_write_failed"  # its image could not be written for another reason
+    JOURNAL_FULL = "journal_full"  # the database was away and the journal full (counted, never stored)
+    DEADLINE = "deadline"  # the gateway's deadline for background work passed before the VLM had room
+
+
+class CameraState(StrEnum):
+    """Where a camera stands; the values are what logs, metrics, stored records and the API show."""
+
+    STARTING = "starting"
+    """Opening the source for the first time."""
+    ONLINE = "online"
+    """Frames are arriving."""
+    RECONNECTING = "reconnecting"
+    """The stream failed to open or was lost; it is being reopened with growing waits."""
+    OFFLINE = "offline"
+    """Still failing after the wait between attempts has grown to its maximum; retries go on at that pace."""
+    FINISHED = "finished"
+    """Stopped on request, or its file or folder ended; no more frames will come."""
+    FAILED = "failed"
+    """A file or folder that could not be read (the pipeline reports it; a live source never gives up)."""
+
+
+class EnumText(TypeDecorator[E]):
+    """A StrEnum column stored as its value in a VARCHAR: the same bytes as a string column, a member when read.
+    Writing a value outside the enum fails before the database sees it; reading one fails too, unless `lenient`,
+    which reads it as None (a value some newer writer stored, shown as unknown)."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, enum_class: type[E], length: int, lenient: bool = False) -> None:
+        super().__init__(length)
+        self.enum_class = enum_class
+        self.lenient = lenient
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum_class(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        if value is None:
+            return None
+        try:
+            return self.enum_class(value)
+        except ValueError:
+            if self.lenient:
+                return None
+            raise
 
 
 class CaptionRecord(Base):
@@ -58,7 +119,7 @@ class CaptionRecord(Base):
     frame_index: Mapped[int] = mapped_column(Integer)
     offset_s: Mapped[float] = mapped_column(Float)
     captured_at: Mapped[datetime] = mapped_column(UtcDateTime())
-    reason: Mapped[str] = mapped_column(String(32))
+    reason: Mapped[SelectionReason] = mapped_column(EnumText(SelectionReason, 32))
     event_key: Mapped[str] = mapped_column(String(96))
     event_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
     score: Mapped[float] = mapped_column(Float, default=0.0)
@@ -68,7 +129,7 @@ class CaptionRecord(Base):
     image_width: Mapped[int] = mapped_column(Integer)
     image_height: Mapped[int] = mapped_column(Integer)
     image_tokens: Mapped[int] = mapped_column(Integer, default=0)
-    status: Mapped[str] = mapped_column(String(16))
+    status: Mapped[CaptionStatus] = mapped_column(EnumText(CaptionStatus, 16))
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     caption: Mapped[str | None] = mapped_column(Text, nullable=True)
     structured: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
@@ -103,7 +164,8 @@ class CameraRecord(Base):
     camera: Mapped[str] = mapped_column(String(64), primary_key=True)
     pipeline: Mapped[str] = mapped_column(String(128))
     source: Mapped[str] = mapped_column(Text)  # path or URL, credentials masked (visioncap.redact)
-    state: Mapped[str] = mapped_column(String(16))  # a CameraState value, or "failed" (the source gave up)
+    # None: a state this version does not know (written by a newer one); the column itself is never null.
+    state: Mapped[CameraState | None] = mapped_column(EnumText(CameraState, 16, lenient=True), nullable=False)
     state_since: Mapped[datetime] = mapped_column(UtcDateTime())
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Capture time (same clock as captions.captured_at) of the newest analysed frame; written every few seconds.
@@ -118,7 +180,7 @@ class CaptionCountRecord(Base):
     __tablename__ = "caption_counts"
 
     camera: Mapped[str] = mapped_column(String(64), primary_key=True)
-    status: Mapped[str] = mapped_column(String(16), primary_key=True)
+    status: Mapped[CaptionStatus] = mapped_column(EnumText(CaptionStatus, 16), primary_key=True)
     row_count: Mapped[int] = mapped_column(Integer)
 
 

@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 
-from prometheus_client import REGISTRY, CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
 from sqlalchemy import ColumnElement, Engine, Row, and_, delete, not_, or_, select
 from sqlalchemy.exc import SQLAlchemyError
@@ -385,9 +385,9 @@ def sweep(
 
 
 class RetentionMetrics:
-    """Prometheus counters of the sweeps, in the given registry (the API's own, or the process default)."""
+    """Prometheus counters of the sweeps, in the registry of the process that sweeps (the API's or the pipeline's)."""
 
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
         self.rows = PromCounter(
             "visioncap_retention_rows_deleted_total", "Rows deleted by retention.", ["camera"], registry=registry
         )
@@ -447,19 +447,6 @@ class RetentionMetrics:
             self.space_short.set(1 if result.space_short else 0)
         self.sweeps.labels("ok").inc()
         self.last_sweep.set_to_current_time()
-
-
-_default_metrics: RetentionMetrics | None = None
-_default_lock = threading.Lock()
-
-
-def default_metrics() -> RetentionMetrics:
-    """The metrics in the process-wide registry (what `visioncap run --metrics-port` serves); made once."""
-    global _default_metrics
-    with _default_lock:
-        if _default_metrics is None:
-            _default_metrics = RetentionMetrics(REGISTRY)
-        return _default_metrics
 
 
 class RetentionJob:

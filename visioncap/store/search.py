@@ -67,7 +67,7 @@ class CaptionFilter:
     until: datetime | None = None  # exclusive
     text: str | None = None
     min_people: int | None = None
-    statuses: Sequence[str] = ()
+    statuses: Sequence[CaptionStatus] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +84,7 @@ class CameraSummary:
     last_frame_at: datetime | None = None
     last_caption_at: datetime | None = None
     events: int = 0
-    by_status: dict[str, int] = field(default_factory=lambda: {status.value: 0 for status in CaptionStatus})
+    by_status: dict[CaptionStatus, int] = field(default_factory=lambda: dict.fromkeys(CaptionStatus, 0))
 
 
 def fts5_query(free_text: str) -> str | None:
@@ -527,7 +527,7 @@ def camera_summaries(engine: Engine) -> list[CameraSummary]:
     return [summaries[name] for name in sorted(summaries)]
 
 
-def status_counts(engine: Engine) -> dict[str, int]:
+def status_counts(engine: Engine) -> dict[CaptionStatus, int]:
     """Rows by status over all cameras (from the trigger-kept counts)."""
     counts = CaptionCountRecord.__table__
     query = select(counts.c.status, func.sum(counts.c.row_count)).group_by(counts.c.status)

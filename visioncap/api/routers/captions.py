@@ -74,7 +74,7 @@ def list_captions(
     ] = None,
 ) -> Response:
     # The JSON is made from the rows directly (see caption_page_json); response_model still documents it.
-    page = api.list_captions(camera, since, until, q, min_people, [s.value for s in status], limit, cursor)
+    page = api.list_captions(camera, since, until, q, min_people, status, limit, cursor)
     return Response(page, media_type="application/json")
 
 

@@ -50,5 +50,5 @@ async def metrics(api: Annotated[ApiService, Depends(service)]) -> Response:
     except Exception:  # the request metrics are still worth serving when the database is away
         counts = {}
     for status in CaptionStatus:
-        api.metrics.captions.labels(status.value).set(counts.get(status.value, 0))
+        api.metrics.captions.labels(status).set(counts.get(status, 0))
     return Response(api.metrics.render(), media_type=CONTENT_TYPE_LATEST)
