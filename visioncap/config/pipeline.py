@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -13,10 +11,10 @@ from pydantic import Field, field_validator
 from visioncap.config.base import StrictModel
 from visioncap.config.caption import CaptionConfig
 from visioncap.config.detector import DetectorConfig
-from visioncap.config.loading import file_kind, load_yaml_model, one_line
+from visioncap.config.loading import load_yaml_model
 from visioncap.config.outbox import OutboxConfig
 from visioncap.config.selection import SelectionConfig
-from visioncap.config.sources import FileSourceConfig, FolderSourceConfig, SourceConfig, url_problem
+from visioncap.config.sources import SOURCE_TAGS, SourceConfig, url_problem
 from visioncap.config.vlm import VlmConfig
 from visioncap.errors import ConfigError
 
@@ -61,12 +59,8 @@ class PipelineConfig(StrictModel):
         return sources
 
 
-# Tags of the sources union, which pydantic puts into error locations (sources.0.stream.url).
-_UNION_TAGS = {"file", "stream", "folder"}
-
-
 def _location(loc: Sequence[int | str]) -> str:
-    parts = [str(part) for i, part in enumerate(loc) if not (i == 2 and loc[0] == "sources" and part in _UNION_TAGS)]
+    parts = [str(part) for i, part in enumerate(loc) if not (i == 2 and loc[0] == "sources" and part in SOURCE_TAGS)]
     return ".".join(parts) or "(top level)"
 
 
@@ -80,51 +74,11 @@ def load_pipeline(path: Path) -> PipelineConfig:
 
 
 def _resolve_paths(config: PipelineConfig, path: Path) -> PipelineConfig:
-    """Anchor relative file and folder paths at the pipeline file's folder and check that they can be read."""
+    """Each source's local paths anchored at the pipeline file's folder and checked (its kind knows which)."""
     sources = []
     for index, source in enumerate(config.sources):
-        if isinstance(source, FileSourceConfig | FolderSourceConfig):
-            resolved = source.path if source.path.is_absolute() else (path.parent / source.path).resolve()
-            problem = _path_problem(resolved, folder=isinstance(source, FolderSourceConfig))
-            if problem:
-                raise ConfigError(f"{path}: sources.{index}.path: {problem}")
-            source = source.model_copy(update={"path": resolved})
-        sources.append(source)
-    return config.model_copy(update={"sources": sources})
-
-
-def _path_problem(resolved: Path, folder: bool) -> str | None:
-    """Why a source's video file or image folder cannot be used, or None; checked here so the run fails before
-    the detector loads rather than when the source is first opened."""
-    what = f"image folder {resolved}" if folder else f"video file {resolved}"
-    try:
-        info = resolved.stat()
-    except FileNotFoundError:
-        if resolved.is_symlink():
-            return f"{what} is a broken symbolic link"
-        return f"{what} does not exist"
-    except OSError as exc:
-        return f"{what} cannot be read: {one_line(exc.strerror or str(exc))}"
-    if folder:
-        if stat.S_ISREG(info.st_mode):
-            return f"{what} is a file, not a folder (a video file needs `kind: file`)"
-        if not stat.S_ISDIR(info.st_mode):
-            return f"{what} is {file_kind(info.st_mode)}, not a folder"
         try:
-            with os.scandir(resolved):
-                pass
-        except OSError as exc:
-            return f"{what} cannot be listed: {one_line(exc.strerror or str(exc))}"
-        return None
-    if stat.S_ISDIR(info.st_mode):
-        return f"{what} is a directory, not a video file (a folder of images needs `kind: folder`)"
-    if not stat.S_ISREG(info.st_mode):
-        return f"{what} is {file_kind(info.st_mode)}, not a regular file"
-    if info.st_size == 0:
-        return f"{what} is empty"
-    try:
-        with resolved.open("rb"):
-            pass
-    except OSError as exc:
-        return f"{what} cannot be read: {one_line(exc.strerror or str(exc))}"
-    return None
+            sources.append(source.anchored_at(path.parent))
+        except ValueError as exc:
+            raise ConfigError(f"{path}: sources.{index}.{exc}") from None
+    return config.model_copy(update={"sources": sources})

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, Self, get_args
 from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationInfo, field_validator
 
 from visioncap.config.base import StrictModel
+from visioncap.config.loading import file_kind, one_line
 
 CAMERA_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -84,12 +87,27 @@ class SourceConfigBase(StrictModel):
         "as the detector keeps up (live streams).",
     )
 
+    def anchored_at(self, folder: Path) -> Self:
+        """This source with its local paths taken from `folder` (the pipeline file's) and checked now, so that a
+        run fails before the detector loads rather than when the source is first opened. Raises ValueError
+        as "FIELD: problem". A kind without local paths is returned as it is."""
+        return self
+
+    def _with_path_checked(self, path: Path, folder: Path, as_folder: bool) -> Self:
+        resolved = path if path.is_absolute() else (folder / path).resolve()
+        if problem := _path_problem(resolved, as_folder):
+            raise ValueError(f"path: {problem}")
+        return self.model_copy(update={"path": resolved})
+
 
 class FileSourceConfig(SourceConfigBase):
     """A video file read with OpenCV from start to end; every due frame is analysed, none dropped."""
 
     kind: Literal["file"] = Field(default="file", description="Source type; `file` reads a video file.")
     path: SourcePath = Field(description="Video file; a relative path is taken from the pipeline file's folder.")
+
+    def anchored_at(self, folder: Path) -> Self:
+        return self._with_path_checked(self.path, folder, as_folder=False)
 
 
 class StreamSourceConfig(SourceConfigBase):
@@ -140,6 +158,10 @@ class FolderSourceConfig(SourceConfigBase):
 
     kind: Literal["folder"] = Field(description="Source type; `folder` reads the images in a folder.")
     path: SourcePath = Field(description="Folder of .jpg/.jpeg/.png/.bmp/.webp images; relative to the pipeline file.")
+
+    def anchored_at(self, folder: Path) -> Self:
+        return self._with_path_checked(self.path, folder, as_folder=True)
+
     fps: float = Field(default=1.0, gt=0, description="Frame rate the images stand for (sets their timestamps).")
 
 
@@ -170,6 +192,9 @@ _TAG_OF_KIND: dict[str, str] = {
 SOURCE_KINDS: tuple[str, ...] = tuple(_TAG_OF_KIND)
 """Every `kind` a source may have, as the pipeline file spells it."""
 
+SOURCE_TAGS: frozenset[str] = frozenset(_TAG_OF_KIND.values())
+"""The union's tags, which pydantic puts into error locations (sources.0.stream.url) and error messages leave out."""
+
 
 def _source_kind(value: Any) -> str | None:
     # `kind` may be left out for video files, the common case and the first one supported.
@@ -185,3 +210,40 @@ SourceConfig = Annotated[
         custom_error_message=f"kind must be one of {', '.join(SOURCE_KINDS)}",
     ),
 ]
+
+
+def _path_problem(resolved: Path, folder: bool) -> str | None:
+    """Why a source's video file or image folder cannot be used, or None; checked here so the run fails before
+    the detector loads rather than when the source is first opened."""
+    what = f"image folder {resolved}" if folder else f"video file {resolved}"
+    try:
+        info = resolved.stat()
+    except FileNotFoundError:
+        if resolved.is_symlink():
+            return f"{what} is a broken symbolic link"
+        return f"{what} does not exist"
+    except OSError as exc:
+        return f"{what} cannot be read: {one_line(exc.strerror or str(exc))}"
+    if folder:
+        if stat.S_ISREG(info.st_mode):
+            return f"{what} is a file, not a folder (a video file needs `kind: file`)"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{what} is {file_kind(info.st_mode)}, not a folder"
+        try:
+            with os.scandir(resolved):
+                pass
+        except OSError as exc:
+            return f"{what} cannot be listed: {one_line(exc.strerror or str(exc))}"
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        return f"{what} is a directory, not a video file (a folder of images needs `kind: folder`)"
+    if not stat.S_ISREG(info.st_mode):
+        return f"{what} is {file_kind(info.st_mode)}, not a regular file"
+    if info.st_size == 0:
+        return f"{what} is empty"
+    try:
+        with resolved.open("rb"):
+            pass
+    except OSError as exc:
+        return f"{what} cannot be read: {one_line(exc.strerror or str(exc))}"
+    return None
