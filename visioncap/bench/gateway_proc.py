@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ import httpx
 import yaml
 
 from visioncap.config.gateway import GatewayConfig
-from visioncap.config.keys import hash_key
+from visioncap.config.keys import generate_key, hash_key
 from visioncap.serve import free_port
 
 
@@ -58,7 +57,8 @@ def gateway_config(
 
 
 def new_key() -> str:
-    return "bench-" + secrets.token_urlsafe(18)
+    """A fresh key for one benchmark's gateway (config.keys makes every key: one way to generate them)."""
+    return generate_key("bench-")[0]
 
 
 class GatewayProcess:
