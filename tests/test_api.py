@@ -513,12 +513,17 @@ BAD_REQUESTS = [
     ("/v1/captions/abc/image", {}, "id"),
     ("/v1/stream", {"min_people": "x"}, "min_people"),
     ("/v1/stream", {"camera": "c" * 65}, "camera"),
+    # A single-valued parameter given twice: refused, not the last one kept (the schema says one value).
+    ("/v1/captions", {"q": ["bus", "person"]}, "q"),
+    ("/v1/captions", {"limit": ["5", "6"]}, "limit"),
+    ("/v1/captions/1/image", {"boxes": ["1", "0"]}, "boxes"),
+    ("/v1/stream", {"min_people": ["1", "2"]}, "min_people"),
 ]
 
 
 @pytest.mark.parametrize(("path", "params", "param"), BAD_REQUESTS)
 def test_malformed_parameters_get_422_naming_the_parameter(
-    client: TestClient, path: str, params: dict[str, str], param: str
+    client: TestClient, path: str, params: dict[str, str | list[str]], param: str
 ) -> None:
     response = client.get(path, params=params)
     assert response.status_code == 422, response.text

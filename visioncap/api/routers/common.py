@@ -2,23 +2,50 @@
 
 from __future__ import annotations
 
-from fastapi import Request, Security
+from typing import get_origin
+
+from fastapi import Depends, Request, Security
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 
 from visioncap.api.auth import bearer_scheme, header_scheme
+from visioncap.api.errors import bad_param
 from visioncap.api.protocol import ErrorResponse
 from visioncap.api.serving import ApiService
 
-# Declares the schemes for /docs; the AuthMiddleware enforces them on every request.
-SECURED = [Security(bearer_scheme), Security(header_scheme)]
+_SEQUENCES = (list, tuple, set, frozenset)
+
+
+def _single_valued(dependant: Dependant) -> list[str]:
+    names = [f.alias for f in dependant.query_params if get_origin(f.field_info.annotation) not in _SEQUENCES]
+    return names + [name for sub in dependant.dependencies for name in _single_valued(sub)]
+
+
+def one_value_each(request: Request) -> None:
+    """Refuses a parameter that takes one value when it is given more than once. FastAPI would quietly keep the
+    last one, so `q=a&q=b` searched for b alone: a client (or a proxy appending parameters) got an answer to
+    a question it did not ask, and the schema says the parameter is a single value."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    for name in _single_valued(route.dependant):
+        if len(request.query_params.getlist(name)) > 1:
+            raise bad_param(name, "given more than once; it takes one value")
+
+
+# Declares the schemes for /docs (the AuthMiddleware enforces them on every request), and refuses repeated
+# single-valued parameters on every route.
+SECURED = [Security(bearer_scheme), Security(header_scheme), Depends(one_value_each)]
 
 ERRORS = {
     401: {"model": ErrorResponse, "description": "Missing or unknown API key."},
     403: {"model": ErrorResponse, "description": "The key lacks the scope (read for GET, write otherwise)."},
     422: {
         "model": ErrorResponse,
-        "description": "A malformed parameter; `param` names it. Besides each parameter's schema: no text parameter "
-        "may hold a NUL character; `camera` names at most 50 cameras of at most 64 characters each (commas separate "
-        "cameras within a value); `until` must be after `since`; `cursor` must be a `next_cursor` the API returned.",
+        "description": "A malformed parameter; `param` names it. Besides each parameter's schema: a parameter "
+        "that takes one value may not be given more than once; no text parameter may hold a NUL character; "
+        "`camera` names at most 50 cameras of at most 64 characters each (commas separate cameras within a value); "
+        "`until` must be after `since`; `cursor` must be a `next_cursor` the API returned.",
     },
 }
 NOT_FOUND = {404: {"model": ErrorResponse, "description": "No caption with this id."}}
