@@ -87,10 +87,11 @@ test: setup system-deps deploy-env
 
 # The fast tier while you work: pyproject's server markers left out, so only the app environment is needed; one
 # worker per core (pytest-xdist), as these tests share no server. Whole files per worker (--dist loadfile): a
-# fuzzing module's last test checks the tally its earlier tests kept in that worker's memory.
+# module's tests may share state in the worker's memory. Tests marked serial run afterwards in one process.
 UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy)
 test-unit: app-env
-	$(APP)/python -m pytest -q -n auto --dist loadfile -m "$(UNIT_TIER)" --durations=10 $(PYTEST_ARGS)
+	$(APP)/python -m pytest -q -n auto --dist loadfile -m "$(UNIT_TIER) and not serial" --durations=10 $(PYTEST_ARGS)
+	$(APP)/python -m pytest -q -p no:xdist -m "$(UNIT_TIER) and serial" $(PYTEST_ARGS)
 
 lint: app-env
 	$(APP)/ruff check .

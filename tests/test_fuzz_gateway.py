@@ -30,7 +30,8 @@ from visioncap.gateway.app import create_app
 from visioncap.gateway.in_thread import GatewayThread
 from visioncap.serve import VllmServer
 
-pytestmark = pytest.mark.vllm
+# serial: see test_fuzz_api.
+pytestmark = [pytest.mark.vllm, pytest.mark.serial]
 
 KEY = "fuzz-interactive-key"
 TIMEOUT = 120  # seconds; a bound on a broken test, never a measurement
