@@ -96,8 +96,11 @@ def test_objectives_relative_to_chat_alone_are_the_frontier_objective() -> None:
     target = reference_objectives(reference, 1.25)
     assert (target.itl_p99_ms, target.ttft_p99_ms) == (25.0, 120.0)
     assert "chat alone" in target.itl_source and "chat alone" in target.ttft_source
-    with pytest.raises(TuneError, match="reference"):
+    with pytest.raises(TuneError, match="reference measured no chat latency"):
         reference_objectives({"chat": {"itl_ms": {"p99": None}}}, 1.25)
+    # Never measured (the first server failed before its reference phase): the error names that cause.
+    with pytest.raises(TuneError, match=r"no chat-alone reference was measured \(1024's server failed before it: "):
+        reference_objectives(None, 1.25, "1024's server failed before it: ReadTimeout: timed out")
 
 
 # -- a GPU profile tuned on its CPU stand-in ----------------------------------------------------------------

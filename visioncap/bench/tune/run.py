@@ -260,13 +260,25 @@ def _clean(summary: dict[str, Any]) -> bool:
     return bool(chat.get("ok")) and not chat.get("failed") and refused == 0
 
 
-def reference_objectives(reference: dict[str, Any] | None, level: float) -> TunedObjectives:
+def reference_objectives(
+    reference: dict[str, Any] | None, level: float, missing_because: str | None = None
+) -> TunedObjectives:
     """The frontier objective of `bench mixed`: inter-token p99 at most `level` x chat alone's, TTFT p99 at most
-    TTFT_FACTOR x chat alone's."""
-    chat = (reference or {}).get("chat") or {}
+    TTFT_FACTOR x chat alone's. `missing_because`: why there is no reference (None: it was measured)."""
+    if reference is None:
+        # Not measured at all (the first server failed before its reference phase): say so, not "no latency".
+        raise TuneError(
+            f"no chat-alone reference was measured ({missing_because or 'no server reached it'}); "
+            "the objectives cannot be derived"
+        )
+    chat = reference.get("chat") or {}
     itl, ttft = (chat.get("itl_ms") or {}).get("p99"), (chat.get("ttft_ms") or {}).get("p99")
     if itl is None or ttft is None:
-        raise TuneError("the chat-alone reference measured no chat latency; the objectives cannot be derived")
+        counts = ", ".join(f"{key} {chat.get(key)}" for key in ("requests", "ok", "failed", "no_text"))
+        raise TuneError(
+            f"the chat-alone reference measured no chat latency ({counts or 'no chats'}); "
+            "the objectives cannot be derived"
+        )
     return TunedObjectives(
         ttft_p99_ms=round(TTFT_FACTOR * ttft, 1),
         itl_p99_ms=round(level * itl, 1),
@@ -420,6 +432,7 @@ class _Candidates:
         self.report = report
         self.runs: list[CandidateRun] = []
         self.reference: dict[str, Any] | None = None
+        self.reference_missing: str | None = None  # why the reference was not measured, when it was not
         self.fidelity: FidelityResult | None = None
 
     def measure(self) -> None:
@@ -455,6 +468,8 @@ class _Candidates:
             current.error = f"{type(exc).__name__}: {str(exc)[:500]}"
             self.report.note(f"[red]{candidate.label}: failed: {current.error.splitlines()[0]}[/]")
             log.debug("candidate %s failed: %s", candidate.label, current.error)
+            if first and self.reference is None:
+                self.reference_missing = f"{candidate.label}'s server failed before it: {current.error}"
         steps.finish()  # steps a failed candidate did not reach count too, so the bar ends full
         if current.summary is not None:
             current.measurement = self._measurement(candidate, current.summary)
@@ -519,7 +534,7 @@ def _judge(options: TuneOptions, measured: _Candidates) -> _Choice:
         )
     found = [r.measurement for r in measured_runs if r.measurement is not None]
     if options.objective_level is not None:
-        target = reference_objectives(measured.reference, options.objective_level)
+        target = reference_objectives(measured.reference, options.objective_level, measured.reference_missing)
     else:
         target = objectives(found, options.ttft_p99_ms, options.itl_p99_ms)
     clean = [_clean(r.summary or {}) for r in measured_runs]
