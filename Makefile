@@ -88,7 +88,7 @@ test: setup system-deps deploy-env
 # The fast tier while you work: pyproject's server markers left out, so only the app environment is needed; one
 # worker per core (pytest-xdist), as these tests share no server. Tests marked serial (the schema fuzzers, whose
 # last test checks a tally the others kept in memory) run afterwards in one process.
-UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy)
+UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy or detector)
 test-unit: app-env
 	$(APP)/python -m pytest -q -n auto -m "$(UNIT_TIER) and not serial" --durations=10 $(PYTEST_ARGS)
 	$(APP)/python -m pytest -q -p no:xdist -m "$(UNIT_TIER) and serial" $(PYTEST_ARGS)

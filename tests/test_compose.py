@@ -80,6 +80,7 @@ def test_a_served_profile_must_serve_the_configured_model(
     assert "--" not in message  # a library error names configuration, not the CLI's flags
 
 
+@pytest.mark.detector
 def test_a_built_pipeline_runs_a_file_to_its_end_and_closes_what_it_opened(
     person_video: Path, dead_vlm: str, settings: Settings
 ) -> None:
@@ -101,6 +102,7 @@ def test_a_built_pipeline_runs_a_file_to_its_end_and_closes_what_it_opened(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
 
 
+@pytest.mark.detector
 def test_sigterm_stops_a_live_pipeline(person_video: Path, dead_vlm: str, settings: Settings) -> None:
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     with MjpegServer(person_video) as camera:

@@ -394,6 +394,7 @@ def test_api_masks_rows_stored_before_query_parameters_were_masked(tmp_path: Pat
     assert cameras.json()["items"][0]["error"] == f"camera door: OSError: {masked} refused"
 
 
+@pytest.mark.detector
 def test_pipeline_on_a_camera_with_credentials_stores_and_serves_it_masked(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

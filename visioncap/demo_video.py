@@ -6,8 +6,8 @@ synthetic scene, so a run shows both what gets captioned and what does not.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
-from importlib.resources import files
 from pathlib import Path
 
 import cv2
@@ -40,8 +40,17 @@ def _segments(spec: list[tuple[str | None, int]]) -> tuple[Segment, ...]:
 SEGMENTS = _segments([(None, 15), ("bus.jpg", 25), (None, 15), ("zidane.jpg", 25), (None, 10)])
 
 
+def ultralytics_asset(name: str) -> Path:
+    """A photo shipped in the ultralytics wheel. Found without importing the package: importing it loads PyTorch,
+    seconds of CPU for a file path."""
+    spec = importlib.util.find_spec("ultralytics")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the ultralytics package is not installed")
+    return Path(spec.submodule_search_locations[0]) / "assets" / name
+
+
 def _asset(name: str) -> np.ndarray:
-    image = cv2.imread(str(files("ultralytics") / "assets" / name))
+    image = cv2.imread(str(ultralytics_asset(name)))
     if image is None:
         raise FileNotFoundError(f"ultralytics asset {name} is missing")
     return image
