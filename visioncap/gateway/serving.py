@@ -36,7 +36,7 @@ from visioncap.gateway.protocol import (
     ResponsesView,
     parse_body,
 )
-from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream
+from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream, UpstreamResponse
 from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
 from visioncap.gateway.sse import StreamObserver
 from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad
@@ -457,6 +457,30 @@ class Gateway:
         With a `grant`, the request may be preempted until vLLM's answer head arrives (for a non-streaming
         request: until it is complete): then vLLM's request is cancelled, `done` runs, and None is returned.
         """
+        finish = self._finisher(endpoint, class_name, started, done)
+        try:
+            upstream = await self._open_upstream(request, endpoint, payload, stream, grant)
+        except GatewayError as exc:
+            finish(Outcome(exc.status, completed=False, error=exc.message), answered=False)
+            raise
+        except BaseException as exc:  # cancelled: the caller or the server went away
+            finish(Outcome(499, completed=False, error=type(exc).__name__))
+            raise
+        if upstream == "caller_gone":
+            finish(Outcome(499, completed=False, disconnected=True))
+            return Response(status_code=499)
+        if upstream == "preempted":
+            finish(Outcome(499, completed=False), answered=False)
+            return None
+        observer = None
+        if stream and upstream.status_code == 200:
+            observer = self._stream_observer(class_name, started, measure, first_token)
+        return ProxyResponse(upstream, finish, observer)
+
+    def _finisher(
+        self, endpoint: Endpoint, class_name: str, started: float, done: Callable[[Outcome], None]
+    ) -> Callable[[Outcome, bool], None]:
+        """The end of one exchange: its metrics and log line, then `done`."""
 
         def finish(outcome: Outcome, answered: bool = True) -> None:
             now = self.clock()
@@ -471,6 +495,12 @@ class Gateway:
                 log.warning("%s request (%s) ended with an error: %s", class_name, endpoint, outcome.error)
             done(outcome)
 
+        return finish
+
+    async def _open_upstream(
+        self, request: Request, endpoint: Endpoint, payload: bytes, stream: bool, grant: Grant | None
+    ) -> UpstreamResponse | Literal["caller_gone", "preempted"]:
+        """vLLM's answer head, unless the caller left first or the `grant` was preempted meanwhile."""
         assert self.upstream is not None
         opening = asyncio.ensure_future(
             self.upstream.open("POST", UPSTREAM_PATHS[endpoint], payload, incoming=dict(request.headers))
@@ -481,52 +511,46 @@ class Gateway:
         # caller that leaves frees vLLM (and a background slot) at once instead of after the whole answer.
         watcher = asyncio.ensure_future(_disconnected(request)) if not stream else None
         try:
-            try:
-                await asyncio.wait({opening} if watcher is None else {opening, watcher}, return_when="FIRST_COMPLETED")
-            except asyncio.CancelledError:
-                opening.cancel()
-                raise
-            finally:
-                if grant is not None:
-                    grant.preempt = None
-                if watcher is not None:
-                    watcher.cancel()
-            if not opening.done():  # the caller disconnected
-                opening.cancel()
-                with contextlib.suppress(BaseException):
-                    await opening
-                finish(Outcome(499, completed=False, disconnected=True))
-                return Response(status_code=499)
-            if opening.cancelled() and grant is not None and grant.preempted:
-                finish(Outcome(499, completed=False), answered=False)
-                return None
-            upstream = opening.result()
-        except GatewayError as exc:
-            finish(Outcome(exc.status, completed=False, error=exc.message), answered=False)
+            await asyncio.wait({opening} if watcher is None else {opening, watcher}, return_when="FIRST_COMPLETED")
+        except asyncio.CancelledError:
+            opening.cancel()
             raise
-        except BaseException as exc:  # cancelled: the caller or the server went away
-            finish(Outcome(499, completed=False, error=type(exc).__name__))
-            raise
-        observer = None
-        if stream and upstream.status_code == 200:
-            ttft = self.metrics.ttft.labels(class_name)
-            itl = self.metrics.itl.labels(class_name)
+        finally:
+            if grant is not None:
+                grant.preempt = None
+            if watcher is not None:
+                watcher.cancel()
+        if not opening.done():  # the caller disconnected
+            opening.cancel()
+            with contextlib.suppress(BaseException):
+                await opening
+            return "caller_gone"
+        if opening.cancelled() and grant is not None and grant.preempted:
+            return "preempted"
+        return opening.result()
 
-            def on_first(now: float, seconds: float) -> None:
-                ttft.observe(seconds)
-                if measure:
-                    self.controller.observe_ttft(now, seconds)
-                if first_token is not None:
-                    first_token()
+    def _stream_observer(
+        self, class_name: str, started: float, measure: bool, first_token: Callable[[], None] | None
+    ) -> StreamObserver:
+        """Times a stream's first token and the gaps between tokens, for the metrics and (`measure`) the
+        controller."""
+        ttft = self.metrics.ttft.labels(class_name)
+        itl = self.metrics.itl.labels(class_name)
 
-            def on_gap(now: float, seconds: float) -> None:  # one per token: see visioncap.gateway.sse
-                itl.observe(seconds)
-                if measure:
-                    self.controller.observe_itl(now, seconds)
+        def on_first(now: float, seconds: float) -> None:
+            ttft.observe(seconds)
+            if measure:
+                self.controller.observe_ttft(now, seconds)
+            if first_token is not None:
+                first_token()
 
-            # No `reads`: each piece aiohttp hands over is what the network delivered since the previous one.
-            observer = StreamObserver(started, self.clock, on_first, on_gap)
-        return ProxyResponse(upstream, finish, observer)
+        def on_gap(now: float, seconds: float) -> None:  # one per token: see visioncap.gateway.sse
+            itl.observe(seconds)
+            if measure:
+                self.controller.observe_itl(now, seconds)
+
+        # No `reads`: each piece aiohttp hands over is what the network delivered since the previous one.
+        return StreamObserver(started, self.clock, on_first, on_gap)
 
     def _refuse(
         self,
