@@ -357,6 +357,15 @@ class LimitsConfig(StrictModel):
         "that would go beyond is answered 429 with Retry-After before it is read. With the queue size this bounds "
         "the gateway's memory whatever callers send.",
     )
+    refused_body_drain_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        description="Seconds the gateway goes on reading (and dropping) the body of a request it refused before "
+        "reading all of it, so the caller, still sending, reads the answer instead of a connection reset; then "
+        "it closes the connection anyway. At most the route's body limit is read this way (nginx's lingering "
+        "close; its lingering_timeout is 5 s).",
+    )
 
 
 def _default_classes() -> dict[str, TrafficClassConfig]:
@@ -387,7 +396,7 @@ class GatewayConfig(StrictModel):
         default_factory=ControllerConfig, description="How the background caps adapt to interactive latency."
     )
     images: ImagesConfig = Field(default_factory=ImagesConfig, description="Image token estimates and URL policy.")
-    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Body size limit.")
+    limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Body size limits and refused bodies.")
 
     @model_validator(mode="after")
     def _keys_consistent(self) -> GatewayConfig:

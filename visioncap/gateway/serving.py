@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from copy import deepcopy
 from typing import Any, Literal
 
@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.admission import AdmissionController, Decision
 from visioncap.gateway.auth import Caller, KeyRing
+from visioncap.gateway.bodies import BodyBudget, RequestBody
 from visioncap.gateway.errors import GatewayError, unauthorized
 from visioncap.gateway.images import ImageTooLargeError, MediaRefusedError, downscale_messages, inspect_messages
 from visioncap.gateway.metrics import GatewayMetrics
@@ -35,7 +36,7 @@ from visioncap.gateway.protocol import (
     ResponsesView,
     parse_body,
 )
-from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream
+from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream, UpstreamResponse
 from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
 from visioncap.gateway.sse import StreamObserver
 from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad
@@ -169,11 +170,12 @@ class Gateway:
         """POST /v1/chat/completions and /v1/completions."""
         started = self.clock()
         caller: Caller | None = None
+        body_in = RequestBody(request)
         try:
             caller = self._authenticate(request)
             self._rate_limit(caller)
             if caller.interactive:
-                raw = await _read_body(request, self.config.limits.max_body_bytes)
+                raw = await body_in.read(self.config.limits.max_body_bytes)
                 body, view, image_tokens = self._parse(raw, endpoint, caller)
                 del raw
                 payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
@@ -183,7 +185,7 @@ class Gateway:
             # is read, and only the parsed body is kept while it waits (encoded again once admitted).
             self.scheduler.check_room()
             with self.bodies.hold(request.headers.get("content-length")) as held:
-                raw = await _read_body(request, self.config.limits.max_background_body_bytes, held.grow)
+                raw = await body_in.read(self.config.limits.max_background_body_bytes, held.grow)
                 body, view, image_tokens = self._parse(raw, endpoint, caller)
                 del raw
                 _refuse_multiple_choices(body)
@@ -213,9 +215,10 @@ class Gateway:
                 ),
                 caller,
                 endpoint,
+                body_in,
             )
         except GatewayError as exc:
-            return self._refuse(exc, caller, endpoint)
+            return self._refuse(exc, caller, endpoint, body_in)
 
     def _parse(self, raw: bytes, endpoint: Endpoint, caller: Caller) -> tuple[dict[str, Any], Any, int]:
         """The body, its checked view and its estimated image tokens; the key's class sets the priority."""
@@ -255,15 +258,16 @@ class Gateway:
         take no engine step, so they are neither queued nor paced."""
         caller: Caller | None = None
         name = path.strip("/")
+        body_in = RequestBody(request)
         try:
             caller = self._authenticate(request)
             self._rate_limit(caller)
-            raw = await _read_body(request, self.config.limits.max_body_bytes)
+            raw = await body_in.read(self.config.limits.max_body_bytes)
             parse_body(raw, AnyObjectView)  # the same hostile-input rules as everything else
             assert self.upstream is not None
             upstream = await self.upstream.open("POST", path, raw, incoming=dict(request.headers), root=True)
         except GatewayError as exc:
-            return self._refuse(exc, caller, name)
+            return self._refuse(exc, caller, name, body_in, self.config.limits.max_body_bytes)
 
         def finish(outcome: Outcome) -> None:
             self.metrics.requests.labels(caller.class_name, name, str(outcome.status)).inc()
@@ -453,6 +457,30 @@ class Gateway:
         With a `grant`, the request may be preempted until vLLM's answer head arrives (for a non-streaming
         request: until it is complete): then vLLM's request is cancelled, `done` runs, and None is returned.
         """
+        finish = self._finisher(endpoint, class_name, started, done)
+        try:
+            upstream = await self._open_upstream(request, endpoint, payload, stream, grant)
+        except GatewayError as exc:
+            finish(Outcome(exc.status, completed=False, error=exc.message), answered=False)
+            raise
+        except BaseException as exc:  # cancelled: the caller or the server went away
+            finish(Outcome(499, completed=False, error=type(exc).__name__))
+            raise
+        if upstream == "caller_gone":
+            finish(Outcome(499, completed=False, disconnected=True))
+            return Response(status_code=499)
+        if upstream == "preempted":
+            finish(Outcome(499, completed=False), answered=False)
+            return None
+        observer = None
+        if stream and upstream.status_code == 200:
+            observer = self._stream_observer(class_name, started, measure, first_token)
+        return ProxyResponse(upstream, finish, observer)
+
+    def _finisher(
+        self, endpoint: Endpoint, class_name: str, started: float, done: Callable[[Outcome], None]
+    ) -> Callable[[Outcome, bool], None]:
+        """The end of one exchange: its metrics and log line, then `done`."""
 
         def finish(outcome: Outcome, answered: bool = True) -> None:
             now = self.clock()
@@ -467,6 +495,12 @@ class Gateway:
                 log.warning("%s request (%s) ended with an error: %s", class_name, endpoint, outcome.error)
             done(outcome)
 
+        return finish
+
+    async def _open_upstream(
+        self, request: Request, endpoint: Endpoint, payload: bytes, stream: bool, grant: Grant | None
+    ) -> UpstreamResponse | Literal["caller_gone", "preempted"]:
+        """vLLM's answer head, unless the caller left first or the `grant` was preempted meanwhile."""
         assert self.upstream is not None
         opening = asyncio.ensure_future(
             self.upstream.open("POST", UPSTREAM_PATHS[endpoint], payload, incoming=dict(request.headers))
@@ -477,107 +511,69 @@ class Gateway:
         # caller that leaves frees vLLM (and a background slot) at once instead of after the whole answer.
         watcher = asyncio.ensure_future(_disconnected(request)) if not stream else None
         try:
-            try:
-                await asyncio.wait({opening} if watcher is None else {opening, watcher}, return_when="FIRST_COMPLETED")
-            except asyncio.CancelledError:
-                opening.cancel()
-                raise
-            finally:
-                if grant is not None:
-                    grant.preempt = None
-                if watcher is not None:
-                    watcher.cancel()
-            if not opening.done():  # the caller disconnected
-                opening.cancel()
-                with contextlib.suppress(BaseException):
-                    await opening
-                finish(Outcome(499, completed=False, disconnected=True))
-                return Response(status_code=499)
-            if opening.cancelled() and grant is not None and grant.preempted:
-                finish(Outcome(499, completed=False), answered=False)
-                return None
-            upstream = opening.result()
-        except GatewayError as exc:
-            finish(Outcome(exc.status, completed=False, error=exc.message), answered=False)
+            await asyncio.wait({opening} if watcher is None else {opening, watcher}, return_when="FIRST_COMPLETED")
+        except asyncio.CancelledError:
+            opening.cancel()
             raise
-        except BaseException as exc:  # cancelled: the caller or the server went away
-            finish(Outcome(499, completed=False, error=type(exc).__name__))
-            raise
-        observer = None
-        if stream and upstream.status_code == 200:
-            ttft = self.metrics.ttft.labels(class_name)
-            itl = self.metrics.itl.labels(class_name)
+        finally:
+            if grant is not None:
+                grant.preempt = None
+            if watcher is not None:
+                watcher.cancel()
+        if not opening.done():  # the caller disconnected
+            opening.cancel()
+            with contextlib.suppress(BaseException):
+                await opening
+            return "caller_gone"
+        if opening.cancelled() and grant is not None and grant.preempted:
+            return "preempted"
+        return opening.result()
 
-            def on_first(now: float, seconds: float) -> None:
-                ttft.observe(seconds)
-                if measure:
-                    self.controller.observe_ttft(now, seconds)
-                if first_token is not None:
-                    first_token()
+    def _stream_observer(
+        self, class_name: str, started: float, measure: bool, first_token: Callable[[], None] | None
+    ) -> StreamObserver:
+        """Times a stream's first token and the gaps between tokens, for the metrics and (`measure`) the
+        controller."""
+        ttft = self.metrics.ttft.labels(class_name)
+        itl = self.metrics.itl.labels(class_name)
 
-            def on_gap(now: float, seconds: float) -> None:  # one per token: see visioncap.gateway.sse
-                itl.observe(seconds)
-                if measure:
-                    self.controller.observe_itl(now, seconds)
+        def on_first(now: float, seconds: float) -> None:
+            ttft.observe(seconds)
+            if measure:
+                self.controller.observe_ttft(now, seconds)
+            if first_token is not None:
+                first_token()
 
-            # No `reads`: each piece aiohttp hands over is what the network delivered since the previous one.
-            observer = StreamObserver(started, self.clock, on_first, on_gap)
-        return ProxyResponse(upstream, finish, observer)
+        def on_gap(now: float, seconds: float) -> None:  # one per token: see visioncap.gateway.sse
+            itl.observe(seconds)
+            if measure:
+                self.controller.observe_itl(now, seconds)
 
-    def _refuse(self, exc: GatewayError, caller: Caller | None, endpoint: str) -> Response:
+        # No `reads`: each piece aiohttp hands over is what the network delivered since the previous one.
+        return StreamObserver(started, self.clock, on_first, on_gap)
+
+    def _refuse(
+        self,
+        exc: GatewayError,
+        caller: Caller | None,
+        endpoint: str,
+        body: RequestBody | None = None,
+        body_limit: int | None = None,
+    ) -> Response:
+        """The refusal's answer; one to a caller still sending its `body` reads the rest of it, up to `body_limit`
+        (the route's limit for the caller: by default the generation routes')."""
         class_name = caller.class_name if caller is not None else "unknown"
         self.metrics.rejections.labels(class_name, exc.reason).inc()
         self.metrics.requests.labels(class_name, endpoint, str(exc.status)).inc()
-        return exc.response()
-
-
-class BodyBudget:
-    """Bytes of background request bodies held at once (read, parsed, or waiting for admission), bounded.
-
-    A body holds its declared Content-Length from before it is read, or what has arrived so far; one that would
-    go beyond the budget is answered 429 with Retry-After before it is read on.
-    """
-
-    def __init__(self, limit: int, retry_after_s: Callable[[], int], on_change: Callable[[int], None]) -> None:
-        self.limit = limit
-        self.held = 0
-        self._retry_after_s = retry_after_s
-        self._on_change = on_change
-
-    @contextlib.contextmanager
-    def hold(self, declared: str | None) -> Iterator[_Held]:
-        held = _Held(self)
-        try:
-            if declared is not None and declared.isdigit():
-                held.grow(int(declared))
-            yield held
-        finally:
-            held.grow(0, releasing=True)
-
-    def _change(self, delta: int) -> None:
-        if delta > 0 and self.held + delta > self.limit:
-            raise GatewayError(
-                429,
-                "body_budget_full",
-                f"the gateway holds {self.held} bytes of waiting background bodies (budget {self.limit}); retry later",
-                reason="body_budget_full",
-                headers={"Retry-After": str(self._retry_after_s())},
-            )
-        self.held += delta
-        self._on_change(self.held)
-
-
-class _Held:
-    def __init__(self, budget: BodyBudget) -> None:
-        self._budget = budget
-        self.bytes = 0
-
-    def grow(self, total: int, releasing: bool = False) -> None:
-        """Hold `total` bytes in all (only ever more, until released)."""
-        target = 0 if releasing else max(total, self.bytes)
-        if target != self.bytes:
-            self._budget._change(target - self.bytes)
-            self.bytes = target
+        if body is None:
+            return exc.response()
+        limits = self.config.limits
+        if body_limit is None:
+            if caller is None:  # not known yet: the largest body a generation route takes from anyone
+                body_limit = max(limits.max_body_bytes, limits.max_background_body_bytes)
+            else:
+                body_limit = limits.max_body_bytes if caller.interactive else limits.max_background_body_bytes
+        return body.answer(exc.response(), body_limit, limits.refused_body_drain_s)
 
 
 def _refuse_multiple_choices(body: dict[str, Any]) -> None:
@@ -596,27 +592,6 @@ def _refuse_multiple_choices(body: dict[str, Any]) -> None:
 
 def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-
-
-async def _read_body(request: Request, limit: int, on_read: Callable[[int], None] | None = None) -> bytes:
-    """The whole body, refused with 413 above `limit` (from Content-Length before reading, else while reading);
-    `on_read(total bytes so far)` after every piece, so a budget can refuse a body before all of it is in."""
-    declared = request.headers.get("content-length")
-    too_large = GatewayError(
-        413, "request_too_large", f"request body is larger than {limit} bytes", reason="body_too_large"
-    )
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large
-        if on_read is not None:
-            on_read(size)
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 async def _disconnected(request: Request) -> None:
