@@ -3,6 +3,7 @@ and the API; a full disk (a small tmpfs) under the outbox and a pipeline; model 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import signal
@@ -24,7 +25,7 @@ from videos import make_event_video
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics
-from visioncap.pipeline.outbox import Outbox, PutResult
+from visioncap.pipeline.outbox import DISK_WARN_EVERY_S, Outbox, PutResult
 from visioncap.serve import VllmServer, free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 from visioncap.store.cameras import camera_states
@@ -212,7 +213,15 @@ def test_a_full_disk_costs_only_the_frames_that_cannot_be_written(
     store = CaptionStore(create_db_engine(f"sqlite:///{tmp_path / 'c.db'}"))  # the database lives elsewhere
     store.create_schema()
     wakes: list[int] = []
-    box = Outbox(store, small_disk, OutboxConfig(capacity=100), PipelineMetrics(), on_disk_full=lambda: wakes.append(1))
+    now = [100.0]  # the outbox's clock, moved by hand: the warnings' rate limit must not depend on how fast this runs
+    box = Outbox(
+        store,
+        small_disk,
+        OutboxConfig(capacity=100),
+        PipelineMetrics(),
+        clock=lambda: now[0],
+        on_disk_full=lambda: wakes.append(1),
+    )
     big = b"\xff\xd8" + b"\x00" * 30_000 + b"\xff\xd9"
     caplog.set_level(logging.WARNING, "visioncap.pipeline.outbox")
     results = [box.put(frame(i, camera="a" if i % 2 else "b"), big)[0] for i in range(12)]
@@ -225,6 +234,12 @@ def test_a_full_disk_costs_only_the_frames_that_cannot_be_written(
     warnings = [r for r in caplog.records if "not saved (disk_full" in r.getMessage()]
     assert len(warnings) == 2, "one line per camera per minute, however many frames"
     assert not list(small_disk.rglob("*.part")), "no half-written pictures left taking space"
+    now[0] += DISK_WARN_EVERY_S - 0.1
+    assert box.put(frame(20, camera="a"), big)[0] is PutResult.DISK_FULL
+    now[0] += 0.1
+    assert box.put(frame(21, camera="a"), big)[0] is PutResult.DISK_FULL
+    warned = [r.getMessage() for r in caplog.records if "not saved (disk_full" in r.getMessage()]
+    assert len(warned) == 3 and "frame 21 " in warned[-1], "a minute later, the next frame not saved is logged"
 
     # Space comes back (retention or a person removes files): the next frame is saved and the state clears.
     item = box.take(timeout=0)
@@ -378,6 +393,9 @@ def test_pipeline_keeps_going_through_a_postgres_outage_and_loses_nothing(
     assert not list((tmp_path / "data" / "journal").rglob("*.json"))
 
 
+LOG_STAMP_LAG_S = 1.0  # most time between the disk warning's rate check and its log record; it takes microseconds
+
+
 @pytest.fixture
 def tiny_disk(tmp_path: Path) -> Iterator[Path]:
     """64 KB: two or three of the test video's pictures (6-30 KB each) fill it."""
@@ -399,7 +417,9 @@ def test_pipeline_on_a_full_disk_skips_what_it_cannot_save_and_recovers_with_ret
         "VISIONCAP_RETENTION_MIN_FREE_MB": "0.04",
     }
     data = pipeline_dict(video, caption={"max_image_tokens": 512}, outbox=FAST_DRAIN, selection={"event_end_s": 1.0})
+    started = time.monotonic()
     result = run_cli("run", str(write_pipeline(tmp_path, data)), "--progress", "none", env=env, timeout=600)
+    elapsed = time.monotonic() - started
     assert result.returncode == 0, result.stderr[-3000:]
     log = result.stderr
     assert "Traceback" not in log
@@ -415,7 +435,16 @@ def test_pipeline_on_a_full_disk_skips_what_it_cannot_save_and_recovers_with_ret
     captions, skipped, pending, errors = map(int, summary.groups())
     assert skipped >= 1 and pending == 0 and errors == 0
     assert captions >= 3, "the run went on captioning"
-    assert log.count("not saved (disk_full") <= 2, "one warning per camera per minute, not one per frame"
+    # The limiter lets one warning through per camera (this run has one) every DISK_WARN_EVERY_S, so how many a run
+    # logs depends on how long it ran: under load the disk can fill again minutes after the first warning.
+    warned = [
+        datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f")
+        for stamp in re.findall(r"^(\S+ \S+) WARNING .*not saved \(disk_full", log, re.MULTILINE)
+    ]
+    assert 1 <= len(warned) <= 1 + elapsed // DISK_WARN_EVERY_S, f"one warning per minute of the run ({elapsed:.0f} s)"
+    # A line is stamped a moment after the limiter read its clock: LOG_STAMP_LAG_S bounds that moment.
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(warned)]
+    assert all(gap >= DISK_WARN_EVERY_S - LOG_STAMP_LAG_S for gap in gaps), f"one per minute, not per frame: {gaps}"
     store = CaptionStore(create_db_engine(database))
     for row in store.list(limit=500):
         assert row.image_path is None or (tiny_disk / row.image_path).is_file(), "no row names a deleted picture"

@@ -328,9 +328,10 @@ class Outbox:
         return (PutResult.DISK_FULL if result is not PutResult.DUPLICATE else result), row_id
 
     def _warn_disk(self, camera: str, message: str) -> None:
-        now = time.monotonic()
+        now = self._clock()
         with self._lock:
-            if now - self._disk_warned.get(camera, -DISK_WARN_EVERY_S) < DISK_WARN_EVERY_S:
+            last = self._disk_warned.get(camera)
+            if last is not None and now - last < DISK_WARN_EVERY_S:
                 return
             self._disk_warned[camera] = now
         log.warning("%s; further frames of this camera that cannot be saved are counted, not logged, for %.0f s",
