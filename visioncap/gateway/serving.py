@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.admission import AdmissionController, Decision
 from visioncap.gateway.auth import Caller, KeyRing
-from visioncap.gateway.errors import GatewayError, unauthorized
+from visioncap.gateway.errors import GatewayError, RefusalReason, unauthorized
 from visioncap.gateway.images import ImageTooLargeError, MediaRefusedError, downscale_messages, inspect_messages
 from visioncap.gateway.metrics import GatewayMetrics
 from visioncap.gateway.protocol import (
@@ -193,7 +193,7 @@ class Gateway:
                         403,
                         "camera_not_allowed",
                         f"this key may not name camera {named[:64]!r}",
-                        reason="camera_not_allowed",
+                        reason=RefusalReason.CAMERA_NOT_ALLOWED,
                         param=CAMERA_HEADER,
                     )
                 camera = named or caller.camera or caller.name
@@ -208,7 +208,7 @@ class Gateway:
                     429,
                     "queue_full",
                     str(exc),
-                    reason="queue_full",
+                    reason=RefusalReason.QUEUE_FULL,
                     headers={"Retry-After": str(exc.retry_after_s)},
                 ),
                 caller,
@@ -226,11 +226,11 @@ class Gateway:
                 image_tokens = inspect_messages(body.get(MESSAGES_FIELD[endpoint]), self.config.images)
             except ImageTooLargeError as exc:
                 raise GatewayError(
-                    400, "image_too_large", str(exc), reason="image_too_large", param="messages"
+                    400, "image_too_large", str(exc), reason=RefusalReason.IMAGE_TOO_LARGE, param="messages"
                 ) from exc
             except MediaRefusedError as exc:
                 raise GatewayError(
-                    400, "media_url_not_allowed", str(exc), reason="media_url_refused", param="messages"
+                    400, "media_url_not_allowed", str(exc), reason=RefusalReason.MEDIA_URL_REFUSED, param="messages"
                 ) from exc
         body["priority"] = caller.traffic_class.priority  # the key decides, never the caller's body
         return body, view, image_tokens
@@ -329,7 +329,7 @@ class Gateway:
                 429,
                 "rate_limit_exceeded",
                 f"key {caller.name!r} is over its request rate limit; retry in {wait_s:.2f} s",
-                reason="rate_limited",
+                reason=RefusalReason.RATE_LIMITED,
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
 
@@ -347,7 +347,7 @@ class Gateway:
                 400,
                 "invalid_request_error",
                 f"{DEADLINE_HEADER} must be milliseconds >= 0, not {asked!r}",
-                reason="bad_request",
+                reason=RefusalReason.BAD_REQUEST,
             )
         return min(deadline_s, value)
 
@@ -394,13 +394,17 @@ class Gateway:
                 )
             except QueueFullError as exc:
                 raise GatewayError(
-                    429, "queue_full", str(exc), reason="queue_full", headers={"Retry-After": str(exc.retry_after_s)}
+                    429,
+                    "queue_full",
+                    str(exc),
+                    reason=RefusalReason.QUEUE_FULL,
+                    headers={"Retry-After": str(exc.retry_after_s)},
                 ) from exc
             except DeadlineExceededError as exc:
                 self.metrics.queue_wait.labels(class_name).observe(exc.waited_s)
-                raise GatewayError(408, "deadline_exceeded", str(exc), reason="deadline") from exc
+                raise GatewayError(408, "deadline_exceeded", str(exc), reason=RefusalReason.DEADLINE) from exc
             if grant is None:  # the caller left while waiting; nobody reads an answer
-                self.metrics.rejections.labels(class_name, "client_gone").inc()
+                self.metrics.rejections.labels(class_name, RefusalReason.CLIENT_GONE).inc()
                 return Response(status_code=499)
             self.metrics.queue_wait.labels(class_name).observe(grant.waited_s)
             self.metrics.in_flight.labels(class_name).inc()
@@ -560,7 +564,7 @@ class BodyBudget:
                 429,
                 "body_budget_full",
                 f"the gateway holds {self.held} bytes of waiting background bodies (budget {self.limit}); retry later",
-                reason="body_budget_full",
+                reason=RefusalReason.BODY_BUDGET_FULL,
                 headers={"Retry-After": str(self._retry_after_s())},
             )
         self.held += delta
@@ -589,7 +593,7 @@ def _refuse_multiple_choices(body: dict[str, Any]) -> None:
                 400,
                 "invalid_request_error",
                 f"{name} above 1 is not allowed for background keys (send separate requests)",
-                reason="bad_request",
+                reason=RefusalReason.BAD_REQUEST,
                 param=name,
             )
 
@@ -603,7 +607,7 @@ async def _read_body(request: Request, limit: int, on_read: Callable[[int], None
     `on_read(total bytes so far)` after every piece, so a budget can refuse a body before all of it is in."""
     declared = request.headers.get("content-length")
     too_large = GatewayError(
-        413, "request_too_large", f"request body is larger than {limit} bytes", reason="body_too_large"
+        413, "request_too_large", f"request body is larger than {limit} bytes", reason=RefusalReason.BODY_TOO_LARGE
     )
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise too_large
