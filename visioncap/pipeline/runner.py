@@ -13,6 +13,7 @@ from pathlib import Path
 
 from visioncap.caption.client import VlmCaptioner
 from visioncap.caption.encode import compose, encode_jpeg, people_region
+from visioncap.config.caption import ImageMode
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
@@ -299,7 +300,7 @@ class PipelineRunner:
                     selected.detection.people, frame.image.shape[1], frame.image.shape[0], caption.crop_padding
                 )
             )
-            if caption.image_mode == "crop" and selected.detection.people
+            if caption.image_mode is ImageMode.CROP and selected.detection.people
             else None,
         )
         result, row_id = self.outbox.put(new, image.jpeg)
