@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from visioncap.caption.encode import compose, encode_jpeg, fit_tokens, image_tokens
+from visioncap.config.caption import ImageMode
 from visioncap.config.selection import SelectionConfig
 from visioncap.frames import Detection, Frame, PersonBox
 from visioncap.select import EventSelector
@@ -143,11 +144,11 @@ def test_encode_jpeg_downscales_and_reports_tokens() -> None:
 def test_crop_and_boxes_modes() -> None:
     frame = np.zeros((100, 200, 3), np.uint8)
     people = (PersonBox(50, 20, 70, 80, 0.9, 0), PersonBox(100, 30, 120, 90, 0.9, 0))
-    crop = compose(frame, people, "crop", padding=0.1)
+    crop = compose(frame, people, ImageMode.CROP, padding=0.1)
     assert crop.shape[:2] == ((90 + 7) - (20 - 7), (120 + 7) - (50 - 7))
-    boxed = compose(frame, people, "boxes")
+    boxed = compose(frame, people, ImageMode.BOXES)
     assert boxed.shape == frame.shape and boxed.any() and not frame.any()
-    assert compose(frame, people, "full") is frame
+    assert compose(frame, people, ImageMode.FULL) is frame
 
 
 @pytest.mark.parametrize("count_change", [True, False])

@@ -1,21 +1,33 @@
-"""Each closed set of names (caption status, selection reason, camera state, skip reason) is one StrEnum: the
-database stores and returns it, metrics label with it and the API schema lists exactly its values."""
+"""Each closed set of names (caption status, selection reason, camera state, skip reason, the gateway's refusal
+reasons and error types, the admission controller's actions and violations, the caption image mode) is one
+StrEnum: the database stores and returns it, metrics label with it, config validates it and the API schema lists
+exactly its values."""
 
 from __future__ import annotations
 
+import ast
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from pydantic import ValidationError
 from sqlalchemy import text
 from sqlalchemy.exc import StatementError
 
+import visioncap.gateway
 from visioncap.api import create_app
 from visioncap.caption.client import SkippedCaptionError
+from visioncap.caption.encode import compose
 from visioncap.config.api import ApiSettings
+from visioncap.config.caption import CaptionConfig, ImageMode
+from visioncap.config.gateway import BackgroundConfig, ControllerConfig, ObjectivesConfig, PacingConfig
 from visioncap.config.outbox import OutboxConfig
-from visioncap.frames import Caption, SelectionReason
+from visioncap.frames import Caption, PersonBox, SelectionReason
+from visioncap.gateway.admission import Action, AdmissionController, Decision, Violation
+from visioncap.gateway.errors import ErrorType, RefusalReason
+from visioncap.gateway.metrics import GatewayMetrics
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.pipeline.workers import CaptionWorkers
@@ -120,3 +132,170 @@ def test_a_skip_is_labelled_by_its_code_and_stored_with_it_first(store: CaptionS
     }
     assert skipped == {"deadline": 1.0}
     assert outbox.counts[CaptionStatus.SKIPPED] == 1
+
+
+# -- the gateway ---------------------------------------------------------------------------------------------
+
+GATEWAY_SOURCES = sorted(Path(visioncap.gateway.__file__).parent.glob("*.py"))
+
+
+def calls(name: str) -> list[tuple[str, ast.Call]]:
+    """Every call of `name` (a function, or a method as `.name`) in the gateway package, with its file."""
+    found = []
+    for path in GATEWAY_SOURCES:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = (
+                    func.id
+                    if isinstance(func, ast.Name)
+                    else f".{func.attr}"
+                    if isinstance(func, ast.Attribute)
+                    else ""
+                )
+                if called == name:
+                    found.append((f"{path.name}:{node.lineno}", node))
+    return found
+
+
+def member_of(node: ast.expr, enum: type[Any]) -> bool:
+    """`node` is `Enum.MEMBER` of `enum`, spelled out at the call site."""
+    return (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == enum.__name__
+        and node.attr in enum.__members__
+    )
+
+
+def test_every_gateway_refusal_names_a_refusal_reason_and_an_error_type() -> None:
+    refusals = calls("GatewayError")
+    assert len(refusals) >= 10  # the scan sees the package's refusals (an empty scan would pass anything)
+    for where, call in refusals:
+        reason = {keyword.arg: keyword.value for keyword in call.keywords}.get("reason")
+        assert reason is not None and member_of(reason, RefusalReason), f"{where}: reason is not a RefusalReason"
+        assert len(call.args) >= 2 and member_of(call.args[1], ErrorType), f"{where}: error type not ErrorType"
+    bodies = calls("error_body")
+    assert bodies
+    for where, call in bodies:
+        # Or the type a GatewayError carries (checked above).
+        error_type = call.args[1]
+        assert member_of(error_type, ErrorType) or ast.unparse(error_type) == "self.error_type", where
+    labelled = calls(".labels")
+    rejections = [(where, call) for where, call in labelled if ast.unparse(call.func).endswith("rejections.labels")]
+    assert rejections
+    for where, call in rejections:
+        reason = call.args[1]
+        # Either spelled out, or the reason a GatewayError carries (checked above).
+        assert member_of(reason, RefusalReason) or ast.unparse(reason) == "exc.reason", (
+            f"{where}: {ast.unparse(reason)}"
+        )
+
+
+def test_a_refusal_must_say_why() -> None:
+    from visioncap.gateway.errors import GatewayError
+
+    with pytest.raises(TypeError, match="reason"):
+        GatewayError(400, ErrorType.INVALID_REQUEST, "no reason given")  # type: ignore[call-arg]
+    refused = GatewayError(429, ErrorType.QUEUE_FULL, "full", reason=RefusalReason.QUEUE_FULL)
+    # The wire strings are the values: clients match the error type, dashboards the metric label.
+    assert refused.response().body == (b'{"error":{"message":"full","type":"queue_full","param":null,"code":429}}')
+
+
+OBJECTIVES = ObjectivesConfig(ttft_p99_ms=100, itl_p99_ms=20, window_s=10)
+BACKGROUND = BackgroundConfig(max_concurrency=8, min_concurrency=1, max_image_tokens_in_flight=4000)
+CONTROLLER = ControllerConfig(
+    additive_increase=1,
+    decrease_factor=0.5,
+    idle_after_s=1.0,
+    increase_interval_s=0,
+    upstream_waiting_limit=0,
+    upstream_running_limit=4,
+)
+
+
+def overload(controller: AdmissionController, at: float) -> None:
+    """Interactive traffic meeting no objective: slow first tokens and gaps, vLLM over both of its limits."""
+    controller.interactive_started(at)
+    for i in range(20):
+        controller.observe_itl(at + i / 100, 0.060)
+        controller.observe_ttft(at + i / 100, 0.5)
+    controller.observe_upstream(at + 0.2, waiting=5, running=20)
+
+
+def every_kind_of_step(pacing: PacingConfig | None) -> list[Decision]:
+    """Each step of one policy: idle, a decrease asked for by every objective at once, a hold for want of fresh
+    evidence, a hold at the floor and an increase."""
+    overloaded = AdmissionController(OBJECTIVES, BACKGROUND, CONTROLLER, start_limit=8, pacing=pacing)
+    steps = [overloaded.tick(0.0, 0)]
+    overload(overloaded, 1.0)
+    steps += [overloaded.tick(1.5, 8), overloaded.tick(1.6, 8)]
+    at_floor = pacing.model_copy(update={"start_per_s": pacing.min_per_s}) if pacing is not None else None
+    floored = AdmissionController(OBJECTIVES, BACKGROUND, CONTROLLER, pacing=at_floor)
+    overload(floored, 1.0)
+    steps.append(floored.tick(1.5, 1))
+    healthy = AdmissionController(OBJECTIVES, BACKGROUND, CONTROLLER, pacing=pacing)
+    healthy.interactive_started(0.0)
+    healthy.observe_itl(0.1, 0.005)
+    healthy.observe_ttft(0.1, 0.01)
+    steps.append(healthy.tick(0.2, 1, background_waiting=1))
+    return steps
+
+
+@pytest.mark.parametrize(
+    "pacing", [None, PacingConfig(min_fresh_gaps=10, evidence_z=0, first_token_hold_s=0)], ids=["limit", "pacing"]
+)
+def test_controller_steps_speak_the_action_and_violation_vocabularies(pacing: PacingConfig | None) -> None:
+    steps = every_kind_of_step(pacing)
+    assert [step.action for step in steps] == [Action.IDLE, Action.DECREASE, Action.HOLD, Action.HOLD, Action.INCREASE]
+    assert all(type(step.action) is Action for step in steps)
+    assert set(steps[1].reasons) == set(steps[3].reasons) == set(Violation)
+    assert all(type(reason) is Violation for step in steps for reason in step.reasons)
+    metrics = GatewayMetrics()
+    for step in steps:
+        metrics.decision(step)
+    assert counted(metrics, "visioncap_gateway_controller_decisions") == {
+        Action.IDLE: 1.0,
+        Action.DECREASE: 1.0,
+        Action.HOLD: 2.0,
+        Action.INCREASE: 1.0,
+    }
+    # A hold at the floor was asked for by the same misses, but only a decrease counts them.
+    assert counted(metrics, "visioncap_gateway_controller_decreases") == dict.fromkeys(values(Violation), 1.0)
+
+
+def counted(metrics: GatewayMetrics, family_name: str) -> dict[str, float]:
+    return {
+        next(iter(sample.labels.values())): sample.value
+        for family in metrics.registry.collect()
+        if family.name == family_name
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def test_the_controller_series_start_at_zero_for_every_value() -> None:
+    metrics = GatewayMetrics()
+    assert counted(metrics, "visioncap_gateway_controller_decisions") == dict.fromkeys(values(Action), 0.0)
+    assert counted(metrics, "visioncap_gateway_controller_decreases") == dict.fromkeys(values(Violation), 0.0)
+
+
+# -- the caption image mode ----------------------------------------------------------------------------------
+
+
+def test_the_image_mode_is_validated_against_its_values() -> None:
+    assert CaptionConfig.model_validate({"image_mode": "boxes"}).image_mode is ImageMode.BOXES  # as YAML gives it
+    assert CaptionConfig().image_mode is ImageMode.FULL
+    with pytest.raises(ValidationError) as refused:
+        CaptionConfig.model_validate({"image_mode": "zoom"})
+    message = str(refused.value)
+    assert "image_mode" in message and all(f"'{mode}'" in message for mode in ImageMode)
+    assert CaptionConfig.model_json_schema()["$defs"]["ImageMode"]["enum"] == values(ImageMode)
+
+
+def test_compose_takes_only_an_image_mode() -> None:
+    frame = np.zeros((40, 60, 3), np.uint8)
+    people = (PersonBox(10, 10, 20, 30, 0.9, 0),)
+    assert compose(frame, people, ImageMode.CROP).shape[:2] == (26, 14)
+    with pytest.raises(ValueError, match="unknown image mode"):
+        compose(frame, people, "zoom")  # type: ignore[arg-type]

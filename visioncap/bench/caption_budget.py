@@ -43,6 +43,7 @@ from visioncap.bench.outputs import command_line, write_results
 from visioncap.bench.scenes import DATA_DIR, Scene
 from visioncap.bench.stats import percentile
 from visioncap.caption.encode import compose, encode_jpeg
+from visioncap.config.caption import ImageMode
 from visioncap.config.detector import DetectorConfig
 from visioncap.config.selection import SelectionConfig
 from visioncap.frames import Detection, PersonBox
@@ -207,7 +208,7 @@ def run_policies(
 
 
 def full_frame_tokens(detection: Detection) -> int:
-    picture = compose(detection.frame.image, detection.people, "full")
+    picture = compose(detection.frame.image, detection.people, ImageMode.FULL)
     return encode_jpeg(picture, MAX_IMAGE_TOKENS, TOKEN_SIZE).image_tokens
 
 
@@ -297,7 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         },
         "detection_quality": quality,
         "selection_settings": {p.name: p.config.model_dump() for p in chosen if isinstance(p, EventPolicy)},
-        "image": {"mode": "full", "max_image_tokens": MAX_IMAGE_TOKENS, "token_size": TOKEN_SIZE},
+        "image": {"mode": ImageMode.FULL, "max_image_tokens": MAX_IMAGE_TOKENS, "token_size": TOKEN_SIZE},
         "policies": rows,
     }
     write_results("caption_budget", results, _markdown)

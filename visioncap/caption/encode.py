@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
+from visioncap.config.caption import ImageMode
 from visioncap.frames import EncodedImage, PersonBox
 
 BOX_COLOUR = (0, 200, 255)  # BGR amber: visible on most scenes
@@ -52,11 +53,11 @@ def people_region(people: Sequence[PersonBox], width: int, height: int, padding:
     )
 
 
-def compose(image: np.ndarray, people: Sequence[PersonBox], mode: str, padding: float = 0.15) -> np.ndarray:
+def compose(image: np.ndarray, people: Sequence[PersonBox], mode: ImageMode, padding: float = 0.15) -> np.ndarray:
     """The picture to send: the full frame, the frame with people boxed, or a padded crop of the people."""
-    if mode == "full" or not people:
+    if mode is ImageMode.FULL or not people:
         return image
-    if mode == "boxes":
+    if mode is ImageMode.BOXES:
         boxed = image.copy()
         thickness = max(2, round(min(image.shape[:2]) / 200))
         for person in people:
@@ -64,7 +65,7 @@ def compose(image: np.ndarray, people: Sequence[PersonBox], mode: str, padding: 
             bottom_right = (round(person.x2), round(person.y2))
             cv2.rectangle(boxed, top_left, bottom_right, BOX_COLOUR, thickness)
         return boxed
-    if mode == "crop":
+    if mode is ImageMode.CROP:
         x1, y1, x2, y2 = people_region(people, image.shape[1], image.shape[0], padding)
         return image[y1:y2, x1:x2]
     raise ValueError(f"unknown image mode {mode!r}")

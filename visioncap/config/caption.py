@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
 
 from pydantic import Field, model_validator
 
@@ -12,6 +12,14 @@ DEFAULT_PROMPT = (
     "Describe the people in this camera frame: how many, what they look like and what they are doing. "
     "One or two sentences."
 )
+
+
+class ImageMode(StrEnum):
+    """What picture of a selected frame is sent with the prompt."""
+
+    FULL = "full"  # the whole frame
+    BOXES = "boxes"  # the whole frame with the people boxed
+    CROP = "crop"  # the people's region only, padded by crop_padding
 
 
 class CaptionConfig(StrictModel):
@@ -27,8 +35,8 @@ class CaptionConfig(StrictModel):
         description="Image tokens one frame may cost; frames are downscaled to fit, using the model's pixels per "
         "token (vlm.image_token_size).",
     )
-    image_mode: Literal["full", "boxes", "crop"] = Field(
-        default="full",
+    image_mode: ImageMode = Field(
+        default=ImageMode.FULL,
         description="`full` frame, `boxes`: full frame with the people boxed, `crop`: the people's region only.",
     )
     crop_padding: float = Field(

@@ -39,11 +39,28 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 
 from visioncap.config.gateway import BackgroundConfig, ControllerConfig, ObjectivesConfig, PacingConfig
 
-Action = Literal["idle", "decrease", "increase", "hold"]
+
+class Action(StrEnum):
+    """What one controller step did: the `action` label of the decisions metric."""
+
+    IDLE = "idle"  # no interactive traffic is active: background gets the idle caps
+    DECREASE = "decrease"  # an objective was missed: the limit (or the start rate) shrank
+    INCREASE = "increase"  # the objectives held and background wanted more: the limit (or the start rate) grew
+    HOLD = "hold"  # nothing to change, or a miss that cannot shrink anything now (at the floor, not settled)
+
+
+class Violation(StrEnum):
+    """A missed objective (`Decision.reasons`): the `reason` label of the decreases metric."""
+
+    TTFT = "ttft"  # interactive time to first token above its p99 objective
+    ITL = "itl"  # interactive inter-token gaps above their p99 objective
+    UPSTREAM_WAITING = "upstream_waiting"  # vLLM reports more waiting requests than allowed
+    UPSTREAM_RUNNING = "upstream_running"  # vLLM reports more running requests than allowed
+
 
 # First tokens kept as the pacing policy's TTFT evidence (since the last decrease): minutes of chat at ~1/s.
 TTFT_EVIDENCE = 1000
@@ -132,7 +149,7 @@ class Decision:
     action: Action
     limit: float
     caps: Caps
-    reasons: tuple[str, ...]
+    reasons: tuple[Violation, ...]
     ttft_p99_s: float | None
     itl_p99_s: float | None
     starts_per_s: float | None = None  # the paced start rate while interactive traffic is active; None: not pacing
@@ -269,32 +286,32 @@ class AdmissionController:
             return self._pace(now, background_waiting, ttft_p99, itl_p99)
         if self._settled_since is None and background_in_flight <= int(self._limit):
             self._settled_since = now
-        reasons: tuple[str, ...] = ()
+        reasons: tuple[Violation, ...] = ()
         if not self.interactive_active(now):
-            action: Action = "idle"
+            action = Action.IDLE
         else:
             reasons = self._violations(now, ttft_p99, itl_p99)
             floor = float(self.background.min_concurrency)
             ceiling = float(self.background.max_concurrency)
             if reasons and self._settled_since is not None and self._limit > floor:
-                action = "decrease"
+                action = Action.DECREASE
                 base = min(self._limit, max(float(background_in_flight), floor))
                 self._limit = max(floor, base * self.settings.decrease_factor)
                 self._last_decrease = now
                 self._settled_since = now if background_in_flight <= int(self._limit) else None
             elif reasons:
-                action = "hold"  # at the floor already, or the last decrease has not taken effect yet
+                action = Action.HOLD  # at the floor already, or the last decrease has not taken effect yet
             elif (
                 self._limit < ceiling
                 and now - self._last_increase >= self.settings.increase_interval_s
                 and self._healthy_since(max(self._last_tick, self._last_increase))
                 and (background_in_flight >= int(self._limit) or background_waiting > 0)
             ):
-                action = "increase"
+                action = Action.INCREASE
                 self._limit = min(ceiling, self._limit + self.settings.additive_increase)
                 self._last_increase = now
             else:
-                action = "hold"
+                action = Action.HOLD
         self._last_tick = now
         decision = Decision(now, action, self._limit, self.caps(now), reasons, ttft_p99, itl_p99)
         self.last_decision = decision
@@ -304,30 +321,30 @@ class AdmissionController:
         """The pacing policy's step: AIMD on the start rate (see the module docstring)."""
         pacing = self.pacing
         assert pacing is not None and self._rate is not None
-        reasons: tuple[str, ...] = ()
+        reasons: tuple[Violation, ...] = ()
         if not self.interactive_active(now):
-            action: Action = "idle"
+            action = Action.IDLE
         else:
             reasons = self._pace_violations(now)
             if reasons and self._rate > pacing.min_per_s:
-                action = "decrease"
+                action = Action.DECREASE
                 self._rate = max(pacing.min_per_s, self._rate * pacing.decrease_factor)
                 self._last_decrease = now
                 self._settled_since = now
                 self._ttft_misses.clear()
             elif reasons:
-                action = "hold"  # at the floor: frames keep moving at the floor rate
+                action = Action.HOLD  # at the floor: frames keep moving at the floor rate
             elif (
                 self._rate < pacing.max_per_s
                 and waiting > 0
                 and now - self._last_increase >= self.settings.increase_interval_s
                 and self._healthy_since(max(self._last_tick, self._last_increase))
             ):
-                action = "increase"
+                action = Action.INCREASE
                 self._rate = min(pacing.max_per_s, self._rate + pacing.increase_per_s)
                 self._last_increase = now
             else:
-                action = "hold"
+                action = Action.HOLD
         self._last_tick = now
         decision = Decision(
             now, action, self._limit, self.caps(now), reasons, ttft_p99, itl_p99, starts_per_s=self._rate
@@ -335,44 +352,44 @@ class AdmissionController:
         self.last_decision = decision
         return decision
 
-    def _pace_violations(self, now: float) -> tuple[str, ...]:
+    def _pace_violations(self, now: float) -> tuple[Violation, ...]:
         """Missed objectives on evidence newer than the last decrease (inter-token gaps: inside the window too)."""
         assert self.pacing is not None
         since = max(self._settled_since if self._settled_since is not None else now, now - self.objectives.window_s)
         z = self.pacing.evidence_z
-        found = []
+        found: list[Violation] = []
         above, count = self.itl.above_since(since, self.objectives.itl_p99_ms / 1000)
         # Fewer fresh gaps than `min_fresh_gaps` cannot show a miss of a p99.
         if count >= self.pacing.min_fresh_gaps and _clearly_above_one_percent(above, count, z):
-            found.append("itl")
+            found.append(Violation.ITL)
         # Every first token since the last decrease is fresh evidence (the window would hold only ~10 of them).
         if _clearly_above_one_percent(sum(self._ttft_misses), len(self._ttft_misses), z):
-            found.append("ttft")
+            found.append(Violation.TTFT)
         return (*found, *self._upstream_violations(now, since))
 
-    def _violations(self, now: float, ttft_p99: float | None, itl_p99: float | None) -> tuple[str, ...]:
+    def _violations(self, now: float, ttft_p99: float | None, itl_p99: float | None) -> tuple[Violation, ...]:
         # Only evidence newer than the point from which the last decrease took effect can ask for another.
         since = self._settled_since if self._settled_since is not None else now
-        found = []
+        found: list[Violation] = []
         for name, p99, window, target_ms in (
-            ("ttft", ttft_p99, self.ttft, self.objectives.ttft_p99_ms),
-            ("itl", itl_p99, self.itl, self.objectives.itl_p99_ms),
+            (Violation.TTFT, ttft_p99, self.ttft, self.objectives.ttft_p99_ms),
+            (Violation.ITL, itl_p99, self.itl, self.objectives.itl_p99_ms),
         ):
             if _window_missed(window, p99, target_ms, since):
                 found.append(name)
         return (*found, *self._upstream_violations(now, since))
 
-    def _upstream_violations(self, now: float, since: float) -> tuple[str, ...]:
+    def _upstream_violations(self, now: float, since: float) -> tuple[Violation, ...]:
         """vLLM's fresh counts above their limits (only a reading newer than `since` counts)."""
         upstream = self._upstream
         if upstream is None or now - upstream.at > self.settings.upstream_stale_s or upstream.at <= since:
             return ()
-        found = []
+        found: list[Violation] = []
         if upstream.waiting > self.settings.upstream_waiting_limit:
-            found.append("upstream_waiting")
+            found.append(Violation.UPSTREAM_WAITING)
         running_limit = self.settings.upstream_running_limit
         if running_limit is not None and upstream.running > running_limit:
-            found.append("upstream_running")
+            found.append(Violation.UPSTREAM_RUNNING)
         return tuple(found)
 
     def _healthy_since(self, since: float) -> bool:

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from visioncap.config.gateway import GatewayConfig
 from visioncap.demo_keys import refuse_demo_keys
 from visioncap.errors import ConfigError
-from visioncap.gateway.errors import error_body
+from visioncap.gateway.errors import ErrorType, error_body
 from visioncap.gateway.router import GENERATION_PATHS, router
 from visioncap.gateway.serving import Gateway
 
@@ -103,20 +103,20 @@ def create_app(config: GatewayConfig, clock: Callable[[], float] = time.monotoni
     async def http_error(_request: Request, exc: HTTPException) -> JSONResponse:
         # Unknown paths and wrong methods, in the same error shape as everything else.
         return JSONResponse(
-            error_body(exc.status_code, "invalid_request_error", str(exc.detail)),
+            error_body(exc.status_code, ErrorType.INVALID_REQUEST, str(exc.detail)),
             status_code=exc.status_code,
             headers=exc.headers,
         )
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(error_body(422, "invalid_request_error", str(exc.errors()[:1])), status_code=422)
+        return JSONResponse(error_body(422, ErrorType.INVALID_REQUEST, str(exc.errors()[:1])), status_code=422)
 
     @app.exception_handler(Exception)
     async def unexpected(_request: Request, _exc: Exception) -> JSONResponse:
         # A fault of the gateway's own (uvicorn logs its traceback): still the one error shape, never a bare text.
         return JSONResponse(
-            error_body(500, "internal_error", "internal error; the gateway's log has the details"), status_code=500
+            error_body(500, ErrorType.INTERNAL, "internal error; the gateway's log has the details"), status_code=500
         )
 
     return app

@@ -11,7 +11,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from visioncap.gateway.errors import GatewayError
+from visioncap.gateway.errors import ErrorType, GatewayError, RefusalReason
 
 
 class BodyBudget:
@@ -41,9 +41,9 @@ class BodyBudget:
         if delta > 0 and self.held + delta > self.limit:
             raise GatewayError(
                 429,
-                "body_budget_full",
+                ErrorType.BODY_BUDGET_FULL,
                 f"the gateway holds {self.held} bytes of waiting background bodies (budget {self.limit}); retry later",
-                reason="body_budget_full",
+                reason=RefusalReason.BODY_BUDGET_FULL,
                 headers={"Retry-After": str(self._retry_after_s())},
             )
         self.held += delta
@@ -76,7 +76,10 @@ class RequestBody:
         `on_read(total bytes so far)` after every piece, so a budget can refuse a body before all of it is in."""
         declared = self._request.headers.get("content-length")
         too_large = GatewayError(
-            413, "request_too_large", f"request body is larger than {limit} bytes", reason="body_too_large"
+            413,
+            ErrorType.REQUEST_TOO_LARGE,
+            f"request body is larger than {limit} bytes",
+            reason=RefusalReason.BODY_TOO_LARGE,
         )
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_large

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from visioncap.gateway.admission import Decision
+from visioncap.gateway.admission import Action, Decision, Violation
 from visioncap.gateway.scheduler import SchedulerState
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30)
@@ -145,6 +145,11 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        # Closed label sets start at zero, so a scrape shows every series before the first step that counts one.
+        for action in Action:
+            self.decisions.labels(action)
+        for violation in Violation:
+            self.decreases.labels(violation)
         self.upstream_waiting = Gauge(
             "visioncap_gateway_upstream_requests_waiting", "vllm:num_requests_waiting at the last poll.", registry=r
         )
@@ -161,7 +166,7 @@ class GatewayMetrics:
 
     def decision(self, decision: Decision) -> None:
         self.decisions.labels(decision.action).inc()
-        if decision.action == "decrease":
+        if decision.action is Action.DECREASE:
             for reason in decision.reasons:
                 self.decreases.labels(reason).inc()
         self.cap_limit.set(decision.limit)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
-from visioncap.gateway.errors import GatewayError
+from visioncap.gateway.errors import invalid_request
 
 
 class _View(BaseModel):
@@ -99,43 +99,28 @@ def parse_body(raw: bytes, view: type[_View]) -> tuple[dict[str, Any], _View]:
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise GatewayError(
-            400, "invalid_request_error", f"request body is not valid JSON: {exc}", reason="bad_request"
-        ) from exc
+        raise invalid_request(f"request body is not valid JSON: {exc}") from exc
     except RecursionError as exc:
-        raise GatewayError(
-            400, "invalid_request_error", "request body is nested too deeply", reason="bad_request"
-        ) from exc
+        raise invalid_request("request body is nested too deeply") from exc
     except ValueError as exc:  # int() of a number with too many digits (sys.get_int_max_str_digits)
-        raise GatewayError(
-            400, "invalid_request_error", f"request body holds a number out of range: {exc}", reason="bad_request"
-        ) from exc
+        raise invalid_request(f"request body holds a number out of range: {exc}") from exc
     depth, nul = _depth_and_nul(body)
     if depth > MAX_DEPTH:
-        raise GatewayError(
-            400, "invalid_request_error", f"request body is nested deeper than {MAX_DEPTH}", reason="bad_request"
-        )
+        raise invalid_request(f"request body is nested deeper than {MAX_DEPTH}")
     if nul:
         # Valid JSON, but logs, metric scrapers and anything written in C cut a name at a NUL.
-        raise GatewayError(
-            400,
-            "invalid_request_error",
-            "a key, `model` or `user` holds a NUL character (\\u0000)",
-            reason="bad_request",
-        )
+        raise invalid_request("a key, `model` or `user` holds a NUL character (\\u0000)")
     if not isinstance(body, dict):
-        raise GatewayError(422, "invalid_request_error", "request body must be a JSON object", reason="bad_request")
+        raise invalid_request("request body must be a JSON object", 422)
     try:
         return body, view.model_validate(body)
     except RecursionError as exc:
-        raise GatewayError(
-            400, "invalid_request_error", "request body is nested too deeply", reason="bad_request"
-        ) from exc
+        raise invalid_request("request body is nested too deeply") from exc
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"]) or None
         message = f"{where}: {first['msg']}" if where else first["msg"]
-        raise GatewayError(422, "invalid_request_error", message, reason="bad_request", param=where) from exc
+        raise invalid_request(message, 422, param=where) from exc
 
 
 # -- the OpenAPI document ----------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from visioncap.config.gateway import UpstreamConfig
-from visioncap.gateway.errors import GatewayError
+from visioncap.gateway.errors import ErrorType, GatewayError, RefusalReason
 from visioncap.gateway.sse import StreamObserver
 
 log = logging.getLogger(__name__)
@@ -140,11 +140,17 @@ class Upstream:
             )
         except TimeoutError as exc:  # aiohttp's ServerTimeoutError and ConnectionTimeoutError included
             raise GatewayError(
-                504, "upstream_timeout", f"vLLM did not answer in time ({type(exc).__name__})", reason="upstream"
+                504,
+                ErrorType.UPSTREAM_TIMEOUT,
+                f"vLLM did not answer in time ({type(exc).__name__})",
+                reason=RefusalReason.UPSTREAM,
             ) from exc
         except aiohttp.ClientError as exc:
             raise GatewayError(
-                502, "upstream_unavailable", f"vLLM is unreachable ({type(exc).__name__}: {exc})", reason="upstream"
+                502,
+                ErrorType.UPSTREAM_UNAVAILABLE,
+                f"vLLM is unreachable ({type(exc).__name__}: {exc})",
+                reason=RefusalReason.UPSTREAM,
             ) from exc
         return UpstreamResponse(response)
 

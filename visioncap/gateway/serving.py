@@ -25,7 +25,7 @@ from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.admission import AdmissionController, Decision
 from visioncap.gateway.auth import Caller, KeyRing
 from visioncap.gateway.bodies import BodyBudget, RequestBody
-from visioncap.gateway.errors import GatewayError, unauthorized
+from visioncap.gateway.errors import ErrorType, GatewayError, RefusalReason, unauthorized
 from visioncap.gateway.images import ImageTooLargeError, MediaRefusedError, downscale_messages, inspect_messages
 from visioncap.gateway.metrics import GatewayMetrics
 from visioncap.gateway.protocol import (
@@ -193,9 +193,9 @@ class Gateway:
                 if named is not None and caller.cameras is not None and named not in caller.cameras:
                     raise GatewayError(
                         403,
-                        "camera_not_allowed",
+                        ErrorType.CAMERA_NOT_ALLOWED,
                         f"this key may not name camera {named[:64]!r}",
-                        reason="camera_not_allowed",
+                        reason=RefusalReason.CAMERA_NOT_ALLOWED,
                         param=CAMERA_HEADER,
                     )
                 camera = named or caller.camera or caller.name
@@ -208,9 +208,9 @@ class Gateway:
             return self._refuse(
                 GatewayError(
                     429,
-                    "queue_full",
+                    ErrorType.QUEUE_FULL,
                     str(exc),
-                    reason="queue_full",
+                    reason=RefusalReason.QUEUE_FULL,
                     headers={"Retry-After": str(exc.retry_after_s)},
                 ),
                 caller,
@@ -229,11 +229,15 @@ class Gateway:
                 image_tokens = inspect_messages(body.get(MESSAGES_FIELD[endpoint]), self.config.images)
             except ImageTooLargeError as exc:
                 raise GatewayError(
-                    400, "image_too_large", str(exc), reason="image_too_large", param="messages"
+                    400, ErrorType.IMAGE_TOO_LARGE, str(exc), reason=RefusalReason.IMAGE_TOO_LARGE, param="messages"
                 ) from exc
             except MediaRefusedError as exc:
                 raise GatewayError(
-                    400, "media_url_not_allowed", str(exc), reason="media_url_refused", param="messages"
+                    400,
+                    ErrorType.MEDIA_URL_NOT_ALLOWED,
+                    str(exc),
+                    reason=RefusalReason.MEDIA_URL_REFUSED,
+                    param="messages",
                 ) from exc
         body["priority"] = caller.traffic_class.priority  # the key decides, never the caller's body
         return body, view, image_tokens
@@ -331,9 +335,9 @@ class Gateway:
         if wait_s is not None:
             raise GatewayError(
                 429,
-                "rate_limit_exceeded",
+                ErrorType.RATE_LIMIT_EXCEEDED,
                 f"key {caller.name!r} is over its request rate limit; retry in {wait_s:.2f} s",
-                reason="rate_limited",
+                reason=RefusalReason.RATE_LIMITED,
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
 
@@ -349,9 +353,9 @@ class Gateway:
         if not math.isfinite(value) or value < 0:
             raise GatewayError(
                 400,
-                "invalid_request_error",
+                ErrorType.INVALID_REQUEST,
                 f"{DEADLINE_HEADER} must be milliseconds >= 0, not {asked!r}",
-                reason="bad_request",
+                reason=RefusalReason.BAD_REQUEST,
             )
         return min(deadline_s, value)
 
@@ -398,13 +402,17 @@ class Gateway:
                 )
             except QueueFullError as exc:
                 raise GatewayError(
-                    429, "queue_full", str(exc), reason="queue_full", headers={"Retry-After": str(exc.retry_after_s)}
+                    429,
+                    ErrorType.QUEUE_FULL,
+                    str(exc),
+                    reason=RefusalReason.QUEUE_FULL,
+                    headers={"Retry-After": str(exc.retry_after_s)},
                 ) from exc
             except DeadlineExceededError as exc:
                 self.metrics.queue_wait.labels(class_name).observe(exc.waited_s)
-                raise GatewayError(408, "deadline_exceeded", str(exc), reason="deadline") from exc
+                raise GatewayError(408, ErrorType.DEADLINE_EXCEEDED, str(exc), reason=RefusalReason.DEADLINE) from exc
             if grant is None:  # the caller left while waiting; nobody reads an answer
-                self.metrics.rejections.labels(class_name, "client_gone").inc()
+                self.metrics.rejections.labels(class_name, RefusalReason.CLIENT_GONE).inc()
                 return Response(status_code=499)
             self.metrics.queue_wait.labels(class_name).observe(grant.waited_s)
             self.metrics.in_flight.labels(class_name).inc()
@@ -583,9 +591,9 @@ def _refuse_multiple_choices(body: dict[str, Any]) -> None:
         if isinstance(value, int | float) and not isinstance(value, bool) and value > 1:
             raise GatewayError(
                 400,
-                "invalid_request_error",
+                ErrorType.INVALID_REQUEST,
                 f"{name} above 1 is not allowed for background keys (send separate requests)",
-                reason="bad_request",
+                reason=RefusalReason.BAD_REQUEST,
                 param=name,
             )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from visioncap.caption.client import VlmCaptioner
 from visioncap.caption.encode import compose, encode_jpeg, people_region
+from visioncap.config.caption import ImageMode
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
@@ -129,7 +130,9 @@ class PipelineRunner:
         self._store = store
         self._data_dir = data_dir
         self._metrics = metrics
+        # Made before any source: a source holds `_on_state` from its creation, and `stop()` may come at any time.
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self.outbox = Outbox(store, data_dir, config.outbox, metrics, pipeline=config.name, on_disk_full=on_disk_full)
         self._cameras: dict[str, _Camera] = {}
         for source_config in config.sources:
@@ -144,7 +147,6 @@ class PipelineRunner:
                 stats=CameraStats(camera=source.camera),
             )
         self.summary = RunSummary(pipeline=config.name, cameras={c: cam.stats for c, cam in self._cameras.items()})
-        self._lock = threading.Lock()
         # State and newest frame of every camera, for the API's /v1/cameras; written off the hot path. Descriptions
         # are masked: the API serves them.
         self._camera_states = CameraStateRecorder(
@@ -299,7 +301,7 @@ class PipelineRunner:
                     selected.detection.people, frame.image.shape[1], frame.image.shape[0], caption.crop_padding
                 )
             )
-            if caption.image_mode == "crop" and selected.detection.people
+            if caption.image_mode is ImageMode.CROP and selected.detection.people
             else None,
         )
         result, row_id = self.outbox.put(new, image.jpeg)
