@@ -85,13 +85,25 @@ $(DEPLOY_VENV)/.installed:
 test: setup system-deps deploy-env
 	$(APP)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
-# The fast tier while you work: pyproject's server markers left out, so only the app environment is needed; one
-# worker per core (pytest-xdist), as these tests share no server. Tests marked serial (the schema fuzzers, whose
-# last test checks a tally the others kept in memory) run afterwards in one process.
+# The fast tier while you work: pyproject's server markers (and detector, YOLO over video) left out, so only the
+# app environment is needed; one worker per core (pytest-xdist), as these tests share no server. The schema fuzzers
+# (tests/test_fuzz_*.py, marked serial: their last test checks a tally the others kept in memory, and under xdist
+# schemathesis ran only the first operation) run in one process of their own beside the workers, which often wait
+# on a child process or a socket; the workers load neither schemathesis nor hypothesis (seconds of imports each).
 UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy or detector)
+FUZZERS := tests/test_fuzz_*.py
+FUZZ_LOG := test-artifacts/test-unit-fuzzers.log
+UNIT_WORKERS ?= auto
+# Cases per fuzzed operation in this tier (derandomized, so the same ones each run); make test fuzzes in full.
+UNIT_FUZZ_EXAMPLES ?= 25
 test-unit: app-env
-	$(APP)/python -m pytest -q -n auto -m "$(UNIT_TIER) and not serial" --durations=10 $(PYTEST_ARGS)
-	$(APP)/python -m pytest -q -p no:xdist -m "$(UNIT_TIER) and serial" $(PYTEST_ARGS)
+	@mkdir -p $(dir $(FUZZ_LOG))
+	@VISIONCAP_FUZZ_MAX_EXAMPLES=$(UNIT_FUZZ_EXAMPLES) $(APP)/python -m pytest -q -p no:xdist -m "$(UNIT_TIER)" $(FUZZERS) $(PYTEST_ARGS) > $(FUZZ_LOG) 2>&1 & fuzzers=$$!; \
+	workers=0; $(APP)/python -m pytest -q -n $(UNIT_WORKERS) -p no:schemathesis -p no:hypothesispytest \
+	  --ignore-glob='$(FUZZERS)' -m "$(UNIT_TIER)" --durations=10 $(PYTEST_ARGS) || workers=$$?; \
+	fuzzed=0; wait $$fuzzers || fuzzed=$$?; \
+	echo "--- schema fuzzers ($(FUZZERS), one process):"; cat $(FUZZ_LOG); \
+	exit $$(( workers ? workers : fuzzed ))
 
 lint: app-env
 	$(APP)/ruff check .

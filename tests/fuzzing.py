@@ -4,6 +4,7 @@ tally of answers that their last test checks for coverage."""
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter, defaultdict
 
 import hypothesis
@@ -17,9 +18,13 @@ set_hypothesis_home_dir(ARTIFACTS / "hypothesis")
 
 
 def settings(max_examples: int) -> hypothesis.settings:
-    """Per operation. Derandomized: the same cases on every run, so CI never fails on a case it did not try before."""
+    """Per operation. Derandomized: the same cases on every run, so CI never fails on a case it did not try before.
+
+    VISIONCAP_FUZZ_MAX_EXAMPLES caps the cases per operation: `make test-unit`, the tier run while working, fuzzes
+    briefly (its setting is in the Makefile); `make test` and CI fuzz in full."""
+    cap = os.environ.get("VISIONCAP_FUZZ_MAX_EXAMPLES")
     return hypothesis.settings(
-        max_examples=max_examples,
+        max_examples=min(max_examples, int(cap)) if cap else max_examples,
         derandomize=True,
         database=None,
         deadline=None,

@@ -58,3 +58,17 @@ def test_every_file_named_in_the_layout_exists() -> None:
     assert named
     found = {path.name for folder in ("visioncap", "tests", "models") for path in (REPO / folder).rglob("*.py")}
     assert not [name for name in named if name.rsplit("/", 1)[-1] not in found]
+
+
+def test_the_modules_marked_serial_are_the_fuzzers_make_test_unit_runs_in_their_own_process() -> None:
+    # make test-unit keeps serial tests away from its xdist workers by file name (FUZZERS), so that the workers need
+    # not import them: a serial test elsewhere would run split across workers.
+    makefile = (REPO / "Makefile").read_text()
+    pattern = re.search(r"^FUZZERS := (\S+)$", makefile, re.M)
+    assert pattern is not None
+    marked = {
+        path.relative_to(REPO)
+        for path in (REPO / "tests").glob("*.py")
+        if re.search(r"pytest\.mark\.serial\b", path.read_text())
+    }
+    assert marked and marked == {path.relative_to(REPO) for path in REPO.glob(pattern.group(1))}

@@ -10,7 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -19,15 +19,45 @@ from helpers import REPO, TINY_MODEL, run_cli, wait_for
 from PIL import Image
 
 from visioncap.config.profiles import ImageSpec, load_profile
+from visioncap.config.settings import Settings
 from visioncap.errors import ConfigError
 from visioncap.serve import VllmServer, free_port
 from visioncap.serve.command import flag_naming
+from visioncap.serve.command import main as serve_main
 from visioncap.serve.launcher import group_members
 from visioncap.serve.plan import PlanError, classify, plan_serving
 
+ServeCli = Callable[..., "subprocess.CompletedProcess[str]"]
 
-def test_dry_run_prints_the_full_vllm_command() -> None:
-    result = run_cli("serve", "--profile", "tiny", "--port", "8123", "--dry-run")
+
+@pytest.fixture
+def serve_cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> ServeCli:
+    """`visioncap serve ARGS` for the dry runs and plan errors: the command's own entry function (what the
+    Typer command calls with the settings) in this process, its exit code and output as a child's would be. A
+    child process per case cost a second of imports; the entries themselves run as children in
+    test_both_entries_are_one_command_line_with_one_set_of_defaults, and what starts a server in others."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        with monkeypatch.context() as patched:
+            patched.chdir(REPO)
+            for name, value in (env or {}).items():
+                patched.setenv(name, value)
+            settings = Settings()
+            try:
+                code = serve_main(
+                    list(args), prog="visioncap serve", models_dir=settings.models_dir, python=settings.server_python
+                )
+            except SystemExit as exc:  # argparse's own errors
+                code = exc.code if isinstance(exc.code, int) else 2
+        out = capsys.readouterr()
+        return subprocess.CompletedProcess(["visioncap", "serve", *args], code, out.out, out.err)
+
+    return run
+
+
+def test_dry_run_prints_the_full_vllm_command(serve_cli: ServeCli) -> None:
+    result = serve_cli("--profile", "tiny", "--port", "8123", "--dry-run")
     assert result.returncode == 0, result.stderr
     argv = shlex.split(result.stdout.strip())
     assert argv[1].endswith("visioncap/serve/vllm_entry.py") and argv[2] == "serve"
@@ -37,8 +67,8 @@ def test_dry_run_prints_the_full_vllm_command() -> None:
         assert expected in joined
 
 
-def test_unknown_profile_is_a_clear_error() -> None:
-    result = run_cli("serve", "--profile", "no-such-model", "--dry-run")
+def test_unknown_profile_is_a_clear_error(serve_cli: ServeCli) -> None:
+    result = serve_cli("--profile", "no-such-model", "--dry-run")
     assert result.returncode == 2
     assert "profile 'no-such-model' not found" in result.stderr and "tiny" in result.stderr
 
@@ -92,8 +122,8 @@ def fake_nvidia_smi(directory: Path, line: str) -> dict[str, str]:
     return {"PATH": f"{directory}:{os.environ['PATH']}"}
 
 
-def test_tiny_dry_run_reports_the_cpu_class() -> None:
-    result = run_cli("serve", "--profile", "tiny", "--dry-run")
+def test_tiny_dry_run_reports_the_cpu_class(serve_cli: ServeCli) -> None:
+    result = serve_cli("--profile", "tiny", "--dry-run")
     assert result.returncode == 0, result.stderr
     flags = flag_values(shlex.split(result.stdout.strip()))
     assert flags["--max-num-batched-tokens"] == "512" and flags["--dtype"] == "float32"
@@ -102,8 +132,8 @@ def test_tiny_dry_run_reports_the_cpu_class() -> None:
 
 
 @pytest.mark.parametrize("name", REAL_PROFILES)
-def test_real_profile_dry_run_on_a_simulated_h200(name: str) -> None:
-    result = run_cli("serve", "--profile", name, "--gpu", "h200", "--gpu-memory-gib", "141", "--dry-run")
+def test_real_profile_dry_run_on_a_simulated_h200(name: str, serve_cli: ServeCli) -> None:
+    result = serve_cli("--profile", name, "--gpu", "h200", "--gpu-memory-gib", "141", "--dry-run")
     assert result.returncode == 0, result.stderr
     argv = shlex.split(result.stdout.strip())
     profile = load_profile(name, MODELS)
@@ -126,9 +156,9 @@ def test_real_profile_dry_run_on_a_simulated_h200(name: str) -> None:
     assert "KV cache holds" in result.stderr
 
 
-def test_detector_and_headroom_set_the_utilization() -> None:
-    result = run_cli(
-        "serve", "--profile", "qwen2.5-vl-7b", "--gpu", "h100", "--gpu-memory-gib", "80",
+def test_detector_and_headroom_set_the_utilization(serve_cli: ServeCli) -> None:
+    result = serve_cli(
+        "--profile", "qwen2.5-vl-7b", "--gpu", "h100", "--gpu-memory-gib", "80",
         "--detector-gib", "10", "--headroom-gib", "2", "--dry-run", "--format", "json",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -138,16 +168,16 @@ def test_detector_and_headroom_set_the_utilization() -> None:
     assert any("10.0 GiB detector - 2.0 GiB headroom" in line for line in plan["report"])
 
 
-def test_too_little_gpu_memory_is_a_clear_error() -> None:
-    result = run_cli("serve", "--profile", "qwen3-vl-8b", "--gpu", "l4", "--gpu-memory-gib", "16", "--dry-run")
+def test_too_little_gpu_memory_is_a_clear_error(serve_cli: ServeCli) -> None:
+    result = serve_cli("--profile", "qwen3-vl-8b", "--gpu", "l4", "--gpu-memory-gib", "16", "--dry-run")
     assert result.returncode == 2
     assert result.stdout == ""
     assert "not enough GPU memory for profile 'qwen3-vl-8b' on l4 (16.0 GiB total)" in result.stderr
     assert "weights 16.3 GiB" in result.stderr
 
 
-def test_unknown_gpu_class_is_a_clear_error() -> None:
-    result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "tpu", "--dry-run")
+def test_unknown_gpu_class_is_a_clear_error(serve_cli: ServeCli) -> None:
+    result = serve_cli("--profile", "qwen2.5-vl-7b", "--gpu", "tpu", "--dry-run")
     assert result.returncode == 2
     assert "--gpu must be auto or one of cpu, l4, a10, a100, h100, h200, not 'tpu'" in result.stderr
 
@@ -195,9 +225,9 @@ def test_both_entries_are_one_command_line_with_one_set_of_defaults() -> None:
     assert usage.startswith("usage: visioncap serve") and "--served-model-alias NAME" in usage
 
 
-def test_gpu_class_and_memory_come_from_nvidia_smi(tmp_path: Path) -> None:
+def test_gpu_class_and_memory_come_from_nvidia_smi(tmp_path: Path, serve_cli: ServeCli) -> None:
     env = fake_nvidia_smi(tmp_path, "NVIDIA H200, 143771")
-    result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--dry-run", "--format", "json", env=env)
+    result = serve_cli("--profile", "qwen2.5-vl-7b", "--dry-run", "--format", "json", env=env)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["gpu_class"] == "h200" and plan["total_gib"] == pytest.approx(140.4, abs=0.05)
@@ -205,29 +235,29 @@ def test_gpu_class_and_memory_come_from_nvidia_smi(tmp_path: Path) -> None:
     assert "GPU: NVIDIA H200, 140.4 GiB (nvidia-smi)" in plan["report"]
 
 
-def test_cpu_only_profile_stays_on_the_cpu_beside_a_gpu(tmp_path: Path) -> None:
+def test_cpu_only_profile_stays_on_the_cpu_beside_a_gpu(tmp_path: Path, serve_cli: ServeCli) -> None:
     env = fake_nvidia_smi(tmp_path, "NVIDIA L4, 23034")
-    result = run_cli("serve", "--profile", "tiny", "--dry-run", env=env)
+    result = serve_cli("--profile", "tiny", "--dry-run", env=env)
     assert result.returncode == 0, result.stderr
     assert "GPU class: cpu (the profile has no l4 arguments, only cpu ones)" in result.stderr
     assert "--gpu-memory-utilization" not in result.stdout
 
 
-def test_unknown_gpu_name_asks_for_a_class(tmp_path: Path) -> None:
+def test_unknown_gpu_name_asks_for_a_class(tmp_path: Path, serve_cli: ServeCli) -> None:
     env = fake_nvidia_smi(tmp_path, "NVIDIA GeForce RTX 4090, 24564")
-    result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--dry-run", env=env)
+    result = serve_cli("--profile", "qwen2.5-vl-7b", "--dry-run", env=env)
     assert result.returncode == 2
     assert "no GPU class for 'NVIDIA GeForce RTX 4090'; pass --gpu" in result.stderr
-    ok = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "l4", "--dry-run", env=env)
+    ok = serve_cli("--profile", "qwen2.5-vl-7b", "--gpu", "l4", "--dry-run", env=env)
     assert ok.returncode == 0, ok.stderr
     assert "total memory: 24.0 GiB (nvidia-smi memory.total)" in ok.stderr
 
 
-def test_real_profile_without_a_gpu_dry_runs_its_first_class_but_does_not_start() -> None:
-    dry = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--dry-run")
+def test_real_profile_without_a_gpu_dry_runs_its_first_class_but_does_not_start(serve_cli: ServeCli) -> None:
+    dry = serve_cli("--profile", "qwen2.5-vl-7b", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "GPU class: l4 (no GPU here" in dry.stderr and "nominal for l4" in dry.stderr
-    real = run_cli("serve", "--profile", "qwen2.5-vl-7b")
+    real = run_cli("serve", "--profile", "qwen2.5-vl-7b")  # not a dry run: a child process, bounded in time
     assert real.returncode == 2
     assert "no NVIDIA GPU found and profile 'qwen2.5-vl-7b' has no cpu class" in real.stderr
 

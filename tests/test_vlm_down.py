@@ -35,8 +35,8 @@ def test_run_against_a_dead_endpoint_exits_with_a_clear_error(tmp_path: Path, de
     dead = f"http://127.0.0.1:{free_port()}/v1"
     database = f"sqlite:///{tmp_path / 'c.db'}"
     # Without the readiness check the run would keep its frames pending for the 600 s drain: run_cli's timeout
-    # fails the test then. Nothing tighter, since starting the CLI alone (torch, Ultralytics) takes 20 s on a loaded
-    # 2-core machine.
+    # fails the test then. Nothing tighter: a loaded 2-core machine has taken 20 s to start the CLI (before the check
+    # came ahead of the captioner's PyTorch import).
     result = run_cli(
         "run",
         str(write_pipeline(tmp_path, pipeline_dict(video))),

@@ -1,6 +1,6 @@
-"""Captioning: frames to JPEG, JPEG to text through an OpenAI-compatible VLM."""
+"""Captioning: frames to JPEG (encode), JPEG to text through an OpenAI-compatible VLM (client), structured
+captions (structured).
 
-from visioncap.caption.client import VlmCaptioner
-from visioncap.caption.encode import encode_jpeg
-
-__all__ = ["VlmCaptioner", "encode_jpeg"]
+Nothing is imported here: configuration validation reads `structured` alone, and the client pulls in the openai
+SDK (a second of imports) that a command reporting a configuration error never needs.
+"""

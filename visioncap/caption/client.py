@@ -58,6 +58,24 @@ class SkippedCaptionError(CaptionError):
         self.detail = detail
 
 
+def check_vlm_ready(base_url: str, model: str, api_key: str, timeout_s: float = 5.0) -> None:
+    """Fail fast, with a clear message, when the endpoint is down or does not serve the model. A function of its
+    own so that a pipeline checks before it builds the captioner, whose client imports PyTorch (seconds)."""
+    base_url = base_url.rstrip("/")
+    url = f"{base_url}/models"
+    try:
+        response = httpx.get(url, timeout=timeout_s, headers={"Authorization": f"Bearer {api_key}"})
+        response.raise_for_status()
+    except httpx.HTTPError as exc:
+        raise VlmUnavailableError(
+            f"VLM endpoint {base_url} is unreachable ({type(exc).__name__}: {exc}); start it "
+            "(e.g. `visioncap serve --profile tiny`) or set vlm.base_url / VISIONCAP_VLM_BASE_URL"
+        ) from exc
+    served = [entry.get("id") for entry in response.json().get("data", [])]
+    if model not in served:
+        raise ConfigError(f"vlm.model: {model!r} is not served by {base_url} (it serves {served})")
+
+
 class VlmCaptioner:
     """Sends one frame per request and returns the caption; safe to call from several threads.
 
@@ -79,18 +97,7 @@ class VlmCaptioner:
 
     def check_ready(self, timeout_s: float = 5.0) -> None:
         """Fail fast, with a clear message, when the endpoint is down or does not serve the model."""
-        url = f"{self.base_url}/models"
-        try:
-            response = httpx.get(url, timeout=timeout_s, headers={"Authorization": f"Bearer {self._api_key}"})
-            response.raise_for_status()
-        except httpx.HTTPError as exc:
-            raise VlmUnavailableError(
-                f"VLM endpoint {self.base_url} is unreachable ({type(exc).__name__}: {exc}); start it "
-                "(e.g. `visioncap serve --profile tiny`) or set vlm.base_url / VISIONCAP_VLM_BASE_URL"
-            ) from exc
-        served = [entry.get("id") for entry in response.json().get("data", [])]
-        if self._vlm.model not in served:
-            raise ConfigError(f"vlm.model: {self._vlm.model!r} is not served by {self.base_url} (it serves {served})")
+        check_vlm_ready(self.base_url, self._vlm.model, self._api_key, timeout_s)
 
     def caption(self, jpeg: bytes, camera: str | None = None) -> Caption:
         """Caption one JPEG in one attempt; raises TransientCaptionError or CaptionError.

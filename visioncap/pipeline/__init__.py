@@ -1,5 +1,5 @@
-"""Runs a pipeline: source -> detect -> track -> select -> outbox -> caption -> store."""
+"""Runs a pipeline: source -> detect -> track -> select -> outbox -> caption -> store.
 
-from visioncap.pipeline.runner import PipelineRunner, RunSummary
-
-__all__ = ["PipelineRunner", "RunSummary"]
+Nothing is imported here: the runner pulls in the caption client (the openai SDK), which importers of a part
+(metrics, the outbox) must not pay for.
+"""

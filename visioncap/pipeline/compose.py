@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from visioncap.caption.client import VlmCaptioner
+from visioncap.caption.client import VlmCaptioner, check_vlm_ready
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.settings import Settings
 from visioncap.detect.yolo import PersonDetector
@@ -110,9 +110,10 @@ def build_pipeline(
         store.create_schema()
         # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
         retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, metrics.retention))
-        captioner = VlmCaptioner(config.vlm, config.caption, base_url, settings.vlm_api_key.get_secret_value())
+        api_key = settings.vlm_api_key.get_secret_value()
         if check_vlm:
-            captioner.check_ready()
+            check_vlm_ready(base_url, config.vlm.model, api_key)
+        captioner = VlmCaptioner(config.vlm, config.caption, base_url, api_key)
         detector = PersonDetector(config.detector, base_dir=base_dir)
         # A frame that cannot be saved for lack of space wakes retention (VISIONCAP_RETENTION_MIN_FREE_MB).
         runner = PipelineRunner(
