@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +46,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "postgresql" in callspec.params.values():
             item.add_marker("postgres")
+
+
+@pytest.fixture
+def silent_vlm() -> Iterator[str]:
+    """The base URL of a 'vLLM' that takes connections and never says a word: the kernel completes each
+    handshake from the listen backlog and nobody ever reads, so whatever is sent there stays in flight."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ import inspect
 import json
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,15 +30,6 @@ PIECE = 256 * 1024
 KEEP_ALIVE_S = inspect.signature(uvicorn.Config).parameters["timeout_keep_alive"].default
 PATIENT_DRAIN_S = 30.0
 STRICT_DRAIN_S = 1.5
-
-
-@pytest.fixture
-def silent_upstream() -> Iterator[str]:
-    """A 'vLLM' that takes connections and never answers (nothing here gets that far)."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(16)
-        yield f"http://127.0.0.1:{server.getsockname()[1]}/v1"
 
 
 def gateway(upstream: str, tmp_path: Path, drain_s: float) -> GatewayProcess:
@@ -104,10 +94,10 @@ def parse(answer: bytes) -> tuple[int, dict[str, str], dict[str, object]]:
     ids=["body_budget_full", "unauthorized"],
 )
 def test_a_slow_upload_refused_early_reads_its_whole_answer(
-    silent_upstream: str, tmp_path: Path, key: str, status: int, error_type: str
+    silent_vlm: str, tmp_path: Path, key: str, status: int, error_type: str
 ) -> None:
     with (
-        gateway(silent_upstream, tmp_path, PATIENT_DRAIN_S) as gw,
+        gateway(silent_vlm, tmp_path, PATIENT_DRAIN_S) as gw,
         socket.create_connection(("127.0.0.1", gw.port)) as sock,
     ):
         # One small first piece, read with the head: the answer goes out, and then nothing arrives for a while.
@@ -126,9 +116,9 @@ def test_a_slow_upload_refused_early_reads_its_whole_answer(
         assert int(headers["retry-after"]) >= 1
 
 
-def test_a_refused_upload_that_stalls_is_closed_within_the_drain_time(silent_upstream: str, tmp_path: Path) -> None:
+def test_a_refused_upload_that_stalls_is_closed_within_the_drain_time(silent_vlm: str, tmp_path: Path) -> None:
     with (
-        gateway(silent_upstream, tmp_path, STRICT_DRAIN_S) as gw,
+        gateway(silent_vlm, tmp_path, STRICT_DRAIN_S) as gw,
         socket.create_connection(("127.0.0.1", gw.port)) as sock,
     ):
         sock.sendall(head(gw.port, KEY, DECLARED) + b" " * PIECE)
@@ -144,11 +134,11 @@ def test_a_refused_upload_that_stalls_is_closed_within_the_drain_time(silent_ups
     assert closed_after_s < STRICT_DRAIN_S + 5, f"open {closed_after_s:.1f} s after the answer"
 
 
-def test_a_refused_upload_is_read_no_further_than_the_body_limit(silent_upstream: str, tmp_path: Path) -> None:
+def test_a_refused_upload_is_read_no_further_than_the_body_limit(silent_vlm: str, tmp_path: Path) -> None:
     """A caller that keeps sending past the route's body limit is cut off long before the drain time is up."""
     declared = 8 * LIMIT
     with (
-        gateway(silent_upstream, tmp_path, PATIENT_DRAIN_S) as gw,
+        gateway(silent_vlm, tmp_path, PATIENT_DRAIN_S) as gw,
         socket.create_connection(("127.0.0.1", gw.port)) as sock,
     ):
         sock.sendall(head(gw.port, KEY, declared))

@@ -5,9 +5,7 @@ Both faults are real: nothing listening on a port, and a listening socket that n
 
 from __future__ import annotations
 
-import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -19,15 +17,6 @@ from visioncap.caption.encode import encode_jpeg
 from visioncap.config import CaptionConfig, VlmConfig
 from visioncap.serve import free_port
 from visioncap.store import CaptionStore, create_db_engine
-
-
-@pytest.fixture
-def silent_server() -> Iterator[str]:
-    """Accepts TCP connections (the kernel completes the handshake) and never says a word."""
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(16)
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
 
 
 def test_run_against_a_dead_endpoint_exits_with_a_clear_error(tmp_path: Path, demo_video: tuple[Path, object]) -> None:
@@ -49,14 +38,14 @@ def test_run_against_a_dead_endpoint_exits_with_a_clear_error(tmp_path: Path, de
     assert CaptionStore(create_db_engine(database)).count() == 0
 
 
-def test_hung_endpoint_fails_the_readiness_check(silent_server: str) -> None:
-    captioner = VlmCaptioner(VlmConfig(model="m"), CaptionConfig(), silent_server, "k")
+def test_hung_endpoint_fails_the_readiness_check(silent_vlm: str) -> None:
+    captioner = VlmCaptioner(VlmConfig(model="m"), CaptionConfig(), silent_vlm, "k")
     with pytest.raises(Exception, match="is unreachable \\(ReadTimeout"):
         captioner.check_ready(timeout_s=0.5)
 
 
-def test_hung_endpoint_caption_attempt_times_out(silent_server: str) -> None:
-    captioner = VlmCaptioner(VlmConfig(model="m", timeout_s=0.5), CaptionConfig(), silent_server, "k")
+def test_hung_endpoint_caption_attempt_times_out(silent_vlm: str) -> None:
+    captioner = VlmCaptioner(VlmConfig(model="m", timeout_s=0.5), CaptionConfig(), silent_vlm, "k")
     image = encode_jpeg(np.zeros((48, 64, 3), np.uint8), max_tokens=4)
     started = time.monotonic()
     # Transient: the outbox keeps the frame pending and tries again later.
