@@ -22,9 +22,10 @@ export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
 
 # GStreamer's RTSP server, which the stream tests run as a real camera (Debian's python3 has its bindings),
 # PostgreSQL, whose throwaway clusters the API tests start, and Chromium, which Playwright drives for the web page
-# test (Debian's build: Playwright never downloads a browser here).
+# test (Debian's build: Playwright never downloads a browser here), and Mosquitto, the MQTT broker the alert tests
+# start and stop.
 SYSTEM_PACKAGES := gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
-	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql chromium
+	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql chromium mosquitto
 
 .PHONY: help setup app-env server-env deploy-env system-deps demo test test-unit lint clean
 
