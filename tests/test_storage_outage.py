@@ -252,6 +252,46 @@ def test_a_full_disk_costs_only_the_frames_that_cannot_be_written(
     box.close()
 
 
+def test_a_full_journal_does_not_silence_a_full_disk_on_the_same_camera(
+    cluster: PostgresCluster, small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each (camera, reason) has its own minute: one warning must not hide a different fault of that camera."""
+    store = CaptionStore(create_db_engine(fresh_database(cluster.base_url)))
+    store.create_schema()
+    now = [100.0]  # moved by hand, and not at all here: both warnings fall inside one rate-limit window
+    box = Outbox(
+        store,
+        small_disk,
+        OutboxConfig(capacity=100, journal_capacity=1, store_retry_max_s=0.5),
+        PipelineMetrics(),
+        clock=lambda: now[0],
+    )
+    caplog.set_level(logging.WARNING, "visioncap.pipeline.outbox")
+    cluster.stop()
+    try:
+        assert box.put(frame(1, camera="a"), JPEG)[0] is PutResult.JOURNALED
+        assert box.put(frame(2, camera="a"), JPEG)[0] is PutResult.JOURNAL_FULL
+        # Fill what is left of the disk, so the next picture cannot be written.
+        try:
+            with (small_disk / "filler").open("wb") as out:
+                while True:
+                    out.write(b"\0" * 4096)
+                    out.flush()
+        except OSError:
+            pass
+        big = b"\xff\xd8" + b"\x00" * 30_000 + b"\xff\xd9"
+        assert box.put(frame(3, camera="a"), big)[0] is PutResult.DISK_FULL
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("camera a:")]
+        assert any("journal is full" in line for line in lines), lines
+        assert any("not saved (disk_full" in line for line in lines), "logged though the full journal was"
+        assert box.put(frame(4, camera="a"), big)[0] is PutResult.DISK_FULL
+        again = [r.getMessage() for r in caplog.records if r.getMessage().startswith("camera a:")]
+        assert len(again) == len(lines) == 2, "and each reason still at most once a minute"
+    finally:
+        cluster.start()
+    box.close(flush_timeout_s=0)
+
+
 # -- the API while its database is away ---------------------------------------------------------------
 
 

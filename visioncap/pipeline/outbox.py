@@ -138,7 +138,7 @@ class Outbox:
         self._down_since: float | None = None
         self._down_error: str | None = None
         self._disk_full_since: float | None = None
-        self._disk_warned: dict[str, float] = {}  # camera -> when its last disk warning was logged
+        self._disk_warned: dict[tuple[str, SkipReason], float] = {}  # (camera, reason) -> when it was last logged
         self._finished_during_read: set[str] | None = None  # while `recover` reads pending rows
         self._metrics.store_available.set(1)
 
@@ -243,7 +243,8 @@ class Outbox:
             (self._data_dir / relative).unlink(missing_ok=True)
             if result is PutResult.JOURNAL_FULL:
                 self._skipped(new.camera, SkipReason.JOURNAL_FULL)
-                self._warn_disk(new.camera, f"camera {new.camera}: the database is away and the journal is full")
+                message = f"camera {new.camera}: the database is away and the journal is full"
+                self._warn_disk(new.camera, SkipReason.JOURNAL_FULL, message)
             return result, None
         item = self._item(str(relative), row_id, new, 0)
         replaced = None
@@ -324,17 +325,18 @@ class Outbox:
             self._metrics.disk_full.set(1)
             if self._on_disk_full is not None:
                 self._on_disk_full()  # retention frees space early when it is configured to keep some free
-        self._warn_disk(new.camera, f"camera {new.camera}: frame {new.frame_index} not saved ({reason}: {exc})")
+        self._warn_disk(new.camera, reason, f"camera {new.camera}: frame {new.frame_index} not saved ({reason}: {exc})")
         return (PutResult.DISK_FULL if result is not PutResult.DUPLICATE else result), row_id
 
-    def _warn_disk(self, camera: str, message: str) -> None:
+    def _warn_disk(self, camera: str, reason: SkipReason, message: str) -> None:
+        # Keyed by reason too: a full journal must not hide a full disk (or the other way round) for a minute.
         now = self._clock()
         with self._lock:
-            last = self._disk_warned.get(camera)
+            last = self._disk_warned.get((camera, reason))
             if last is not None and now - last < DISK_WARN_EVERY_S:
                 return
-            self._disk_warned[camera] = now
-        log.warning("%s; further frames of this camera that cannot be saved are counted, not logged, for %.0f s",
+            self._disk_warned[(camera, reason)] = now
+        log.warning("%s; further frames of this camera skipped for this reason are counted, not logged, for %.0f s",
                     message, DISK_WARN_EVERY_S)  # fmt: skip
 
     def _skipped(self, camera: str, reason: SkipReason) -> None:
