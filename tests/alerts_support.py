@@ -3,6 +3,7 @@ receiver, and waiting on conditions with a deadline."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 import socket
@@ -74,7 +75,12 @@ class Mosquitto:
     def __init__(self, folder: Path) -> None:
         self.port = free_port()
         self.config = folder / "mosquitto.conf"
-        self.config.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        # Persistence: a subscriber's session (its subscription, the QoS 1 messages queued for it) outlives a
+        # restart, as on a production broker. `user`: as root, mosquitto would switch to a user that cannot write here.
+        self.config.write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+            f"persistence_location {folder}/\nuser {getpass.getuser()}\n"
+        )
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
