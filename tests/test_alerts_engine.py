@@ -5,15 +5,18 @@ nor skips a caption."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from alerts_support import add_caption
+from helpers import REPO
 from sqlalchemy import func, select
 
 from visioncap.alerts.engine import AlertEngine
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.store import AlertFilter, list_alerts
-from visioncap.config.alerts import AlertsConfig
+from visioncap.config.alerts import AlertsConfig, load_alerts_config
+from visioncap.errors import ConfigError
 from visioncap.frames import Caption
 from visioncap.store import CaptionStore
 from visioncap.store.records import AlertDeliveryRecord
@@ -105,3 +108,18 @@ def test_semantic_rule_fires_on_meaning_not_words(store: CaptionStore) -> None:
     add_caption(store, "dock", T0 + timedelta(minutes=10), "Two people chat at a desk with coffee cups.")
     drain(engine)
     assert fired(store) == {"fire": [hit]}
+
+
+def test_example_file_loads() -> None:
+    config = load_alerts_config(REPO / "pipelines" / "alerts.example.yaml")
+    assert [rule.name for rule in config.rules] == ["crowd-at-dock", "after-hours", "running", "smoke"]
+
+
+def test_file_errors_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "alerts.yaml"
+    bad.write_text("rules:\n  - name: a\n    windows: [{start: '25:00', end: '06:00'}]\n    notify: [nowhere]\n")
+    with pytest.raises(ConfigError, match=r"rules\.0\.windows\.0\.start"):
+        load_alerts_config(bad)
+    bad.write_text("rules:\n  - name: a\n    notify: [nowhere]\n")
+    with pytest.raises(ConfigError, match="notifies unknown destinations"):
+        load_alerts_config(bad)

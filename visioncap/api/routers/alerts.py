@@ -1,0 +1,183 @@
+"""/v1/alerts: what fired (with its deliveries), and the rules (those of the alerts file read-only)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Path, Query, Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from visioncap.alerts import store
+from visioncap.api.errors import ApiError, bad_param
+from visioncap.api.protocol import Alert, AlertDelivery, AlertPage, AlertRuleList, AlertRuleView, ErrorResponse
+from visioncap.api.routers.common import ERRORS, SECURED, service
+from visioncap.api.serving import ApiService
+from visioncap.config.alerts import NAME_PATTERN, AlertRule, AlertsConfig
+from visioncap.store.records import DeliveryState
+
+router = APIRouter(prefix="/v1/alerts", tags=["alerts"], dependencies=SECURED, responses=ERRORS)
+
+RuleName = Annotated[str, Path(pattern=NAME_PATTERN, description="Rule name.")]
+RULE_ERRORS = {
+    404: {"model": ErrorResponse, "description": "No rule of that name."},
+    409: {"model": ErrorResponse, "description": "A rule of that name exists, or the rule is the file's."},
+}
+
+
+def file_config(request: Request) -> AlertsConfig | None:
+    return request.app.state.alerts_config
+
+
+def _utc(param: str, value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise bad_param(param, "give a UTC offset (e.g. Z)")
+    return value
+
+
+def _cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    try:
+        value = int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().removeprefix("a"))
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise bad_param("cursor", "not a cursor this API returned") from exc
+    if value < 1:
+        raise bad_param("cursor", "not a cursor this API returned")
+    return value
+
+
+def _next_cursor(alert_id: int) -> str:
+    return base64.urlsafe_b64encode(f"a{alert_id}".encode()).decode().rstrip("=")
+
+
+@router.get("", response_model=AlertPage, summary="Alerts that fired, newest first")
+def list_alerts(
+    api: Annotated[ApiService, Depends(service)],
+    rule: Annotated[list[str], Query(description="Rule name; repeat for several.")] = [],  # noqa: B006
+    camera: Annotated[list[str], Query(description="Camera id; repeat for several.")] = [],  # noqa: B006
+    since: Annotated[datetime | None, Query(description="Captured at or after (ISO 8601 with offset).")] = None,
+    until: Annotated[datetime | None, Query(description="Captured before (ISO 8601 with offset).")] = None,
+    state: Annotated[
+        DeliveryState | None, Query(description="Only alerts with at least one delivery in this state.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    cursor: Annotated[str | None, Query(max_length=40, description="`next_cursor` of the previous page.")] = None,
+) -> AlertPage:
+    where = store.AlertFilter(rule, camera, _utc("since", since), _utc("until", until), state, _cursor(cursor))
+    found = store.list_alerts(api.engine, where, limit)
+    items = [
+        Alert(
+            id=alert.id,
+            rule=alert.rule,
+            camera=alert.camera,
+            caption_id=alert.caption_id,
+            captured_at=alert.captured_at,
+            fired_at=alert.fired_at,
+            caption=alert.caption,
+            people_count=alert.people_count,
+            deliveries=[
+                AlertDelivery(
+                    id=d.id,
+                    destination=d.destination,
+                    state=d.state,
+                    attempts=d.attempts,
+                    last_error=d.last_error,
+                    finished_at=d.finished_at,
+                )
+                for d in deliveries
+            ],
+        )
+        for alert, deliveries in found
+    ]
+    return AlertPage(items=items, next_cursor=_next_cursor(items[-1].id) if len(items) == limit else None)
+
+
+@router.get("/rules", response_model=AlertRuleList, summary="Alert rules: the file's (read-only), then the API's")
+def list_rules(
+    api: Annotated[ApiService, Depends(service)], config: Annotated[AlertsConfig | None, Depends(file_config)]
+) -> AlertRuleList:
+    file_rules = list(config.rules) if config else []
+    names = {rule.name for rule in file_rules}
+    items = [AlertRuleView(rule=rule, source="file", read_only=True) for rule in file_rules]
+    items += [
+        AlertRuleView(rule=rule, source="api", read_only=False)
+        for rule in store.api_rules(api.engine)
+        if rule.name not in names
+    ]
+    return AlertRuleList(items=items)
+
+
+def _checked(rule: AlertRule, config: AlertsConfig | None) -> AlertRule:
+    if config is not None:
+        unknown = sorted(set(rule.notify) - set(config.destination_names()))
+        if unknown:
+            raise bad_param("notify", f"no such destinations in the alerts file: {unknown}")
+    return rule
+
+
+def _file_rule(config: AlertsConfig | None, name: str) -> bool:
+    return config is not None and any(rule.name == name for rule in config.rules)
+
+
+@router.post(
+    "/rules",
+    response_model=AlertRuleView,
+    status_code=201,
+    summary="Add a rule (write scope)",
+    description="The alerts process applies it from its next page of captions on.",
+    responses=RULE_ERRORS,
+)
+def add_rule(
+    api: Annotated[ApiService, Depends(service)],
+    config: Annotated[AlertsConfig | None, Depends(file_config)],
+    rule: AlertRule,
+) -> AlertRuleView:
+    if _file_rule(config, rule.name) or not store.add_rule(api.engine, _checked(rule, config)):
+        raise ApiError(409, f"a rule named {rule.name!r} exists", param="name")
+    return AlertRuleView(rule=rule, source="api", read_only=False)
+
+
+@router.patch(
+    "/rules/{name}",
+    response_model=AlertRuleView,
+    summary="Change some fields of a rule (write scope)",
+    responses=RULE_ERRORS,
+)
+def patch_rule(
+    api: Annotated[ApiService, Depends(service)],
+    config: Annotated[AlertsConfig | None, Depends(file_config)],
+    name: RuleName,
+    changes: Annotated[dict[str, Any], Body(description="Fields of the rule to replace; `name` cannot change.")],
+) -> AlertRuleView:
+    if _file_rule(config, name):
+        raise ApiError(409, f"rule {name!r} is the alerts file's: change it there")
+    current = next((rule for rule in store.api_rules(api.engine) if rule.name == name), None)
+    if current is None:
+        raise ApiError(404, f"no rule named {name!r}")
+    if changes.get("name", name) != name:
+        raise bad_param("name", "a rule cannot be renamed; add a new one and delete this")
+    try:
+        rule = AlertRule.model_validate({**current.model_dump(), **changes})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise bad_param(".".join(str(part) for part in first["loc"]) or "body", first["msg"]) from exc
+    if not store.replace_rule(api.engine, _checked(rule, config)):
+        raise ApiError(404, f"no rule named {name!r}")
+    return AlertRuleView(rule=rule, source="api", read_only=False)
+
+
+@router.delete("/rules/{name}", status_code=204, summary="Delete a rule (write scope)", responses=RULE_ERRORS)
+def delete_rule(
+    api: Annotated[ApiService, Depends(service)],
+    config: Annotated[AlertsConfig | None, Depends(file_config)],
+    name: RuleName,
+) -> Response:
+    if _file_rule(config, name):
+        raise ApiError(409, f"rule {name!r} is the alerts file's: change it there")
+    if not store.delete_rule(api.engine, name):
+        raise ApiError(404, f"no rule named {name!r}")
+    return Response(status_code=204)
