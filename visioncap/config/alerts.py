@@ -2,34 +2,39 @@
 
 from __future__ import annotations
 
-import re
 from datetime import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, Strict, create_model, field_validator, model_validator
 
 from visioncap.config.base import StrictModel
 from visioncap.config.loading import load_yaml_model
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # also an MQTT topic level: no '/', '+' or '#'
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
-_CLOCK = re.compile(r"([01]\d|2[0-3]):([0-5]\d)")
+_CLOCK = r"^([01]\d|2[0-3]):[0-5]\d$"  # HH:MM, 00:00 to 23:59
+
+
+def _not_a_boolean(value: object) -> object:
+    # JSON `true` is no count of people: pydantic would take it as 1. Rules come as API bodies too.
+    if isinstance(value, bool):
+        raise ValueError("a number, not a boolean")
+    return value
+
+
+# Rules also come as API request bodies: no coercion a JSON schema would not allow (`false` as 0 s, "yes" as true).
+Count = Annotated[int, Field(ge=0, le=100_000), BeforeValidator(_not_a_boolean)]
+Seconds = Annotated[float, Strict(), Field(ge=0, le=366 * 86_400)]
+Flag = Annotated[bool, Strict()]
 
 
 class TimeWindow(StrictModel):
     """A daily window of local time; one whose end is before its start runs across midnight (22:00-06:00)."""
 
-    start: str = Field(description="HH:MM, local time of the file's `timezone`, inclusive.")
-    end: str = Field(description="HH:MM, exclusive; before `start`: the window ends the next day.")
-
-    @field_validator("start", "end")
-    @classmethod
-    def _clock(cls, value: str) -> str:
-        if _CLOCK.fullmatch(value) is None:
-            raise ValueError("a time of day as HH:MM (00:00 to 23:59)")
-        return value
+    start: str = Field(pattern=_CLOCK, description="HH:MM, local time of the file's `timezone`, inclusive.")
+    end: str = Field(pattern=_CLOCK, description="HH:MM, exclusive; before `start`: the window ends the next day.")
 
     def contains(self, moment: time) -> bool:
         start, end = time.fromisoformat(self.start), time.fromisoformat(self.end)
@@ -42,7 +47,7 @@ class SemanticMatch(StrictModel):
     """Caption text close in meaning to `text` (cosine similarity of sentence embeddings)."""
 
     text: str = Field(min_length=1, max_length=500, description="What the caption should be about.")
-    threshold: float = Field(
+    threshold: Annotated[float, Strict()] = Field(
         default=0.5, ge=-1, le=1, description="Least cosine similarity (all-MiniLM-L6-v2) that matches."
     )
 
@@ -57,10 +62,10 @@ class AlertRule(StrictModel):
         max_length=20,
         description="Words in the caption text (case-insensitive, whole words); see `all_words`.",
     )
-    all_words: bool = Field(default=False, description="Every word of `words` must appear; false: any one.")
+    all_words: Flag = Field(default=False, description="Every word of `words` must appear; false: any one.")
     semantic: SemanticMatch | None = Field(default=None, description="Caption text similar in meaning.")
-    min_people: int | None = Field(default=None, ge=0, description="At least this many people (stored count).")
-    max_people: int | None = Field(default=None, ge=0, description="At most this many people.")
+    min_people: Count | None = Field(default=None, description="At least this many people (stored count).")
+    max_people: Count | None = Field(default=None, description="At most this many people.")
     activities: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list,
         max_length=20,
@@ -70,15 +75,29 @@ class AlertRule(StrictModel):
     windows: list[TimeWindow] = Field(
         default_factory=list, description="Only at these times of day (capture time); empty: at any time."
     )
-    cooldown_s: float = Field(
+    cooldown_s: Seconds = Field(
         default=300,
-        ge=0,
         description="After an alert of this rule for a camera, no other for that camera until this many seconds "
         "of capture time have passed; checked against stored alerts, so restarts keep it.",
     )
     notify: list[Name] = Field(
         default_factory=list, description="Names of destinations (webhooks, mqtt) to send to; empty: all of them."
     )
+
+
+def _patch_model() -> type[StrictModel]:
+    """AlertRule with every field but `name` optional and the same constraints: the body of a PATCH."""
+    fields: dict[str, Any] = {}
+    for name, info in AlertRule.model_fields.items():
+        if name == "name":
+            continue
+        kind = Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation
+        default = {"default_factory": info.default_factory} if info.default_factory else {"default": info.default}
+        fields[name] = (kind, Field(description=info.description, **default))
+    return create_model("AlertRulePatch", __base__=StrictModel, __doc__="Fields of a rule to replace.", **fields)
+
+
+AlertRulePatch = _patch_model()
 
 
 class WebhookDestination(StrictModel):

@@ -4,38 +4,58 @@ from __future__ import annotations
 
 import base64
 import binascii
-from datetime import datetime
-from typing import Annotated, Any
+from datetime import UTC, datetime
+from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Query, Request
-from pydantic import ValidationError
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.routing import APIRoute
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 from visioncap.alerts import store
 from visioncap.api.errors import ApiError, bad_param
 from visioncap.api.protocol import Alert, AlertDelivery, AlertPage, AlertRuleList, AlertRuleView, ErrorResponse
+from visioncap.api.routers.captions import Time
 from visioncap.api.routers.common import ERRORS, SECURED, service
 from visioncap.api.serving import ApiService
-from visioncap.config.alerts import NAME_PATTERN, AlertRule, AlertsConfig
+from visioncap.config.alerts import NAME_PATTERN, AlertRule, AlertRulePatch, AlertsConfig
 from visioncap.store.records import DeliveryState
 
-router = APIRouter(prefix="/v1/alerts", tags=["alerts"], dependencies=SECURED, responses=ERRORS)
+
+class _SharedPathRoute(APIRoute):
+    """A 405 whose `Allow` names every method of the path: Starlette names only those of the first route that
+    matched the path, and /v1/alerts/rules (GET, POST) and /v1/alerts/rules/{name} (PATCH, DELETE) have two."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.methods and scope["method"] not in self.methods:
+            allowed = {
+                method
+                for route in router.routes
+                if isinstance(route, APIRoute) and route.path_format == self.path_format
+                for method in route.methods
+            }
+            raise HTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
+        await super().handle(scope, receive, send)
+
+
+router = APIRouter(
+    prefix="/v1/alerts", tags=["alerts"], dependencies=SECURED, responses=ERRORS, route_class=_SharedPathRoute
+)
 
 RuleName = Annotated[str, Path(pattern=NAME_PATTERN, description="Rule name.")]
 RULE_ERRORS = {
     404: {"model": ErrorResponse, "description": "No rule of that name."},
     409: {"model": ErrorResponse, "description": "A rule of that name exists, or the rule is the file's."},
 }
+BODY_ERRORS = {**RULE_ERRORS, 400: {"model": ErrorResponse, "description": "The body is not JSON."}}
 
 
 def file_config(request: Request) -> AlertsConfig | None:
     return request.app.state.alerts_config
 
 
-def _utc(param: str, value: datetime | None) -> datetime | None:
-    if value is not None and value.tzinfo is None:
-        raise bad_param(param, "give a UTC offset (e.g. Z)")
-    return value
+def _utc(value: datetime | None) -> datetime | None:
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
 
 
 def _cursor(cursor: str | None) -> int | None:
@@ -59,15 +79,15 @@ def list_alerts(
     api: Annotated[ApiService, Depends(service)],
     rule: Annotated[list[str], Query(description="Rule name; repeat for several.")] = [],  # noqa: B006
     camera: Annotated[list[str], Query(description="Camera id; repeat for several.")] = [],  # noqa: B006
-    since: Annotated[datetime | None, Query(description="Captured at or after (ISO 8601 with offset).")] = None,
-    until: Annotated[datetime | None, Query(description="Captured before (ISO 8601 with offset).")] = None,
+    since: Annotated[Time, Query(description="Captured at or after (ISO 8601; no offset means UTC).")] = None,
+    until: Annotated[Time, Query(description="Captured before (ISO 8601; no offset means UTC).")] = None,
     state: Annotated[
         DeliveryState | None, Query(description="Only alerts with at least one delivery in this state.")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
     cursor: Annotated[str | None, Query(max_length=40, description="`next_cursor` of the previous page.")] = None,
 ) -> AlertPage:
-    where = store.AlertFilter(rule, camera, _utc("since", since), _utc("until", until), state, _cursor(cursor))
+    where = store.AlertFilter(rule, camera, _utc(since), _utc(until), state, _cursor(cursor))
     found = store.list_alerts(api.engine, where, limit)
     items = [
         Alert(
@@ -129,7 +149,7 @@ def _file_rule(config: AlertsConfig | None, name: str) -> bool:
     status_code=201,
     summary="Add a rule (write scope)",
     description="The alerts process applies it from its next page of captions on.",
-    responses=RULE_ERRORS,
+    responses=BODY_ERRORS,
 )
 def add_rule(
     api: Annotated[ApiService, Depends(service)],
@@ -145,26 +165,21 @@ def add_rule(
     "/rules/{name}",
     response_model=AlertRuleView,
     summary="Change some fields of a rule (write scope)",
-    responses=RULE_ERRORS,
+    responses=BODY_ERRORS,
 )
 def patch_rule(
     api: Annotated[ApiService, Depends(service)],
     config: Annotated[AlertsConfig | None, Depends(file_config)],
     name: RuleName,
-    changes: Annotated[dict[str, Any], Body(description="Fields of the rule to replace; `name` cannot change.")],
+    changes: AlertRulePatch,  # type: ignore[valid-type]
 ) -> AlertRuleView:
     if _file_rule(config, name):
         raise ApiError(409, f"rule {name!r} is the alerts file's: change it there")
     current = next((rule for rule in store.api_rules(api.engine) if rule.name == name), None)
     if current is None:
         raise ApiError(404, f"no rule named {name!r}")
-    if changes.get("name", name) != name:
-        raise bad_param("name", "a rule cannot be renamed; add a new one and delete this")
-    try:
-        rule = AlertRule.model_validate({**current.model_dump(), **changes})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise bad_param(".".join(str(part) for part in first["loc"]) or "body", first["msg"]) from exc
+    # Validated field by field already (the patch has the rule's constraints): this cannot fail.
+    rule = AlertRule.model_validate({**current.model_dump(), **changes.model_dump(exclude_unset=True)})  # type: ignore[attr-defined]
     if not store.replace_rule(api.engine, _checked(rule, config)):
         raise ApiError(404, f"no rule named {name!r}")
     return AlertRuleView(rule=rule, source="api", read_only=False)
