@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from alerts_support import add_caption
 from helpers import REPO
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from visioncap.alerts.engine import AlertEngine
 from visioncap.alerts.metrics import AlertMetrics
@@ -19,7 +19,7 @@ from visioncap.config.alerts import AlertsConfig, load_alerts_config
 from visioncap.errors import ConfigError
 from visioncap.frames import Caption
 from visioncap.store import CaptionStore
-from visioncap.store.records import AlertDeliveryRecord
+from visioncap.store.records import AlertDeliveryRecord, DeliveryState
 
 T0 = datetime(2026, 1, 1, 21, 50, tzinfo=UTC)
 
@@ -123,3 +123,27 @@ def test_file_errors_name_the_field(tmp_path: Path) -> None:
     bad.write_text("rules:\n  - name: a\n    notify: [nowhere]\n")
     with pytest.raises(ConfigError, match="notifies unknown destinations"):
         load_alerts_config(bad)
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_full_backlog_holds_the_engine_back_and_loses_nothing(store: CaptionStore) -> None:
+    config = AlertsConfig.model_validate(
+        {
+            "webhooks": [{"name": "hook", "url": "http://127.0.0.1:9/never-called"}],
+            "rules": [{"name": "any", "cooldown_s": 0}],
+            "delivery": {"max_pending": 1, "batch": 1},
+        }
+    )
+    engine = AlertEngine(store.engine, config, AlertMetrics())
+    ids = [add_caption(store, "dock", T0 + timedelta(minutes=m), f"caption {m}") for m in range(3)]
+    drain(engine)
+    assert fired(store) == {"any": ids[:1]}  # one delivery pending: the backlog is full
+    for expected in (ids[:2], ids):
+        with store.engine.begin() as conn:  # the receiver acknowledged what is pending
+            conn.execute(
+                update(AlertDeliveryRecord)
+                .where(AlertDeliveryRecord.state == DeliveryState.PENDING)
+                .values(state=DeliveryState.DELIVERED)
+            )
+        drain(engine)
+        assert fired(store) == {"any": expected}

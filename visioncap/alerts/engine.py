@@ -76,8 +76,8 @@ class AlertEngine:
         return [*self._config.rules, *(rule for rule in store.api_rules(self._engine) if rule.name not in file_names)]
 
     def run_once(self) -> int:
-        """Handles one page of changes; returns how many captions it read (0: nothing new, or the backlog of
-        deliveries is full and the engine waits for it)."""
+        """Handles one page of changes; returns how many captions it read, at least 1 when more changes wait (0:
+        nothing new, or the backlog of deliveries is full and the engine waits for it)."""
         if store.pending_count(self._engine) >= self._config.delivery.max_pending:
             return 0
         rules = self.rules()
@@ -96,7 +96,8 @@ class AlertEngine:
         self.position = page.position
         for rule in fired:
             self._metrics.fired.labels(rule).inc()
-        return len(page.rows)
+        # A walk bounded by its scan may have found only changes of rows not captioned: more may follow at once.
+        return max(len(page.rows), int(page.more))
 
     def _handle(self, conn: Connection, rules: list[AlertRule], row: ChangeRow) -> list[str]:
         facts = facts_of(row)
