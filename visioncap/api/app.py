@@ -19,9 +19,10 @@ from starlette.staticfiles import StaticFiles
 from visioncap.api.auth import AuthMiddleware, KeyRing
 from visioncap.api.errors import install_handlers
 from visioncap.api.metrics import ApiMetrics, MetricsMiddleware
-from visioncap.api.routers import cameras, captions, health, page, stream
+from visioncap.api.routers import alerts, cameras, captions, health, page, stream
 from visioncap.api.security import SecurityHeadersMiddleware
 from visioncap.api.serving import ApiService, static_dir
+from visioncap.config.alerts import load_alerts_config
 from visioncap.config.api import ApiSettings
 from visioncap.demo_keys import refuse_demo_keys
 from visioncap.store import create_db_engine
@@ -97,7 +98,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         swagger_ui_parameters={"validatorUrl": None},
     )
     app.state.api = api
-    for module in (captions, cameras, stream, health, page):
+    # Alerts: the rules of the alerts file, shown read-only (the `visioncap alerts` process applies them).
+    app.state.alerts_config = load_alerts_config(settings.alerts_config) if settings.alerts_config else None
+    for module in (captions, cameras, stream, health, page, alerts):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")
     _document_configured_limits(app, settings)

@@ -10,10 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 from sqlalchemy import Row
 
+from visioncap.config.alerts import AlertRule
 from visioncap.frames import SelectionReason
 from visioncap.redact import mask_credentials, mask_urls
 from visioncap.store.cameras import CameraReport
-from visioncap.store.records import CameraState, CaptionRecord, CaptionStatus
+from visioncap.store.records import CameraState, CaptionRecord, CaptionStatus, DeliveryState
 from visioncap.store.search import CameraSummary, CaptionRow
 
 
@@ -251,3 +252,54 @@ class ErrorResponse(_Model):
     """Every error answer has this shape."""
 
     error: ErrorDetail = Field(description="The error.")
+
+
+# --- Alerts ---
+
+
+class AlertRuleView(_Model):
+    """A rule and where it comes from."""
+
+    rule: AlertRule = Field(description="The rule.")
+    source: Literal["file", "api"] = Field(
+        description="`file`: the alerts file (VISIONCAP_ALERTS_CONFIG), read-only here; `api`: made through this API."
+    )
+    read_only: bool = Field(description="True for rules of the file: PATCH and DELETE answer 409.")
+
+
+class AlertRuleList(_Model):
+    """Every rule, the file's first."""
+
+    items: list[AlertRuleView] = Field(description="The rules.")
+
+
+class AlertDelivery(_Model):
+    """One message of an alert to one destination."""
+
+    id: int = Field(description="Delivery id; the `Idempotency-Key` of its webhook requests.")
+    destination: str = Field(description="Destination name from the alerts file.")
+    state: DeliveryState = Field(description="pending (not yet acknowledged), delivered, or failed (given up).")
+    attempts: int = Field(description="Attempts so far.")
+    last_error: str | None = Field(description="Why the last attempt failed; null after a success.")
+    finished_at: datetime | None = Field(description="When it was delivered or given up (UTC).")
+
+
+class Alert(_Model):
+    """A rule that fired on a caption."""
+
+    id: int = Field(description="Alert id.")
+    rule: str = Field(description="Rule name.")
+    camera: str = Field(description="Camera id.")
+    caption_id: int = Field(description="The caption that fired it (/v1/captions/{id}).")
+    captured_at: datetime = Field(description="Capture time of the caption (UTC).")
+    fired_at: datetime = Field(description="When the rule fired (UTC).")
+    caption: str = Field(description="The caption text.")
+    people_count: int = Field(description="People in the frame.")
+    deliveries: list[AlertDelivery] = Field(description="Its messages, one per destination.")
+
+
+class AlertPage(_Model):
+    """One page of alerts, newest first."""
+
+    items: list[Alert] = Field(description="The alerts of this page.")
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")

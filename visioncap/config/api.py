@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -67,3 +68,10 @@ class ApiSettings(Settings):
     api_max_streams: int = Field(default=100, ge=1, description="Concurrent /v1/stream connections; more get 503.")
     api_ready_check_vlm: bool = Field(default=True, description="Whether /readyz also requires the VLM's /models.")
     api_image_max_age_s: int = Field(default=86400, ge=0, description="Cache-Control max-age of caption images.")
+    # Alerts: the API shows the file's rules (read-only) beside those it makes.
+    alerts_config: Path | None = Field(
+        default=None,
+        description="The alerts file `visioncap alerts --config` runs with: its rules are listed by "
+        "/v1/alerts/rules as read-only, and new rules may notify only its destinations. Unset: only rules made "
+        "through the API are listed.",
+    )

@@ -6,7 +6,20 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from sqlalchemy import JSON, DateTime, Dialect, Float, Index, Integer, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from visioncap.frames import SelectionReason
@@ -201,3 +214,82 @@ class CaptionEventCountRecord(Base):
 
     camera: Mapped[str] = mapped_column(String(64), primary_key=True)
     event_count: Mapped[int] = mapped_column(Integer)
+
+
+# --- Alerts (schema step 12): rules made through the API, the engine's cursor, what fired, what was sent. ---
+
+
+class DeliveryState(StrEnum):
+    """Where one message to one destination is."""
+
+    PENDING = "pending"  # not yet acknowledged; sent again after its backoff
+    DELIVERED = "delivered"  # the receiver acknowledged it (HTTP 2xx, MQTT PUBACK)
+    FAILED = "failed"  # given up: attempts or age ran out, or the receiver refused it for good
+
+
+class AlertRuleRecord(Base):
+    """A rule made through the API (rules of the alerts file live in that file); `definition` is an AlertRule."""
+
+    __tablename__ = "alert_rules"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    definition: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
+
+
+class AlertCursorRecord(Base):
+    """How far an alerts engine has read the change feed: every caption change at or before it is handled."""
+
+    __tablename__ = "alert_cursor"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    change_xid: Mapped[int] = mapped_column(BigInteger)
+    change_seq: Mapped[int] = mapped_column(BigInteger)
+
+
+class AlertRecord(Base):
+    """One rule firing on one caption."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rule: Mapped[str] = mapped_column(String(64))
+    camera: Mapped[str] = mapped_column(String(64))
+    caption_id: Mapped[int] = mapped_column(Integer)
+    captured_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    caption: Mapped[str] = mapped_column(Text)
+    people_count: Mapped[int] = mapped_column(Integer)
+    fired_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+    __table_args__ = (
+        # A caption changed again (regenerated) comes through the feed again: it fires a rule at most once.
+        UniqueConstraint("rule", "caption_id", name="uq_alerts_rule_caption"),
+        # The cooldown's look-up (newest alert of a rule and camera) and the API's newest-first pages.
+        Index("ix_alerts_rule_camera_captured", "rule", "camera", "captured_at"),
+        Index("ix_alerts_fired_id", "fired_at", "id"),
+    )
+
+
+class AlertDeliveryRecord(Base):
+    """One message to one destination (an alert, or a caption for MQTT), kept until delivered or failed."""
+
+    __tablename__ = "alert_deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    alert_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # null: a caption or state message
+    destination: Mapped[str] = mapped_column(String(64))
+    topic: Mapped[str] = mapped_column(String(256))  # MQTT topic; webhooks: the kind of message ("alert")
+    retain: Mapped[bool] = mapped_column(Boolean, default=False)
+    body: Mapped[str] = mapped_column(Text)  # the exact bytes sent every attempt, so a signature stays the same
+    state: Mapped[DeliveryState] = mapped_column(EnumText(DeliveryState, 16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+
+    __table_args__ = (
+        Index("ix_alert_deliveries_state_id", "state", "id"),
+        Index("ix_alert_deliveries_alert", "alert_id"),
+    )

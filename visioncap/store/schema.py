@@ -15,6 +15,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from visioncap.errors import VisioncapError
 from visioncap.store.records import (
+    AlertCursorRecord,
+    AlertDeliveryRecord,
+    AlertRecord,
+    AlertRuleRecord,
     Base,
     CameraRecord,
     CaptionCountRecord,
@@ -338,6 +342,12 @@ def _change_positions(conn: Connection) -> None:
         conn.execute(text(_PG_CHANGE_TRIGGER))
 
 
+def _alerts_tables(conn: Connection) -> None:
+    # Rules made through the API, the alerts engine's cursor, what fired and every delivery of it.
+    for record in (AlertRuleRecord, AlertCursorRecord, AlertRecord, AlertDeliveryRecord):
+        record.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -348,6 +358,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _stored_tsvector,  # 7
     _counts_tables,  # 8
     _change_positions,  # 9
+    _alerts_tables,  # 12
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

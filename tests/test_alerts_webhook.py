@@ -1,0 +1,117 @@
+"""Webhook delivery against a real HTTP receiver: 500s then 200, signed bodies, the delivery id as idempotency
+key, the backoff between attempts, nothing sent again once acknowledged, refusals and give-ups recorded."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from alerts_support import Receiver, add_caption, wait_until
+from sqlalchemy import select
+
+from visioncap.alerts.service import AlertService
+from visioncap.alerts.webhook import signature
+from visioncap.config.alerts import AlertsConfig
+from visioncap.store import CaptionStore, create_db_engine
+from visioncap.store.records import AlertDeliveryRecord, DeliveryState
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+SECRET = "s3cret-for-tests"
+
+
+@pytest.fixture
+def sqlite_store(tmp_path: Path) -> CaptionStore:
+    store = CaptionStore(create_db_engine(f"sqlite:///{tmp_path / 'visioncap.db'}"))
+    store.create_schema()
+    return store
+
+
+def config(url: str, **delivery: float) -> AlertsConfig:
+    return AlertsConfig.model_validate(
+        {
+            "webhooks": [{"name": "hook", "url": url, "secret_env": "VISIONCAP_TEST_HOOK_SECRET", "timeout_s": 5}],
+            "rules": [{"name": "crowd", "min_people": 2, "cooldown_s": 0}],
+            "delivery": {"poll_s": 0.05, "retry_initial_s": 0.3, "retry_max_s": 0.6, **delivery},
+        }
+    )
+
+
+def deliveries(store: CaptionStore) -> list[AlertDeliveryRecord]:
+    with store.engine.connect() as conn:
+        return list(conn.execute(select(AlertDeliveryRecord).order_by(AlertDeliveryRecord.id)).all())  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def service_of(sqlite_store: CaptionStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[AlertService]]:
+    monkeypatch.setenv("VISIONCAP_TEST_HOOK_SECRET", SECRET)
+    started: list[AlertService] = []
+    yield started
+    for service in started:
+        service.stop()
+
+
+def test_500s_then_200_delivers_each_alert_once_with_backoff(
+    sqlite_store: CaptionStore, service_of: list[AlertService]
+) -> None:
+    with Receiver([500, 500, 500, 200]) as receiver:
+        service = AlertService(sqlite_store.engine, config(receiver.url))
+        service_of.append(service)
+        service.start()
+        first = add_caption(sqlite_store, "dock", T0, "a crowd", people=3)
+        wait_until(lambda: any(d.state == DeliveryState.DELIVERED for d in deliveries(sqlite_store)), 30, "delivery")
+        # Acknowledged: later alerts go out, the first is never sent again.
+        second = add_caption(sqlite_store, "dock", T0 + timedelta(minutes=1), "a bigger crowd", people=5)
+        add_caption(sqlite_store, "dock", T0 + timedelta(minutes=2), "one person", people=1)  # fires nothing
+        wait_until(lambda: len(receiver.requests) == 5, 30, "the second alert")
+        service.stop()
+
+    times = [at for at, _, _ in receiver.requests]
+    keys = [headers["Idempotency-Key"] for _, headers, _ in receiver.requests]
+    stored = deliveries(sqlite_store)
+    assert [d.state for d in stored] == [DeliveryState.DELIVERED, DeliveryState.DELIVERED]
+    assert [d.attempts for d in stored] == [4, 1]
+    assert keys == [str(stored[0].id)] * 4 + [str(stored[1].id)]
+    for _, headers, body in receiver.requests:
+        assert headers["X-Visioncap-Signature"] == signature(SECRET.encode(), body)
+        assert headers["Content-Type"] == "application/json"
+    assert [body["caption_id"] for body in receiver.bodies()] == [first] * 4 + [second]
+    # Waits of 0.3, 0.6, then 0.6 s (doubling up to retry_max_s); the worker wakes every poll_s (0.05 s).
+    # (Clocks: the worker's wall clock against the receiver's monotonic one; 10 ms covers their skew.)
+    gaps = [later - earlier for earlier, later in pairwise(times[:4])]
+    assert [gap >= want - 0.01 for gap, want in zip(gaps, (0.3, 0.6, 0.6), strict=True)] == [True] * 3, gaps
+
+
+def test_a_refusal_fails_at_once_and_repeated_errors_give_up(
+    sqlite_store: CaptionStore, service_of: list[AlertService]
+) -> None:
+    with Receiver([400]) as refusing, Receiver([503]) as broken:
+        settings = config(refusing.url, max_attempts=3).model_dump()
+        settings["webhooks"].append({"name": "down", "url": broken.url, "timeout_s": 5})
+        service = AlertService(sqlite_store.engine, AlertsConfig.model_validate(settings))
+        service_of.append(service)
+        service.start()
+        add_caption(sqlite_store, "dock", T0, "a crowd", people=3)
+        wait_until(
+            lambda: (
+                all(d.state == DeliveryState.FAILED for d in deliveries(sqlite_store))
+                and len(deliveries(sqlite_store)) == 2
+            ),
+            30,
+            "both deliveries to fail",
+        )
+        service.stop()
+    refused, gave_up = deliveries(sqlite_store)
+    assert (refused.destination, refused.attempts, refused.last_error) == ("hook", 1, "HTTP 400")
+    assert (gave_up.destination, gave_up.attempts, gave_up.last_error) == ("down", 3, "HTTP 503")
+    assert len(refusing.requests) == 1 and len(broken.requests) == 3
+    assert "X-Visioncap-Signature" not in broken.requests[0][1]  # no secret configured for it
+    samples = service.metrics.registry
+    assert (
+        samples.get_sample_value("visioncap_alert_deliveries_total", {"destination": "down", "outcome": "retry"}) == 2
+    )
+    assert (
+        samples.get_sample_value("visioncap_alert_deliveries_total", {"destination": "down", "outcome": "failed"}) == 1
+    )

@@ -1,0 +1,223 @@
+"""The alert tables: rules made through the API, the engine's cursor, what fired, and deliveries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, delete, exists, func, insert, select, update
+from sqlalchemy.orm import Session
+
+from visioncap.config.alerts import AlertRule
+from visioncap.store.changes import ChangePosition
+from visioncap.store.records import (
+    AlertCursorRecord,
+    AlertDeliveryRecord,
+    AlertRecord,
+    AlertRuleRecord,
+    DeliveryState,
+    utcnow,
+)
+from visioncap.store.safety import MAX_ERROR_CHARS, clean_text
+
+CURSOR_NAME = "default"
+
+
+def api_rules(engine: Engine) -> list[AlertRule]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(AlertRuleRecord.definition).order_by(AlertRuleRecord.name))
+        return [AlertRule.model_validate(definition) for (definition,) in rows]
+
+
+def add_rule(engine: Engine, rule: AlertRule) -> bool:
+    """False when a rule of that name is already stored."""
+    with engine.begin() as conn:
+        if conn.scalar(select(exists().where(AlertRuleRecord.name == rule.name))):
+            return False
+        conn.execute(insert(AlertRuleRecord).values(name=rule.name, definition=rule.model_dump(mode="json")))
+        return True
+
+
+def replace_rule(engine: Engine, rule: AlertRule) -> bool:
+    with engine.begin() as conn:
+        query = update(AlertRuleRecord).where(AlertRuleRecord.name == rule.name)
+        return conn.execute(query.values(definition=rule.model_dump(mode="json"), updated_at=utcnow())).rowcount == 1
+
+
+def delete_rule(engine: Engine, name: str) -> bool:
+    with engine.begin() as conn:
+        return conn.execute(delete(AlertRuleRecord).where(AlertRuleRecord.name == name)).rowcount == 1
+
+
+def load_cursor(conn: Connection) -> ChangePosition | None:
+    row = conn.execute(
+        select(AlertCursorRecord.change_xid, AlertCursorRecord.change_seq).where(AlertCursorRecord.name == CURSOR_NAME)
+    ).first()
+    return None if row is None else ChangePosition(row[0], row[1])
+
+
+def create_cursor(engine: Engine, position: ChangePosition) -> ChangePosition:
+    """The stored cursor, made at `position` when there is none yet."""
+    with engine.begin() as conn:
+        stored = load_cursor(conn)
+        if stored is not None:
+            return stored
+        conn.execute(
+            insert(AlertCursorRecord).values(name=CURSOR_NAME, change_xid=position.xid, change_seq=position.seq)
+        )
+        return position
+
+
+def advance_cursor(conn: Connection, old: ChangePosition, new: ChangePosition) -> bool:
+    """Moves the cursor from `old` to `new`; False when it is no longer at `old` (another engine moved it), and
+    the caller's transaction must then be rolled back so that nothing is handled twice."""
+    query = (
+        update(AlertCursorRecord)
+        .where(
+            AlertCursorRecord.name == CURSOR_NAME,
+            AlertCursorRecord.change_xid == old.xid,
+            AlertCursorRecord.change_seq == old.seq,
+        )
+        .values(change_xid=new.xid, change_seq=new.seq)
+    )
+    return conn.execute(query).rowcount == 1
+
+
+def cooling(conn: Connection, rule: AlertRule, camera: str, captured_at: datetime) -> bool:
+    """Whether an alert of `rule` for `camera` was captured within the cooldown of `captured_at` (either side:
+    captions of one camera may be stored out of capture order)."""
+    if rule.cooldown_s <= 0:
+        return False
+    window = timedelta(seconds=rule.cooldown_s)
+    return bool(
+        conn.scalar(
+            select(
+                exists().where(
+                    AlertRecord.rule == rule.name,
+                    AlertRecord.camera == camera,
+                    AlertRecord.captured_at > captured_at - window,
+                    AlertRecord.captured_at < captured_at + window,
+                )
+            )
+        )
+    )
+
+
+def fired_before(conn: Connection, rule: str, caption_id: int) -> bool:
+    return bool(conn.scalar(select(exists().where(AlertRecord.rule == rule, AlertRecord.caption_id == caption_id))))
+
+
+def add_alert(conn: Connection, values: dict[str, Any]) -> int:
+    return int(conn.execute(insert(AlertRecord).values(**values).returning(AlertRecord.id)).scalar_one())
+
+
+def add_delivery(conn: Connection, destination: str, topic: str, body: str, alert_id: int | None, retain: bool) -> None:
+    conn.execute(
+        insert(AlertDeliveryRecord).values(
+            alert_id=alert_id,
+            destination=destination,
+            topic=topic,
+            retain=retain,
+            body=body,
+            state=DeliveryState.PENDING,
+            attempts=0,
+        )
+    )
+
+
+def pending_count(engine: Engine) -> int:
+    query = select(func.count()).where(AlertDeliveryRecord.state == DeliveryState.PENDING)
+    with engine.connect() as conn:
+        return int(conn.scalar(query) or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """A pending delivery whose time has come."""
+
+    id: int
+    destination: str
+    topic: str
+    retain: bool
+    body: str
+    attempts: int
+    created_at: datetime
+
+
+def due(engine: Engine, now: datetime, limit: int) -> list[Due]:
+    """Oldest first, so that each destination gets its messages in the order they were made."""
+    table = AlertDeliveryRecord
+    query = (
+        select(table.id, table.destination, table.topic, table.retain, table.body, table.attempts, table.created_at)
+        .where(table.state == DeliveryState.PENDING, table.next_attempt_at <= now)
+        .order_by(table.id)
+        .limit(limit)
+    )
+    with engine.connect() as conn:
+        return [Due(*row) for row in conn.execute(query)]
+
+
+def record_attempt(
+    engine: Engine,
+    delivery_id: int,
+    attempts: int,
+    state: DeliveryState,
+    error: str | None = None,
+    next_attempt_at: datetime | None = None,
+) -> None:
+    values: dict[str, Any] = {"attempts": attempts, "state": state, "last_error": None}
+    if error is not None:
+        values["last_error"] = clean_text(error, MAX_ERROR_CHARS)
+    if next_attempt_at is not None:
+        values["next_attempt_at"] = next_attempt_at
+    if state != DeliveryState.PENDING:
+        values["finished_at"] = utcnow()
+    with engine.begin() as conn:
+        conn.execute(
+            update(AlertDeliveryRecord)
+            .where(AlertDeliveryRecord.id == delivery_id, AlertDeliveryRecord.state == DeliveryState.PENDING)
+            .values(**values)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AlertFilter:
+    rules: Sequence[str] = ()
+    cameras: Sequence[str] = ()
+    since: datetime | None = None
+    until: datetime | None = None
+    state: DeliveryState | None = None  # alerts with at least one delivery in this state
+    before_id: int | None = None  # the page cursor: alerts with a smaller id
+
+
+def list_alerts(engine: Engine, where: AlertFilter, limit: int) -> list[tuple[AlertRecord, list[AlertDeliveryRecord]]]:
+    """Newest first (by id), each with its deliveries."""
+    query = select(AlertRecord).order_by(AlertRecord.id.desc()).limit(limit)
+    if where.rules:
+        query = query.where(AlertRecord.rule.in_(list(where.rules)))
+    if where.cameras:
+        query = query.where(AlertRecord.camera.in_(list(where.cameras)))
+    if where.since is not None:
+        query = query.where(AlertRecord.captured_at >= where.since)
+    if where.until is not None:
+        query = query.where(AlertRecord.captured_at < where.until)
+    if where.before_id is not None:
+        query = query.where(AlertRecord.id < where.before_id)
+    if where.state is not None:
+        query = query.where(
+            exists().where(AlertDeliveryRecord.alert_id == AlertRecord.id, AlertDeliveryRecord.state == where.state)
+        )
+    with Session(engine, expire_on_commit=False) as session:
+        alerts = list(session.scalars(query))
+        deliveries: dict[int, list[AlertDeliveryRecord]] = {alert.id: [] for alert in alerts}
+        if alerts:
+            found = session.scalars(
+                select(AlertDeliveryRecord)
+                .where(AlertDeliveryRecord.alert_id.in_(list(deliveries)))
+                .order_by(AlertDeliveryRecord.id)
+            )
+            for delivery in found:
+                deliveries[delivery.alert_id].append(delivery)  # type: ignore[index]
+    return [(alert, deliveries[alert.id]) for alert in alerts]

@@ -1,0 +1,198 @@
+"""/v1/alerts: what fired (with its deliveries), and the rules (those of the alerts file read-only)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
+from fastapi.routing import APIRoute
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from visioncap.alerts import store
+from visioncap.api.errors import ApiError, bad_param
+from visioncap.api.protocol import Alert, AlertDelivery, AlertPage, AlertRuleList, AlertRuleView, ErrorResponse
+from visioncap.api.routers.captions import Time
+from visioncap.api.routers.common import ERRORS, SECURED, service
+from visioncap.api.serving import ApiService
+from visioncap.config.alerts import NAME_PATTERN, AlertRule, AlertRulePatch, AlertsConfig
+from visioncap.store.records import DeliveryState
+
+
+class _SharedPathRoute(APIRoute):
+    """A 405 whose `Allow` names every method of the path: Starlette names only those of the first route that
+    matched the path, and /v1/alerts/rules (GET, POST) and /v1/alerts/rules/{name} (PATCH, DELETE) have two."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.methods and scope["method"] not in self.methods:
+            allowed = {
+                method
+                for route in router.routes
+                if isinstance(route, APIRoute) and route.path_format == self.path_format
+                for method in route.methods
+            }
+            raise HTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
+        await super().handle(scope, receive, send)
+
+
+router = APIRouter(
+    prefix="/v1/alerts", tags=["alerts"], dependencies=SECURED, responses=ERRORS, route_class=_SharedPathRoute
+)
+
+RuleName = Annotated[str, Path(pattern=NAME_PATTERN, description="Rule name.")]
+RULE_ERRORS = {
+    404: {"model": ErrorResponse, "description": "No rule of that name."},
+    409: {"model": ErrorResponse, "description": "A rule of that name exists, or the rule is the file's."},
+}
+BODY_ERRORS = {**RULE_ERRORS, 400: {"model": ErrorResponse, "description": "The body is not JSON."}}
+
+
+def file_config(request: Request) -> AlertsConfig | None:
+    return request.app.state.alerts_config
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+
+def _cursor(cursor: str | None) -> int | None:
+    if cursor is None:
+        return None
+    try:
+        value = int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().removeprefix("a"))
+    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
+        raise bad_param("cursor", "not a cursor this API returned") from exc
+    if value < 1:
+        raise bad_param("cursor", "not a cursor this API returned")
+    return value
+
+
+def _next_cursor(alert_id: int) -> str:
+    return base64.urlsafe_b64encode(f"a{alert_id}".encode()).decode().rstrip("=")
+
+
+@router.get("", response_model=AlertPage, summary="Alerts that fired, newest first")
+def list_alerts(
+    api: Annotated[ApiService, Depends(service)],
+    rule: Annotated[list[str], Query(description="Rule name; repeat for several.")] = [],  # noqa: B006
+    camera: Annotated[list[str], Query(description="Camera id; repeat for several.")] = [],  # noqa: B006
+    since: Annotated[Time, Query(description="Captured at or after (ISO 8601; no offset means UTC).")] = None,
+    until: Annotated[Time, Query(description="Captured before (ISO 8601; no offset means UTC).")] = None,
+    state: Annotated[
+        DeliveryState | None, Query(description="Only alerts with at least one delivery in this state.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    cursor: Annotated[str | None, Query(max_length=40, description="`next_cursor` of the previous page.")] = None,
+) -> AlertPage:
+    where = store.AlertFilter(rule, camera, _utc(since), _utc(until), state, _cursor(cursor))
+    found = store.list_alerts(api.engine, where, limit)
+    items = [
+        Alert(
+            id=alert.id,
+            rule=alert.rule,
+            camera=alert.camera,
+            caption_id=alert.caption_id,
+            captured_at=alert.captured_at,
+            fired_at=alert.fired_at,
+            caption=alert.caption,
+            people_count=alert.people_count,
+            deliveries=[
+                AlertDelivery(
+                    id=d.id,
+                    destination=d.destination,
+                    state=d.state,
+                    attempts=d.attempts,
+                    last_error=d.last_error,
+                    finished_at=d.finished_at,
+                )
+                for d in deliveries
+            ],
+        )
+        for alert, deliveries in found
+    ]
+    return AlertPage(items=items, next_cursor=_next_cursor(items[-1].id) if len(items) == limit else None)
+
+
+@router.get("/rules", response_model=AlertRuleList, summary="Alert rules: the file's (read-only), then the API's")
+def list_rules(
+    api: Annotated[ApiService, Depends(service)], config: Annotated[AlertsConfig | None, Depends(file_config)]
+) -> AlertRuleList:
+    file_rules = list(config.rules) if config else []
+    names = {rule.name for rule in file_rules}
+    items = [AlertRuleView(rule=rule, source="file", read_only=True) for rule in file_rules]
+    items += [
+        AlertRuleView(rule=rule, source="api", read_only=False)
+        for rule in store.api_rules(api.engine)
+        if rule.name not in names
+    ]
+    return AlertRuleList(items=items)
+
+
+def _checked(rule: AlertRule, config: AlertsConfig | None) -> AlertRule:
+    if config is not None:
+        unknown = sorted(set(rule.notify) - set(config.destination_names()))
+        if unknown:
+            raise bad_param("notify", f"no such destinations in the alerts file: {unknown}")
+    return rule
+
+
+def _file_rule(config: AlertsConfig | None, name: str) -> bool:
+    return config is not None and any(rule.name == name for rule in config.rules)
+
+
+@router.post(
+    "/rules",
+    response_model=AlertRuleView,
+    status_code=201,
+    summary="Add a rule (write scope)",
+    description="The alerts process applies it from its next page of captions on.",
+    responses=BODY_ERRORS,
+)
+def add_rule(
+    api: Annotated[ApiService, Depends(service)],
+    config: Annotated[AlertsConfig | None, Depends(file_config)],
+    rule: AlertRule,
+) -> AlertRuleView:
+    if _file_rule(config, rule.name) or not store.add_rule(api.engine, _checked(rule, config)):
+        raise ApiError(409, f"a rule named {rule.name!r} exists", param="name")
+    return AlertRuleView(rule=rule, source="api", read_only=False)
+
+
+@router.patch(
+    "/rules/{name}",
+    response_model=AlertRuleView,
+    summary="Change some fields of a rule (write scope)",
+    responses=BODY_ERRORS,
+)
+def patch_rule(
+    api: Annotated[ApiService, Depends(service)],
+    config: Annotated[AlertsConfig | None, Depends(file_config)],
+    name: RuleName,
+    changes: AlertRulePatch,  # type: ignore[valid-type]
+) -> AlertRuleView:
+    if _file_rule(config, name):
+        raise ApiError(409, f"rule {name!r} is the alerts file's: change it there")
+    current = next((rule for rule in store.api_rules(api.engine) if rule.name == name), None)
+    if current is None:
+        raise ApiError(404, f"no rule named {name!r}")
+    # Validated field by field already (the patch has the rule's constraints): this cannot fail.
+    rule = AlertRule.model_validate({**current.model_dump(), **changes.model_dump(exclude_unset=True)})  # type: ignore[attr-defined]
+    if not store.replace_rule(api.engine, _checked(rule, config)):
+        raise ApiError(404, f"no rule named {name!r}")
+    return AlertRuleView(rule=rule, source="api", read_only=False)
+
+
+@router.delete("/rules/{name}", status_code=204, summary="Delete a rule (write scope)", responses=RULE_ERRORS)
+def delete_rule(
+    api: Annotated[ApiService, Depends(service)],
+    config: Annotated[AlertsConfig | None, Depends(file_config)],
+    name: RuleName,
+) -> Response:
+    if _file_rule(config, name):
+        raise ApiError(409, f"rule {name!r} is the alerts file's: change it there")
+    if not store.delete_rule(api.engine, name):
+        raise ApiError(404, f"no rule named {name!r}")
+    return Response(status_code=204)
