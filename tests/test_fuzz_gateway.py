@@ -45,7 +45,7 @@ GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 def config(base_url: str) -> GatewayConfig:
     return GatewayConfig.model_validate(
         {
-            "upstream": {"base_url": base_url, "metrics_poll_s": 0.5},
+            "upstreams": [{"name": "vllm", "base_url": base_url, "metrics_poll_s": 0.5}],
             "keys": [{"name": "fuzz", "sha256": hash_key(KEY), "traffic_class": "interactive"}],
         }
     )

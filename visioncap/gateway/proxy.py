@@ -54,6 +54,11 @@ class UpstreamBroken(Exception):
     """vLLM's answer stopped before its end (connection lost, read timeout, malformed chunk)."""
 
 
+class UpstreamRefusedError(GatewayError):
+    """vLLM could not be connected to (nothing listens there, or its host is unreachable): the request was never
+    sent, and the replica is down."""
+
+
 class UpstreamResponse:
     """An answer from vLLM whose head has arrived; its body is read with `aiter_raw()`."""
 
@@ -95,6 +100,7 @@ class Upstream:
         """Call from a running event loop (aiohttp binds its session to it)."""
         self.base_url = config.base_url.rstrip("/")
         self.metrics_url = config.resolved_metrics_url()
+        self.health_url = f"{self.base_url.removesuffix('/v1')}/health"  # vLLM serves it beside /v1, keyless
         self._api_key = api_key
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=config.connect_timeout_s, sock_read=config.read_timeout_s
@@ -143,6 +149,13 @@ class Upstream:
                 504,
                 ErrorType.UPSTREAM_TIMEOUT,
                 f"vLLM did not answer in time ({type(exc).__name__})",
+                reason=RefusalReason.UPSTREAM,
+            ) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamRefusedError(
+                502,
+                ErrorType.UPSTREAM_UNAVAILABLE,
+                f"vLLM is unreachable ({type(exc).__name__}: {exc})",
                 reason=RefusalReason.UPSTREAM,
             ) from exc
         except aiohttp.ClientError as exc:
