@@ -930,8 +930,9 @@ def test_gateway_metrics(tapped_gateway: Callable[..., GatewayThread], tap: Tap)
         "visioncap_gateway_image_tokens_in_flight",
         "visioncap_gateway_queue_depth",
     ):
-        assert f"\n{gauge} " in after, gauge
-    assert metric(after, "visioncap_gateway_background_concurrency_cap") >= 1
+        assert f'\n{gauge}{{upstream="vllm"}} ' in after, gauge
+    assert metric(after, "visioncap_gateway_background_concurrency_cap", upstream="vllm") >= 1
+    assert grew("visioncap_gateway_upstream_requests_total", upstream="vllm", traffic_class="interactive") == 1
 
 
 def test_pipeline_captions_go_through_the_gateway_by_configuration_alone(

@@ -204,6 +204,8 @@ class GatewayMetrics:
             self.preemptions.labels(upstream)
             self.retries.labels(upstream)
             self.upstream_up.labels(upstream).set(0)
+            self.queue_depth.labels(upstream).set(0)
+            self.image_tokens_in_flight.labels(upstream).set(0)
 
     def scheduler_changed(self, upstream: str, state: SchedulerState) -> None:
         self.queue_depth.labels(upstream).set(state.waiting)

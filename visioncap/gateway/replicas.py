@@ -86,6 +86,8 @@ class Replica:
         self.up = not self.checked  # until its first health check passes
         self.failures = 0  # health checks failed in a row
         self.health_error: str | None = "not checked yet" if self.checked else None
+        self.since = clock()  # when `up` last changed, on `clock`
+        self._watchers: list[tuple[bool, asyncio.Future[None]]] = []
         self.ttft_s: float | None = None
         self.record(self.controller.tick(clock(), 0))
 
@@ -156,8 +158,24 @@ class Replica:
                 log.info("upstream %s is in", self.name)
             else:
                 log.warning("upstream %s is out: %s", self.name, self.health_error)
+            self.since = self.clock()
         self.up = up
         self.metrics.upstream_up.labels(self.name).set(1 if up else 0)
+        for wanted, future in self._watchers:
+            if wanted == up and not future.done():
+                future.set_result(None)
+
+    async def wait_until(self, up: bool, timeout: float) -> float:
+        """Wait until the replica is in (`up`) or out; returns since when (on `clock`). For tests, tools."""
+        if self.up != up:
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            entry = (up, future)
+            self._watchers.append(entry)
+            try:
+                await asyncio.wait_for(future, timeout)
+            finally:
+                self._watchers.remove(entry)
+        return self.since
 
     # -- load -----------------------------------------------------------------------------------------
 
