@@ -48,8 +48,9 @@ class UpstreamConfig(StrictModel):
         default=10.0,
         gt=0,
         description="Seconds between reads of vLLM's /metrics while no background request waits or runs (the "
-        "readings only steer background admission, and each costs vLLM's API server milliseconds of CPU that "
-        "chats then wait for); they keep visioncap_gateway_upstream_up current. Never shorter than metrics_poll_s.",
+        "readings mostly steer background admission, and each costs vLLM's API server milliseconds of CPU that "
+        "chats then wait for; the choice of replica for a chat uses them while younger than "
+        "controller.upstream_stale_s, else the gateway's own counts). Never shorter than metrics_poll_s.",
     )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="Seconds to open a connection to vLLM.")
     read_timeout_s: float = Field(
