@@ -136,11 +136,13 @@ class Tap:
 
 
 class AsgiThread:
-    """Any ASGI app served by uvicorn in a thread on a free port, ready before __enter__ returns."""
+    """Any ASGI app served by uvicorn in a thread on a free port (or `port`: a server back where a stopped one
+    was), ready before __enter__ returns."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, port: int = 0) -> None:
         self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the stopped one's connections linger
+        self._socket.bind(("127.0.0.1", port))
         self._socket.listen(256)  # connections wait in the backlog until uvicorn serves them
         self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)

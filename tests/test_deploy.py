@@ -194,7 +194,7 @@ def test_app_service_command_and_environment_are_accepted(
     options = dict(itertools.pairwise(command))
     assert health_port(service) == int(options.get("--port") or options["--metrics-port"])
     if name == "gateway":
-        assert load_gateway_config(Path(options["--config"])).upstream.base_url == "http://vllm:8000/v1"
+        assert load_gateway_config(Path(options["--config"])).upstreams[0].base_url == "http://vllm:8000/v1"
     if name == "pipeline":
         assert load_pipeline(Path(command[2])).vlm.model == "vlm"  # the alias the vllm service adds
     # Every VISIONCAP_* variable must be a setting the app knows, with a value it accepts.

@@ -33,7 +33,7 @@ PINNED_KEY = "hostile-pinned-key"
 def gateway() -> Iterator[GatewayThread]:
     config = GatewayConfig.model_validate(
         {
-            "upstream": {"base_url": f"http://127.0.0.1:{free_port()}/v1", "metrics_poll_s": 0},
+            "upstreams": [{"name": "dead", "base_url": f"http://127.0.0.1:{free_port()}/v1", "metrics_poll_s": 0}],
             "keys": [
                 {"name": "chat", "sha256": hash_key(CHAT_KEY), "traffic_class": "interactive"},
                 {"name": "cams", "sha256": hash_key(CAMERA_KEY), "traffic_class": "background"},

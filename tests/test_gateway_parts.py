@@ -20,13 +20,14 @@ from visioncap.gateway.admission import SlidingWindow
 from visioncap.gateway.auth import KeyRing, TokenBucket
 from visioncap.gateway.images import MediaRefusedError, data_uri_size, image_tokens, inspect_messages
 from visioncap.gateway.proxy import UpstreamBroken
+from visioncap.gateway.replicas import ReplicaLoad, predicted_ttft_s, rank_for_chat
 from visioncap.gateway.sse import StreamObserver
 from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad, parse_vllm_load
 
 # -- config file --------------------------------------------------------------------------------------------
 
 VALID = f"""
-upstream: {{base_url: "http://127.0.0.1:8000/v1"}}
+upstreams: [{{name: a, base_url: "http://127.0.0.1:8000/v1"}}]
 keys:
   - {{name: chat, sha256: "{hash_key("k1")}", traffic_class: interactive}}
 """
@@ -52,7 +53,7 @@ def test_example_gateway_file_is_valid() -> None:
 def test_defaults_give_interactive_and_background_classes(tmp_path: Path) -> None:
     config = load_gateway_config(write(tmp_path, VALID))
     assert config.classes["interactive"].priority < config.classes["background"].priority
-    assert config.upstream.resolved_metrics_url() == "http://127.0.0.1:8000/metrics"
+    assert config.upstreams[0].resolved_metrics_url() == "http://127.0.0.1:8000/metrics"
     assert config.images.token_size == 28
 
 
@@ -64,7 +65,14 @@ def test_defaults_give_interactive_and_background_classes(tmp_path: Path) -> Non
         (VALID.replace(hash_key("k1"), "abc"), "keys.0.sha256: String should match pattern"),
         (VALID + "background: {min_concurrency: 5, max_concurrency: 2}\n", "background: min_concurrency (5) is above"),
         (VALID + "classes: {x: {role: interactive, priority: 99999999999999999999}}\n", "classes.x.priority"),
-        (VALID.replace("http://", "ftp://"), "upstream.base_url: String should match pattern"),
+        (VALID.replace("http://", "ftp://"), "upstreams.0.base_url: String should match pattern"),
+        (
+            VALID.replace("}]", '}, {name: a, base_url: "http://h:8000/v1"}]'),
+            "upstreams.1.name: 'a' is used by more than one upstream",
+        ),
+        (VALID.replace("interactive}", "interactive, upstream: b}"), "keys.0.upstream: 'b' is not an upstream"),
+        (VALID.replace("interactive}", "interactive, upstream: a}"), "keys.0.upstream: only background keys"),
+        (VALID.replace("upstreams: [", "upstreams: [] #"), "upstreams: List should have at least 1 item"),
         ("keys: [\n", "invalid YAML at line"),
         ("- 1\n", "must be a mapping of fields"),
     ],
@@ -107,7 +115,7 @@ def test_keys_are_matched_by_hash_only() -> None:
     key, digest = generate_key("vc-")
     config = GatewayConfig.model_validate(
         {
-            "upstream": {"base_url": "http://h/v1"},
+            "upstreams": [{"name": "a", "base_url": "http://h/v1"}],
             "keys": [{"name": "a", "sha256": digest, "traffic_class": "background"}],
         }
     )
@@ -365,3 +373,25 @@ def test_the_sliding_window_percentile_matches_sorting_the_samples_it_holds() ->
             assert window.percentile(q) == values[max(1, math.ceil(q / 100 * len(values))) - 1]
     window.prune(now + 10)
     assert len(window) == 0 and window.percentile(99) is None
+
+
+# -- choice of replica ----------------------------------------------------------------------------------------
+
+
+def test_chat_goes_to_the_replica_with_the_best_predicted_first_token() -> None:
+    idle = ReplicaLoad(queued=0, running=0, ttft_s=0.1)
+    busy = ReplicaLoad(queued=2, running=4, ttft_s=0.1)
+    assert rank_for_chat([busy, idle]) == [1, 0]
+    # A slower replica (its recent first tokens) loses to a faster one with one request ahead only when the
+    # queue costs more than the speed gains: 0.1 x (1 + 1) = 0.2 against 0.3 x 1.
+    assert rank_for_chat([ReplicaLoad(0, 0, 0.3), ReplicaLoad(1, 0, 0.1)]) == [1, 0]
+    assert rank_for_chat([ReplicaLoad(0, 0, 0.15), ReplicaLoad(1, 0, 0.1)]) == [0, 1]
+    # Running requests count a share of a turn each: four of them weigh one queued request.
+    assert predicted_ttft_s(ReplicaLoad(0, 4, None), prior_s=0.1) == pytest.approx(0.2)
+
+
+def test_ties_keep_the_configured_order_and_an_unmeasured_replica_is_assumed_as_fast_as_the_best() -> None:
+    assert rank_for_chat([ReplicaLoad(0, 0, None), ReplicaLoad(0, 0, None)]) == [0, 1]
+    assert rank_for_chat([ReplicaLoad(0, 0, 0.5), ReplicaLoad(0, 0, None)]) == [0, 1]
+    # Judged on a default (0.1 s) instead, the new replica would win with a request ahead: 0.2 against 0.5.
+    assert rank_for_chat([ReplicaLoad(0, 0, 0.5), ReplicaLoad(1, 0, None)]) == [0, 1]

@@ -35,7 +35,7 @@ STRICT_DRAIN_S = 1.5
 def gateway(upstream: str, tmp_path: Path, drain_s: float) -> GatewayProcess:
     config = GatewayConfig.model_validate(
         {
-            "upstream": {"base_url": upstream, "metrics_poll_s": 0},
+            "upstreams": [{"name": "silent", "base_url": upstream, "metrics_poll_s": 0, "health_interval_s": 0}],
             "keys": [{"name": "cams", "sha256": hash_key(KEY), "traffic_class": "background"}],
             "limits": {
                 "max_background_body_bytes": LIMIT,

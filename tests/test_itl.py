@@ -231,7 +231,7 @@ def test_bench_chat_times_a_merged_read_as_spread_gaps(
 def gateway_config(base_url: str) -> GatewayConfig:
     return GatewayConfig.model_validate(
         {
-            "upstream": {"base_url": base_url, "metrics_poll_s": 0},
+            "upstreams": [{"name": "vllm", "base_url": base_url, "metrics_poll_s": 0, "health_interval_s": 0}],
             "keys": [{"name": "chat", "sha256": hash_key(KEY), "traffic_class": "interactive"}],
         }
     )

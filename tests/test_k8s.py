@@ -210,8 +210,8 @@ def test_every_visioncap_command_is_accepted_and_wired_to_its_neighbours(
             (vllm,) = [c for c in workload["spec"]["template"]["spec"]["containers"] if is_vllm(c)]
             vllm_options = dict(itertools.pairwise(vllm["args"]))
             # vLLM in its own pod, on loopback, with the key both take from the same Secret entry.
-            assert config.upstream.base_url == f"http://127.0.0.1:{vllm_options['--port']}/v1"
-            key = env_value(container, config.upstream.api_key_env or "")["valueFrom"]["secretKeyRef"]
+            assert config.upstreams[0].base_url == f"http://127.0.0.1:{vllm_options['--port']}/v1"
+            key = env_value(container, config.upstreams[0].api_key_env or "")["valueFrom"]["secretKeyRef"]
             assert env_value(vllm, "VLLM_API_KEY")["valueFrom"]["secretKeyRef"] == key
         if runs(container, "run"):
             assert load_pipeline(files[container["command"][2]]).vlm.model == "vlm"

@@ -122,7 +122,7 @@ def test_vllm_is_not_published_and_only_the_gateway_holds_its_key() -> None:
     assert secret not in json.dumps([vllm["entrypoint"], vllm["command"]])  # never on a command line
     gateway = services["gateway"]
     options = dict(itertools.pairwise(gateway["command"]))
-    upstream = load_gateway_config(Path(host_path(options["--config"], gateway))).upstream
+    (upstream,) = load_gateway_config(Path(host_path(options["--config"], gateway))).upstreams
     assert upstream.base_url == "http://vllm:8000/v1" and upstream.api_key_env == "VLLM_API_KEY"
     assert gateway["environment"]["VLLM_API_KEY"] == secret
     assert {name for name, service in services.items() if secret in json.dumps(service)} == {"vllm", "gateway"}
@@ -201,7 +201,7 @@ def gateway_file(directory: Path, chat_key: str, base_url: str = "http://127.0.0
     """A gateway file whose `chat-ui` key is `chat_key` and whose `captions` key is a fresh one."""
     path = directory / "gateway.yaml"
     raw = {
-        "upstream": {"base_url": base_url, "metrics_poll_s": 0, **upstream},
+        "upstreams": [{"name": "vllm", "base_url": base_url, "metrics_poll_s": 0, **upstream}],
         "keys": [
             {"name": "chat-ui", "sha256": hash_key(chat_key), "traffic_class": "interactive"},
             {"name": "captions", "sha256": hash_key(FRESH_KEY + "-captions"), "traffic_class": "background"},
@@ -220,7 +220,7 @@ def test_the_composition_roots_refuse_what_the_commands_refuse(tmp_path: Path, m
 
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     keyed = load_gateway_config(gateway_file(tmp_path, FRESH_KEY, api_key_env="VLLM_API_KEY"))
-    with pytest.raises(ConfigError, match=r"here: upstream\.api_key_env names VLLM_API_KEY, which is not set"):
+    with pytest.raises(ConfigError, match=r"here: upstreams\.0\.api_key_env names VLLM_API_KEY, which is not set"):
         build_gateway(keyed, "127.0.0.1", "here")
     demo = load_gateway_config(gateway_file(tmp_path, DEMO_CHAT_KEY))
     with pytest.raises(ConfigError, match="key 'chat-ui' is a published demo key"):
@@ -257,7 +257,7 @@ def test_gateway_refuses_to_start_without_vllms_key(tmp_path: Path) -> None:
     config = gateway_file(tmp_path, FRESH_KEY, api_key_env="VLLM_API_KEY")
     for env in (child_env(), child_env(VLLM_API_KEY="")):
         line = refusal(["gateway", "--config", str(config)], env, tmp_path)
-        assert "upstream.api_key_env names VLLM_API_KEY, which is not set" in line, line
+        assert "upstreams.0.api_key_env names VLLM_API_KEY, which is not set" in line, line
 
 
 def test_gateway_with_the_demo_keys_serves_on_loopback(tmp_path: Path) -> None:
@@ -272,7 +272,7 @@ def test_gateway_with_its_own_keys_serves_on_all_interfaces_in_front_of_a_keyed_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The compose set-up on one machine: vLLM started by the launcher with VLLM_API_KEY in its environment, the
-    gateway on 0.0.0.0 with keys of its own, sending vLLM's key from upstream.api_key_env."""
+    gateway on 0.0.0.0 with keys of its own, sending vLLM's key from upstreams[].api_key_env."""
     secret = "test-vllm-key-" + os.urandom(8).hex()
     monkeypatch.setenv("VLLM_API_KEY", secret)  # the launcher hands its environment to vLLM
     port = free_port()

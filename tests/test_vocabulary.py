@@ -251,9 +251,9 @@ def test_controller_steps_speak_the_action_and_violation_vocabularies(pacing: Pa
     assert all(type(step.action) is Action for step in steps)
     assert set(steps[1].reasons) == set(steps[3].reasons) == set(Violation)
     assert all(type(reason) is Violation for step in steps for reason in step.reasons)
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(["vllm"])
     for step in steps:
-        metrics.decision(step)
+        metrics.decision("vllm", step)
     assert counted(metrics, "visioncap_gateway_controller_decisions") == {
         Action.IDLE: 1.0,
         Action.DECREASE: 1.0,
@@ -266,7 +266,7 @@ def test_controller_steps_speak_the_action_and_violation_vocabularies(pacing: Pa
 
 def counted(metrics: GatewayMetrics, family_name: str) -> dict[str, float]:
     return {
-        next(iter(sample.labels.values())): sample.value
+        next(value for label, value in sample.labels.items() if label != "upstream"): sample.value
         for family in metrics.registry.collect()
         if family.name == family_name
         for sample in family.samples
@@ -275,7 +275,7 @@ def counted(metrics: GatewayMetrics, family_name: str) -> dict[str, float]:
 
 
 def test_the_controller_series_start_at_zero_for_every_value() -> None:
-    metrics = GatewayMetrics()
+    metrics = GatewayMetrics(["vllm"])
     assert counted(metrics, "visioncap_gateway_controller_decisions") == dict.fromkeys(values(Action), 0.0)
     assert counted(metrics, "visioncap_gateway_controller_decreases") == dict.fromkeys(values(Violation), 0.0)
 

@@ -38,7 +38,7 @@ def gateway_config(
     `pacing`: the pacing section (None: its defaults)."""
     return GatewayConfig.model_validate(
         {
-            "upstream": {"base_url": upstream_base_url, "metrics_poll_s": 0.5},
+            "upstreams": [{"name": "vllm", "base_url": upstream_base_url, "metrics_poll_s": 0.5}],
             "classes": {
                 "interactive": {"role": "interactive", "priority": 0},
                 "background": {"role": "background", "priority": background_priority},

@@ -1,4 +1,4 @@
-"""The priority gateway's file (`visioncap gateway --config FILE`): upstream, classes, keys, admission control."""
+"""The priority gateway's file (`visioncap gateway --config FILE`): upstreams, classes, keys, admission control."""
 
 from __future__ import annotations
 
@@ -15,8 +15,13 @@ INT64_MAX = 2**63 - 1
 
 
 class UpstreamConfig(StrictModel):
-    """The vLLM server the gateway forwards to."""
+    """One vLLM server (replica) the gateway forwards to."""
 
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        max_length=64,
+        description="The replica's name, unique in the file: keys name it in `upstream`, metrics label by it.",
+    )
     base_url: str = Field(
         pattern=r"^https?://",
         description="vLLM's OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1.",
@@ -43,14 +48,31 @@ class UpstreamConfig(StrictModel):
         default=10.0,
         gt=0,
         description="Seconds between reads of vLLM's /metrics while no background request waits or runs (the "
-        "readings only steer background admission, and each costs vLLM's API server milliseconds of CPU that "
-        "chats then wait for); they keep visioncap_gateway_upstream_up current. Never shorter than metrics_poll_s.",
+        "readings mostly steer background admission, and each costs vLLM's API server milliseconds of CPU that "
+        "chats then wait for; the choice of replica for a chat uses them while younger than "
+        "controller.upstream_stale_s, else the gateway's own counts). Never shorter than metrics_poll_s.",
     )
     connect_timeout_s: float = Field(default=5.0, gt=0, description="Seconds to open a connection to vLLM.")
     read_timeout_s: float = Field(
         default=600.0,
         gt=0,
         description="Longest silence, in seconds, between two pieces of a vLLM answer before the request fails.",
+    )
+    health_interval_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Seconds between two health checks (GET vLLM's /health at the server's root); 0: no checks, "
+        "the upstream always counts as in (a server that answers nothing but the requests it is sent).",
+    )
+    health_timeout_s: float = Field(
+        default=1.0, gt=0, description="Seconds a health check may take before it counts as failed."
+    )
+    down_after_failures: int = Field(
+        default=2,
+        ge=1,
+        description="Failed health checks in a row that take the replica out (no chat is routed to it and its "
+        "background spills to others); one that passes brings it back. With the defaults a dead replica is out "
+        "within 4 s. A request the replica refuses at connection takes it out at once.",
     )
 
     def resolved_metrics_url(self) -> str:
@@ -94,6 +116,14 @@ class ApiKeyConfig(StrictModel):
     )
     traffic_class: str = Field(min_length=1, description="Name of the traffic class (under `classes`) of this key.")
     rate_limit: RateLimitConfig | None = Field(default=None, description="Request rate limit; None: unlimited.")
+    upstream: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Name of the upstream (under `upstreams`) that background requests of this key go to: the "
+        "replica on the camera box's own GPU, so frames stay local. They spill to the other replicas only while "
+        "it is out (failing its health checks). None: the first upstream. Background keys only: chat goes to "
+        "the replica with the best predicted time to first token.",
+    )
     camera: str | None = Field(
         default=None,
         min_length=1,
@@ -378,7 +408,11 @@ def _default_classes() -> dict[str, TrafficClassConfig]:
 class GatewayConfig(StrictModel):
     """Everything `visioncap gateway` needs."""
 
-    upstream: UpstreamConfig = Field(description="The vLLM server behind the gateway.")
+    upstreams: list[UpstreamConfig] = Field(
+        min_length=1,
+        description="The vLLM servers (replicas of one model) behind the gateway, each with its own admission "
+        "control; a single server is a list of one.",
+    )
     classes: dict[str, TrafficClassConfig] = Field(
         default_factory=_default_classes,
         min_length=1,
@@ -399,7 +433,17 @@ class GatewayConfig(StrictModel):
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Body size limits and refused bodies.")
 
     @model_validator(mode="after")
+    def _upstreams_named_once(self) -> GatewayConfig:
+        seen: set[str] = set()
+        for index, upstream in enumerate(self.upstreams):
+            if upstream.name in seen:
+                raise ValueError(f"upstreams.{index}.name: {upstream.name!r} is used by more than one upstream")
+            seen.add(upstream.name)
+        return self
+
+    @model_validator(mode="after")
     def _keys_consistent(self) -> GatewayConfig:
+        upstreams = {upstream.name for upstream in self.upstreams}
         names: set[str] = set()
         hashes: set[str] = set()
         for index, key in enumerate(self.keys):
@@ -408,6 +452,17 @@ class GatewayConfig(StrictModel):
                     f"keys.{index}.traffic_class: {key.traffic_class!r} is not a class (classes: "
                     f"{', '.join(sorted(self.classes))})"
                 )
+            if key.upstream is not None:
+                if key.upstream not in upstreams:
+                    raise ValueError(
+                        f"keys.{index}.upstream: {key.upstream!r} is not an upstream (upstreams: "
+                        f"{', '.join(sorted(upstreams))})"
+                    )
+                if self.classes[key.traffic_class].role != "background":
+                    raise ValueError(
+                        f"keys.{index}.upstream: only background keys have an upstream (chat goes to the replica "
+                        "with the best predicted time to first token)"
+                    )
             if key.name in names:
                 raise ValueError(f"keys.{index}.name: {key.name!r} is used by more than one key")
             if key.sha256 in hashes:

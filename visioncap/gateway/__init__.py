@@ -2,7 +2,8 @@
 
 Laid out like vLLM's endpoint folders: `router` (thin routes), `protocol` (the request fields read),
 `serving` (the request flow), and one module per concern: `auth`, `admission` (the controller, pure logic),
-`scheduler` (background queue), `images`, `proxy`, `sse`, `metrics`, `upstream_metrics`. `in_thread` runs a
+`scheduler` (background queue), `images`, `proxy`, `sse`, `metrics`, `upstream_metrics`, `replicas` (one per
+upstream: its pool, controller, queue and health checks; which replica a chat goes to). `in_thread` runs a
 gateway in a thread of the current process (tests, benchmarks).
 """
 

@@ -243,6 +243,11 @@ class AdmissionController:
     def interactive_in_flight(self) -> int:
         return self._active
 
+    @property
+    def interactive_awaiting_first_token(self) -> int:
+        """Interactive requests sent upstream that have not had their first token (or their answer) yet."""
+        return len(self._awaiting_first)
+
     def interactive_active(self, now: float) -> bool:
         return self._active > 0 or now - self._last_interactive_at < self.settings.idle_after_s
 

@@ -132,13 +132,14 @@ def build_gateway(config: GatewayConfig, host: str, source: str = "gateway confi
         source,
         "make your own with `visioncap gateway-key` and put its sha256 in the file",
     )
-    env = config.upstream.api_key_env
-    # Started without it, every forwarded request would come back 401 from vLLM, long after the cause.
-    if env and not os.environ.get(env):
-        raise ConfigError(
-            f"{source}: upstream.api_key_env names {env}, which is not set: set it to the key vLLM was started "
-            "with (--api-key or VLLM_API_KEY)"
-        )
+    for index, upstream in enumerate(config.upstreams):
+        env = upstream.api_key_env
+        # Started without it, every forwarded request would come back 401 from vLLM, long after the cause.
+        if env and not os.environ.get(env):
+            raise ConfigError(
+                f"{source}: upstreams.{index}.api_key_env names {env}, which is not set: set it to the key vLLM "
+                "was started with (--api-key or VLLM_API_KEY)"
+            )
     return create_app(config)
 
 
@@ -153,7 +154,8 @@ def run_gateway(
     import uvicorn
 
     app = build_gateway(config, host, source)
-    log.info("gateway on http://%s:%d/v1 -> %s", host, port, config.upstream.base_url)
+    targets = ", ".join(f"{upstream.name} {upstream.base_url}" for upstream in config.upstreams)
+    log.info("gateway on http://%s:%d/v1 -> %s", host, port, targets)
     # The startup heap (imports, the app, its models) never becomes garbage: out of the collector's sight, the
     # oldest generation's collections no longer walk it while chats stream (vLLM's API server does the same).
     gc.collect()

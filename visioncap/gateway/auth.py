@@ -43,6 +43,7 @@ class Caller:
     camera: str | None
     limiter: TokenBucket | None = field(default=None, repr=False)
     cameras: frozenset[str] | None = None  # the cameras its requests may name; None: any
+    upstream: str | None = None  # the replica its background requests go to; None: the first
 
     @property
     def interactive(self) -> bool:
@@ -62,6 +63,7 @@ class KeyRing:
                 camera=key.camera,
                 limiter=TokenBucket(key.rate_limit) if key.rate_limit is not None else None,
                 cameras=frozenset(key.cameras) if key.cameras is not None else None,
+                upstream=key.upstream,
             )
 
     def identify(self, headers: Mapping[str, str]) -> Caller | None:

@@ -13,9 +13,13 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
 class GatewayMetrics:
-    """All gateway series; one instance per app, so several gateways can live in one process (tests)."""
+    """All gateway series; one instance per app, so several gateways can live in one process (tests).
 
-    def __init__(self) -> None:
+    What belongs to one replica (its controller, background queue, load and health) is labelled `upstream`;
+    every replica's series exist from the start, so a scrape shows a replica that never answered.
+    """
+
+    def __init__(self, upstreams: list[str]) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -33,6 +37,7 @@ class GatewayMetrics:
         self.preemptions = Counter(
             "visioncap_gateway_preemptions_total",
             "Background requests cancelled at vLLM to make way for interactive work and queued again.",
+            ["upstream"],
             registry=r,
         )
         self.downscaled = Counter(
@@ -90,7 +95,9 @@ class GatewayMetrics:
             ["traffic_class"],
             registry=r,
         )
-        self.queue_depth = Gauge("visioncap_gateway_queue_depth", "Background requests waiting.", registry=r)
+        self.queue_depth = Gauge(
+            "visioncap_gateway_queue_depth", "Background requests waiting, by upstream.", ["upstream"], registry=r
+        )
         self.waiting_body_bytes = Gauge(
             "visioncap_gateway_waiting_body_bytes",
             "Bytes of background request bodies the gateway holds (read or waiting for admission); bounded by "
@@ -99,7 +106,8 @@ class GatewayMetrics:
         )
         self.image_tokens_in_flight = Gauge(
             "visioncap_gateway_image_tokens_in_flight",
-            "Estimated image tokens of background requests in flight.",
+            "Estimated image tokens of background requests in flight, by upstream.",
+            ["upstream"],
             registry=r,
         )
         self.image_tokens = Counter(
@@ -109,73 +117,113 @@ class GatewayMetrics:
             registry=r,
         )
         self.cap_concurrency = Gauge(
-            "visioncap_gateway_background_concurrency_cap", "Background requests allowed in flight now.", registry=r
+            "visioncap_gateway_background_concurrency_cap",
+            "Background requests allowed in flight now.",
+            ["upstream"],
+            registry=r,
         )
         self.cap_limit = Gauge(
             "visioncap_gateway_background_concurrency_limit",
             "The controller's adaptive concurrency limit (applies while interactive traffic is active).",
+            ["upstream"],
             registry=r,
         )
         self.starts_per_s = Gauge(
             "visioncap_gateway_background_starts_per_second",
             "The paced rate at which background requests start while interactive traffic is active "
             "(NaN under the concurrency-limit policy).",
+            ["upstream"],
             registry=r,
         )
         self.cap_image_tokens = Gauge(
             "visioncap_gateway_background_image_tokens_cap",
             "Background image tokens allowed in flight now.",
+            ["upstream"],
             registry=r,
         )
         self.interactive_active = Gauge(
-            "visioncap_gateway_interactive_active", "1 while interactive traffic counts as active.", registry=r
+            "visioncap_gateway_interactive_active",
+            "1 while interactive traffic to the upstream counts as active.",
+            ["upstream"],
+            registry=r,
         )
         self.window_p99 = Gauge(
             "visioncap_gateway_interactive_p99_seconds",
             "Interactive latency p99 over the controller's sliding window.",
-            ["series"],
+            ["upstream", "series"],
             registry=r,
         )
         self.decisions = Counter(
-            "visioncap_gateway_controller_decisions_total", "Controller steps by action.", ["action"], registry=r
+            "visioncap_gateway_controller_decisions_total",
+            "Controller steps by action.",
+            ["upstream", "action"],
+            registry=r,
         )
         self.decreases = Counter(
             "visioncap_gateway_controller_decreases_total",
             "Controller decreases by the objective whose miss asked for them (one decision may count several).",
-            ["reason"],
+            ["upstream", "reason"],
+            registry=r,
+        )
+        self.upstream_waiting = Gauge(
+            "visioncap_gateway_upstream_requests_waiting",
+            "vllm:num_requests_waiting at the last poll.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_running = Gauge(
+            "visioncap_gateway_upstream_requests_running",
+            "vllm:num_requests_running at the last poll.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_up = Gauge(
+            "visioncap_gateway_upstream_up",
+            "1 while the upstream is in (its health checks pass), 0 while it is out.",
+            ["upstream"],
+            registry=r,
+        )
+        self.upstream_requests = Counter(
+            "visioncap_gateway_upstream_requests_total",
+            "Requests sent to each upstream, by class (a retried chat counts at both).",
+            ["upstream", "traffic_class"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "visioncap_gateway_retries_total",
+            "Chats sent again to another upstream because this one failed before the first byte of its answer.",
+            ["upstream"],
             registry=r,
         )
         # Closed label sets start at zero, so a scrape shows every series before the first step that counts one.
-        for action in Action:
-            self.decisions.labels(action)
-        for violation in Violation:
-            self.decreases.labels(violation)
-        self.upstream_waiting = Gauge(
-            "visioncap_gateway_upstream_requests_waiting", "vllm:num_requests_waiting at the last poll.", registry=r
-        )
-        self.upstream_running = Gauge(
-            "visioncap_gateway_upstream_requests_running", "vllm:num_requests_running at the last poll.", registry=r
-        )
-        self.upstream_up = Gauge(
-            "visioncap_gateway_upstream_up", "1 when the last poll of vLLM's /metrics succeeded.", registry=r
-        )
+        for upstream in upstreams:
+            for action in Action:
+                self.decisions.labels(upstream, action)
+            for violation in Violation:
+                self.decreases.labels(upstream, violation)
+            self.preemptions.labels(upstream)
+            self.retries.labels(upstream)
+            self.upstream_up.labels(upstream).set(0)
+            self.queue_depth.labels(upstream).set(0)
+            self.image_tokens_in_flight.labels(upstream).set(0)
 
-    def scheduler_changed(self, state: SchedulerState) -> None:
-        self.queue_depth.set(state.waiting)
-        self.image_tokens_in_flight.set(state.image_tokens_in_flight)
+    def scheduler_changed(self, upstream: str, state: SchedulerState) -> None:
+        self.queue_depth.labels(upstream).set(state.waiting)
+        self.image_tokens_in_flight.labels(upstream).set(state.image_tokens_in_flight)
 
-    def decision(self, decision: Decision) -> None:
-        self.decisions.labels(decision.action).inc()
+    def decision(self, upstream: str, decision: Decision) -> None:
+        self.decisions.labels(upstream, decision.action).inc()
         if decision.action is Action.DECREASE:
             for reason in decision.reasons:
-                self.decreases.labels(reason).inc()
-        self.cap_limit.set(decision.limit)
-        self.starts_per_s.set(decision.starts_per_s if decision.starts_per_s is not None else float("nan"))
-        self.cap_concurrency.set(decision.caps.concurrency)
-        self.cap_image_tokens.set(decision.caps.image_tokens)
-        self.interactive_active.set(1 if decision.caps.interactive_active else 0)
-        self.window_p99.labels("ttft").set(decision.ttft_p99_s if decision.ttft_p99_s is not None else float("nan"))
-        self.window_p99.labels("itl").set(decision.itl_p99_s if decision.itl_p99_s is not None else float("nan"))
+                self.decreases.labels(upstream, reason).inc()
+        nan = float("nan")
+        self.cap_limit.labels(upstream).set(decision.limit)
+        self.starts_per_s.labels(upstream).set(decision.starts_per_s if decision.starts_per_s is not None else nan)
+        self.cap_concurrency.labels(upstream).set(decision.caps.concurrency)
+        self.cap_image_tokens.labels(upstream).set(decision.caps.image_tokens)
+        self.interactive_active.labels(upstream).set(1 if decision.caps.interactive_active else 0)
+        self.window_p99.labels(upstream, "ttft").set(decision.ttft_p99_s if decision.ttft_p99_s is not None else nan)
+        self.window_p99.labels(upstream, "itl").set(decision.itl_p99_s if decision.itl_p99_s is not None else nan)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

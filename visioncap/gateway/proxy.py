@@ -8,6 +8,7 @@ in-flight counts are always given back.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -54,6 +55,11 @@ class UpstreamBroken(Exception):
     """vLLM's answer stopped before its end (connection lost, read timeout, malformed chunk)."""
 
 
+class UpstreamRefusedError(GatewayError):
+    """vLLM could not be connected to (nothing listens there, or its host is unreachable): the request was never
+    sent, and the replica is down."""
+
+
 class UpstreamResponse:
     """An answer from vLLM whose head has arrived; its body is read with `aiter_raw()`."""
 
@@ -95,6 +101,7 @@ class Upstream:
         """Call from a running event loop (aiohttp binds its session to it)."""
         self.base_url = config.base_url.rstrip("/")
         self.metrics_url = config.resolved_metrics_url()
+        self.health_url = f"{self.base_url.removesuffix('/v1')}/health"  # vLLM serves it beside /v1, keyless
         self._api_key = api_key
         self._timeout = aiohttp.ClientTimeout(
             total=None, connect=config.connect_timeout_s, sock_read=config.read_timeout_s
@@ -145,6 +152,13 @@ class Upstream:
                 f"vLLM did not answer in time ({type(exc).__name__})",
                 reason=RefusalReason.UPSTREAM,
             ) from exc
+        except aiohttp.ClientConnectorError as exc:
+            raise UpstreamRefusedError(
+                502,
+                ErrorType.UPSTREAM_UNAVAILABLE,
+                f"vLLM is unreachable ({type(exc).__name__}: {exc})",
+                reason=RefusalReason.UPSTREAM,
+            ) from exc
         except aiohttp.ClientError as exc:
             raise GatewayError(
                 502,
@@ -186,6 +200,10 @@ class ProxyResponse(Response):
         self.raw_headers = [
             (name, value) for name, value in upstream.raw_headers if name.lower() not in DROPPED_RESPONSE_HEADERS
         ]
+        self._events = any(
+            name.lower() == b"content-type" and value.lower().startswith(b"text/event-stream")
+            for name, value in self.raw_headers
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outcome = Outcome(self.status_code, completed=False)
@@ -205,9 +223,13 @@ class ProxyResponse(Response):
                     await self._stream(send)
                     outcome.completed = True
                 except UpstreamBroken as exc:
-                    # The status line is gone already: ending without the last chunk makes uvicorn drop the
-                    # connection, so the caller sees a truncated body rather than a clean end.
+                    # The status line is gone already, so the answer cannot be sent again elsewhere. A stream
+                    # ends with an error event (OpenAI's shape, which its clients raise), any other body without
+                    # its last chunk: uvicorn drops the connection, so the caller sees it cut, not complete.
                     outcome.error = f"upstream stream broke: {exc}"
+                    if self._events:
+                        await send({"type": "http.response.body", "body": _error_event(exc), "more_body": True})
+                        await send({"type": "http.response.body", "body": b"", "more_body": False})
                 except Exception as exc:
                     # A bug of ours must not pass for vLLM's fault in the metrics; the caller sees a cut body.
                     log.exception("gateway error while streaming an answer")
@@ -236,3 +258,9 @@ class ProxyResponse(Response):
         if observer is not None:
             observer.close()  # streams without a [DONE] (the Responses API's) end their last arrival here
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _error_event(exc: UpstreamBroken) -> bytes:
+    error = {"message": f"vLLM broke off the answer ({exc})", "type": ErrorType.UPSTREAM_UNAVAILABLE, "code": 502}
+    # A blank line first: the event must not join one that vLLM left unfinished.
+    return b"\n\ndata: " + json.dumps({"error": error}).encode() + b"\n\n"

@@ -26,7 +26,7 @@ from visioncap.gateway.serving import Endpoint, Gateway
 
 router = APIRouter()
 
-# Documentation only: every route but /healthz and /metrics checks the key itself (`Gateway._authenticate`).
+# Documentation only: every route but /healthz, /readyz and /metrics checks the key itself (`Gateway._authenticate`).
 SECURED: list[dict[str, list[str]]] = [{"bearer": []}]
 _ANY_JSON = {"application/json": {"schema": {"type": "object"}}}
 # One server-sent event, as vLLM sends them: chat and completion chunks as `data` (JSON, the last `[DONE]`), the
@@ -174,8 +174,20 @@ async def metrics(request: Request) -> Response:
 
 @router.get(
     "/healthz",
-    summary="Liveness and the admission state (no key; vLLM's address and errors only to a valid key)",
+    summary="Liveness and each upstream's state (no key; vLLM's addresses and errors only to a valid key)",
     responses={200: {"description": "The gateway answers.", "content": _ANY_JSON}},
 )
 async def healthz(request: Request) -> Response:
     return _gateway(request).health(request)
+
+
+@router.get(
+    "/readyz",
+    summary="Readiness: at least one upstream passes its health checks (no key)",
+    responses={
+        200: {"description": "At least one upstream is in; which are in and out.", "content": _ANY_JSON},
+        503: {"description": "No upstream is in.", "content": _ANY_JSON},
+    },
+)
+async def readyz(request: Request) -> Response:
+    return _gateway(request).readiness(request)

@@ -1,7 +1,8 @@
-"""The gateway's request handling: caller -> limits -> body -> media -> priority -> admission -> proxy.
+"""The gateway's request handling: caller -> limits -> body -> media -> priority -> replica -> admission -> proxy.
 
-One `Gateway` per app owns the controller, the background scheduler, the metrics and the upstream pool,
-and runs two loops beside the requests: the controller's ticks and the poll of vLLM's /metrics.
+One `Gateway` per app owns the keys, the metrics and its replicas (`visioncap.gateway.replicas`: per upstream a
+pool, a controller, a background scheduler, health checks and a poll of vLLM's /metrics), and runs the
+controllers' ticks beside the requests.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import contextlib
 import json
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from visioncap.config.gateway import GatewayConfig
-from visioncap.gateway.admission import AdmissionController, Decision
+from visioncap.gateway.admission import Decision
 from visioncap.gateway.auth import Caller, KeyRing
 from visioncap.gateway.bodies import BodyBudget, RequestBody
 from visioncap.gateway.errors import ErrorType, GatewayError, RefusalReason, unauthorized
@@ -36,10 +36,10 @@ from visioncap.gateway.protocol import (
     ResponsesView,
     parse_body,
 )
-from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream, UpstreamResponse
-from visioncap.gateway.scheduler import BackgroundScheduler, DeadlineExceededError, Grant, QueueFullError
+from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream, UpstreamRefusedError, UpstreamResponse
+from visioncap.gateway.replicas import Replica, rank_for_chat
+from visioncap.gateway.scheduler import DeadlineExceededError, Grant, QueueFullError
 from visioncap.gateway.sse import StreamObserver
-from visioncap.gateway.upstream_metrics import UpstreamPoller, VllmLoad
 
 log = logging.getLogger(__name__)
 
@@ -63,51 +63,40 @@ VIEWS = {
 MESSAGES_FIELD: dict[Endpoint, str] = {"chat": "messages", "responses": "input"}
 
 
+class RetryElsewhereError(Exception):
+    """A chat's replica failed before the first byte of its answer: send it to the next one."""
+
+
 class Gateway:
     """State and behaviour of one gateway; `start()`/`stop()` on the serving event loop."""
 
     def __init__(self, config: GatewayConfig, clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
-        self.metrics = GatewayMetrics()
+        self.metrics = GatewayMetrics([upstream.name for upstream in config.upstreams])
         self.keys = KeyRing(config)
-        self.controller = AdmissionController(
-            config.objectives, config.background, config.controller, pacing=config.pacing
-        )
-        self.scheduler = BackgroundScheduler(
-            caps=lambda: self.controller.caps(self.clock()),
-            queue_size=config.background.queue_size,
-            clock=clock,
-            on_change=self.metrics.scheduler_changed,
-        )
+        self.replicas = [Replica(upstream, config, self.metrics, clock) for upstream in config.upstreams]
+        self._by_name = {replica.name: replica for replica in self.replicas}
+        # One budget for all replicas: it bounds the gateway's memory, which they share.
         self.bodies = BodyBudget(
-            config.limits.max_waiting_body_bytes, self.scheduler.retry_after_s, self.metrics.waiting_body_bytes.set
+            config.limits.max_waiting_body_bytes,
+            lambda: max(replica.scheduler.retry_after_s() for replica in self.replicas),
+            self.metrics.waiting_body_bytes.set,
         )
-        self.upstream: Upstream | None = None
-        self.poller: UpstreamPoller | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()  # set once serving: lets a thread that started the server wait for it
         self._tasks: list[asyncio.Task[None]] = []
-        self._record(self.controller.tick(clock(), 0))
+
+    def replica(self, name: str) -> Replica:
+        return self._by_name[name]
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        env = self.config.upstream.api_key_env
-        self.upstream = Upstream(self.config.upstream, os.environ.get(env) if env else None)
+        for replica in self.replicas:
+            self._tasks.extend(replica.start())
         self._tasks.append(asyncio.create_task(self._control_loop(), name="gateway-controller"))
-        if self.config.upstream.metrics_poll_s > 0:
-            self.poller = UpstreamPoller(
-                self.upstream.get_text,
-                self.upstream.metrics_url,
-                self.config.upstream.metrics_poll_s,
-                self._upstream_load,
-                clock=self.clock,
-                busy=self._background_present,
-                idle_interval_s=self.config.upstream.metrics_idle_poll_s,
-            )
-            self._tasks.append(asyncio.create_task(self.poller.run(), name="gateway-upstream-metrics"))
         self.ready.set()
 
     async def stop(self) -> None:
@@ -118,51 +107,45 @@ class Gateway:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if self.upstream is not None:
-            await self.upstream.aclose()
+        for replica in self.replicas:
+            await replica.aclose()
 
     async def _control_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.controller.interval_s)
             self.control_step()
 
-    def _background_present(self) -> bool:
-        state = self.scheduler.state()
-        return state.waiting + state.in_flight > 0
+    def control_step(self) -> list[Decision]:
+        """One decision of each replica's controller, in the configured order."""
+        return [replica.control_step() for replica in self.replicas]
 
-    def control_step(self) -> Decision:
-        """One controller decision with the scheduler's counts, then admit what the new caps allow."""
-        state = self.scheduler.state()
-        decision = self.controller.tick(self.clock(), state.in_flight, state.waiting)
-        self._record(decision)
-        self._preempt()
-        self.scheduler.dispatch()
-        return decision
+    @property
+    def is_ready(self) -> bool:
+        """At least one replica is in."""
+        return any(replica.up for replica in self.replicas)
 
-    def _preempt(self) -> None:
-        background = self.config.background
-        if background.preempt:
-            asked = self.scheduler.preempt_excess(background.preempt_window_s)
-            if asked:
-                self.metrics.preemptions.inc(asked)
+    def chat_order(self) -> list[Replica]:
+        """The replicas a chat may go to, best predicted time to first token first (`rank_for_chat`): those in,
+        or all while none is (the health checks may lag a replica that came back)."""
+        now = self.clock()
+        candidates = [replica for replica in self.replicas if replica.up] or self.replicas
+        return [candidates[index] for index in rank_for_chat([replica.load(now) for replica in candidates])]
 
-    def _record(self, decision: Decision) -> None:
-        self.metrics.decision(decision)
-        if decision.action == "decrease":
-            log.debug(
-                "background limit -> %.2f (%s; ttft p99 %s, itl p99 %s)",
-                decision.limit,
-                ",".join(decision.reasons),
-                _ms(decision.ttft_p99_s),
-                _ms(decision.itl_p99_s),
-            )
+    def background_replica(self, caller: Caller) -> Replica:
+        """The key's own replica (frames stay on their box), or while it is out the least occupied one in; its
+        own when none is in (the pipeline's outbox retries what fails there)."""
+        own = self._by_name[caller.upstream] if caller.upstream is not None else self.replicas[0]
+        if own.up:
+            return own
+        spill = [replica for replica in self.replicas if replica.up]
+        if not spill:
+            return own
 
-    def _upstream_load(self, now: float, load: VllmLoad | None) -> None:
-        self.metrics.upstream_up.set(1 if load is not None else 0)
-        if load is not None:
-            self.metrics.upstream_waiting.set(load.waiting)
-            self.metrics.upstream_running.set(load.running)
-            self.controller.observe_upstream(now, load.waiting, load.running)
+        def occupied(replica: Replica) -> int:
+            state = replica.scheduler.state()
+            return state.waiting + state.in_flight
+
+        return min(spill, key=occupied)
 
     # -- requests -------------------------------------------------------------------------------------
 
@@ -183,7 +166,8 @@ class Gateway:
                 return await self._forward_interactive(request, endpoint, caller, payload, stream, started)
             # Background bodies wait in memory: room in the queue and in the body budget is checked before a byte
             # is read, and only the parsed body is kept while it waits (encoded again once admitted).
-            self.scheduler.check_room()
+            replica = self.background_replica(caller)
+            replica.scheduler.check_room()
             with self.bodies.hold(request.headers.get("content-length")) as held:
                 raw = await body_in.read(self.config.limits.max_background_body_bytes, held.grow)
                 body, view, image_tokens = self._parse(raw, endpoint, caller)
@@ -202,7 +186,7 @@ class Gateway:
                 stream = bool(getattr(view, "stream", False))
                 deadline_s = self._deadline_s(request)
                 return await self._forward_background(
-                    request, endpoint, caller, body, stream, started, camera, image_tokens, deadline_s
+                    request, replica, endpoint, caller, body, stream, started, camera, image_tokens, deadline_s
                 )
         except QueueFullError as exc:
             return self._refuse(
@@ -247,8 +231,7 @@ class Gateway:
         caller: Caller | None = None
         try:
             caller = self._authenticate(request)
-            assert self.upstream is not None
-            upstream = await self.upstream.open("GET", "/models", incoming=dict(request.headers))
+            upstream = await self._utility_upstream().open("GET", "/models", incoming=dict(request.headers))
         except GatewayError as exc:
             return self._refuse(exc, caller, "models")
 
@@ -268,8 +251,7 @@ class Gateway:
             self._rate_limit(caller)
             raw = await body_in.read(self.config.limits.max_body_bytes)
             parse_body(raw, AnyObjectView)  # the same hostile-input rules as everything else
-            assert self.upstream is not None
-            upstream = await self.upstream.open("POST", path, raw, incoming=dict(request.headers), root=True)
+            upstream = await self._utility_upstream().open("POST", path, raw, incoming=dict(request.headers), root=True)
         except GatewayError as exc:
             return self._refuse(exc, caller, name, body_in, self.config.limits.max_body_bytes)
 
@@ -278,47 +260,67 @@ class Gateway:
 
         return ProxyResponse(upstream, finish)
 
+    def _utility_upstream(self) -> Upstream:
+        """Where a request that takes no engine step goes: the best replica for a chat."""
+        upstream = self.chat_order()[0].upstream
+        assert upstream is not None  # started
+        return upstream
+
     def health(self, request: Request) -> Response:
-        """Liveness and the admission state; where vLLM is and what went wrong there only for a valid key (an
+        """Liveness and each replica's state; where vLLM is and what went wrong there only for a valid key (an
         internal address and an error text tell an outsider more than whether the gateway is up)."""
-        state = self.scheduler.state()
-        now = self.clock()
-        caps = self.controller.caps(now)
-        poller = self.poller
         trusted = self.keys.identify(request.headers) is not None
         return JSONResponse(
             {
                 "status": "ok",
-                "upstream": {
-                    "base_url": self.config.upstream.base_url if trusted else None,
-                    "metrics": None
-                    if poller is None
-                    else {
-                        "ok": poller.last is not None,
-                        "error": poller.last_error if trusted else None,
-                        "waiting": poller.last.waiting if poller.last else None,
-                        "running": poller.last.running if poller.last else None,
-                        # Read every metrics_poll_s while background work is present, else metrics_idle_poll_s.
-                        "age_s": None if poller.last_at is None else round(now - poller.last_at, 3),
-                    },
-                },
-                "background": {
-                    "waiting": state.waiting,
-                    "in_flight": state.in_flight,
-                    "image_tokens_in_flight": state.image_tokens_in_flight,
-                    "concurrency_cap": caps.concurrency,
-                    "image_tokens_cap": caps.image_tokens,
-                    "limit": round(self.controller.limit, 3),
-                    "starts_per_s": (
-                        None if self.controller.starts_per_s is None else round(self.controller.starts_per_s, 3)
-                    ),
-                },
-                "interactive": {
-                    "in_flight": self.controller.interactive_in_flight,
-                    "active": caps.interactive_active,
-                },
+                "ready": self.is_ready,
+                "upstreams": {replica.name: self._replica_state(replica, trusted) for replica in self.replicas},
             }
         )
+
+    def readiness(self, request: Request) -> Response:
+        """200 while at least one replica is in, else 503; which are in for anyone (names only)."""
+        ready = self.is_ready
+        return JSONResponse(
+            {
+                "status": "ready" if ready else "unavailable",
+                "upstreams": {replica.name: "in" if replica.up else "out" for replica in self.replicas},
+            },
+            status_code=200 if ready else 503,
+        )
+
+    def _replica_state(self, replica: Replica, trusted: bool) -> dict[str, Any]:
+        state = replica.scheduler.state()
+        now = self.clock()
+        controller = replica.controller
+        caps = controller.caps(now)
+        poller = replica.poller
+        return {
+            "up": replica.up,
+            "base_url": replica.config.base_url if trusted else None,
+            "health_error": replica.health_error if trusted else None,
+            "ttft_estimate_s": None if replica.ttft_s is None else round(replica.ttft_s, 4),
+            "metrics": None
+            if poller is None
+            else {
+                "ok": poller.last is not None,
+                "error": poller.last_error if trusted else None,
+                "waiting": poller.last.waiting if poller.last else None,
+                "running": poller.last.running if poller.last else None,
+                # Read every metrics_poll_s while background work is present, else metrics_idle_poll_s.
+                "age_s": None if poller.last_at is None else round(now - poller.last_at, 3),
+            },
+            "background": {
+                "waiting": state.waiting,
+                "in_flight": state.in_flight,
+                "image_tokens_in_flight": state.image_tokens_in_flight,
+                "concurrency_cap": caps.concurrency,
+                "image_tokens_cap": caps.image_tokens,
+                "limit": round(controller.limit, 3),
+                "starts_per_s": None if controller.starts_per_s is None else round(controller.starts_per_s, 3),
+            },
+            "interactive": {"in_flight": controller.interactive_in_flight, "active": caps.interactive_active},
+        }
 
     # -- steps ----------------------------------------------------------------------------------------
 
@@ -362,27 +364,64 @@ class Gateway:
     async def _forward_interactive(
         self, request: Request, endpoint: Endpoint, caller: Caller, payload: bytes, stream: bool, started: float
     ) -> Response:
+        """To the best replica; once more to the next best when that one fails before the first byte of its
+        answer (refused, reset, or a 5xx head), never after: then the caller has part of an answer already."""
+        self.metrics.queue_wait.labels(caller.class_name).observe(0.0)
+        best, *others = self.chat_order()
+        if others:
+            try:
+                return await self._chat_on(best, request, endpoint, caller, payload, stream, started, retryable=True)
+            except RetryElsewhereError as exc:
+                self.metrics.retries.labels(best.name).inc()
+                log.warning("chat sent again, to upstream %s: %s failed (%s)", others[0].name, best.name, exc)
+                best = others[0]
+        return await self._chat_on(best, request, endpoint, caller, payload, stream, started, retryable=False)
+
+    async def _chat_on(
+        self,
+        replica: Replica,
+        request: Request,
+        endpoint: Endpoint,
+        caller: Caller,
+        payload: bytes,
+        stream: bool,
+        started: float,
+        retryable: bool,
+    ) -> Response:
         class_name = caller.class_name
-        handle = self.controller.interactive_started(started)
-        self._preempt()  # the caps may have shrunk from the idle ceiling to the learned limit just now
+        controller = replica.controller
+        handle = controller.interactive_started(self.clock())
+        replica.preempt()  # the caps may have shrunk from the idle ceiling to the learned limit just now
         self.metrics.in_flight.labels(class_name).inc()
-        self.metrics.queue_wait.labels(class_name).observe(0.0)
 
         def first_token() -> None:
-            self.controller.interactive_first_token(handle)
-            self.scheduler.dispatch()  # background held back for this chat's prefill may start now
+            controller.interactive_first_token(handle)
+            replica.scheduler.dispatch()  # background held back for this chat's prefill may start now
 
         def done(outcome: Outcome) -> None:
-            self.controller.interactive_finished(self.clock(), handle)
-            self.scheduler.dispatch()  # with idle_after_s = 0 the caps may grow at once
+            controller.interactive_finished(self.clock(), handle)
+            replica.scheduler.dispatch()  # with idle_after_s = 0 the caps may grow at once
 
-        return await self._proxy(
-            request, endpoint, class_name, payload, stream, started, done, measure=True, first_token=first_token
+        response = await self._proxy(
+            request,
+            replica,
+            endpoint,
+            class_name,
+            payload,
+            stream,
+            started,
+            done,
+            measure=True,
+            first_token=first_token,
+            retryable=retryable,
         )
+        assert response is not None  # only a preempted background request has none
+        return response
 
     async def _forward_background(
         self,
         request: Request,
+        replica: Replica,
         endpoint: Endpoint,
         caller: Caller,
         body: dict[str, Any],
@@ -398,7 +437,7 @@ class Gateway:
             remaining_s = deadline_s - (self.clock() - started)
             try:
                 grant = await _unless_disconnected(
-                    request, self.scheduler.acquire(camera, image_tokens, remaining_s, requeue_of=preempted)
+                    request, replica.scheduler.acquire(camera, image_tokens, remaining_s, requeue_of=preempted)
                 )
             except QueueFullError as exc:
                 raise GatewayError(
@@ -425,10 +464,13 @@ class Gateway:
             def done(outcome: Outcome, grant: Grant = grant) -> None:
                 grant.release()
 
+            # Not retried elsewhere when the replica fails: the pipeline's outbox sends it again.
             if stream or not self.config.background.preempt:  # a stream's head arrives at once: nothing to redo
-                return await self._proxy(request, endpoint, class_name, sent, stream, started, done, measure=False)
+                return await self._proxy(
+                    request, replica, endpoint, class_name, sent, stream, started, done, measure=False
+                )
             response = await self._proxy(
-                request, endpoint, class_name, sent, stream, started, done, measure=False, grant=grant
+                request, replica, endpoint, class_name, sent, stream, started, done, measure=False, grant=grant
             )
             if response is not None:
                 return response
@@ -450,6 +492,7 @@ class Gateway:
     async def _proxy(
         self,
         request: Request,
+        replica: Replica,
         endpoint: Endpoint,
         class_name: str,
         payload: bytes,
@@ -459,17 +502,26 @@ class Gateway:
         measure: bool,
         grant: Grant | None = None,
         first_token: Callable[[], None] | None = None,
+        retryable: bool = False,
     ) -> Response | None:
-        """Open the upstream request; `done` runs exactly once when the exchange is over, however it ends.
+        """Open the upstream request on `replica`; `done` runs exactly once when the exchange is over, however
+        it ends.
 
         With a `grant`, the request may be preempted until vLLM's answer head arrives (for a non-streaming
         request: until it is complete): then vLLM's request is cancelled, `done` runs, and None is returned.
+        When `retryable`, a failure before the answer's head (refused, reset, a 5xx status) raises
+        RetryElsewhereError instead of answering: nothing has reached the caller yet.
         """
         finish = self._finisher(endpoint, class_name, started, done)
+        self.metrics.upstream_requests.labels(replica.name, class_name).inc()
         try:
-            upstream = await self._open_upstream(request, endpoint, payload, stream, grant)
+            upstream = await self._open_upstream(request, replica, endpoint, payload, stream, grant)
         except GatewayError as exc:
+            if isinstance(exc, UpstreamRefusedError):
+                replica.unreachable(exc.message)
             finish(Outcome(exc.status, completed=False, error=exc.message), answered=False)
+            if retryable and exc.status == 502:
+                raise RetryElsewhereError(exc.message) from exc
             raise
         except BaseException as exc:  # cancelled: the caller or the server went away
             finish(Outcome(499, completed=False, error=type(exc).__name__))
@@ -480,9 +532,14 @@ class Gateway:
         if upstream == "preempted":
             finish(Outcome(499, completed=False), answered=False)
             return None
+        if retryable and upstream.status_code >= 500:
+            await upstream.aclose()
+            error = f"upstream {replica.name} answered {upstream.status_code}"
+            finish(Outcome(upstream.status_code, completed=False, error=error), answered=False)
+            raise RetryElsewhereError(error)
         observer = None
         if stream and upstream.status_code == 200:
-            observer = self._stream_observer(class_name, started, measure, first_token)
+            observer = self._stream_observer(replica, class_name, started, measure, first_token)
         return ProxyResponse(upstream, finish, observer)
 
     def _finisher(
@@ -506,12 +563,18 @@ class Gateway:
         return finish
 
     async def _open_upstream(
-        self, request: Request, endpoint: Endpoint, payload: bytes, stream: bool, grant: Grant | None
+        self,
+        request: Request,
+        replica: Replica,
+        endpoint: Endpoint,
+        payload: bytes,
+        stream: bool,
+        grant: Grant | None,
     ) -> UpstreamResponse | Literal["caller_gone", "preempted"]:
         """vLLM's answer head, unless the caller left first or the `grant` was preempted meanwhile."""
-        assert self.upstream is not None
+        assert replica.upstream is not None
         opening = asyncio.ensure_future(
-            self.upstream.open("POST", UPSTREAM_PATHS[endpoint], payload, incoming=dict(request.headers))
+            replica.upstream.open("POST", UPSTREAM_PATHS[endpoint], payload, incoming=dict(request.headers))
         )
         if grant is not None:
             grant.preempt = opening.cancel  # closing the connection makes vLLM abort the request
@@ -538,7 +601,12 @@ class Gateway:
         return opening.result()
 
     def _stream_observer(
-        self, class_name: str, started: float, measure: bool, first_token: Callable[[], None] | None
+        self,
+        replica: Replica,
+        class_name: str,
+        started: float,
+        measure: bool,
+        first_token: Callable[[], None] | None,
     ) -> StreamObserver:
         """Times a stream's first token and the gaps between tokens, for the metrics and (`measure`) the
         controller."""
@@ -548,14 +616,15 @@ class Gateway:
         def on_first(now: float, seconds: float) -> None:
             ttft.observe(seconds)
             if measure:
-                self.controller.observe_ttft(now, seconds)
+                replica.controller.observe_ttft(now, seconds)
+                replica.observe_ttft(seconds)
             if first_token is not None:
                 first_token()
 
         def on_gap(now: float, seconds: float) -> None:  # one per token: see visioncap.gateway.sse
             itl.observe(seconds)
             if measure:
-                self.controller.observe_itl(now, seconds)
+                replica.controller.observe_itl(now, seconds)
 
         # No `reads`: each piece aiohttp hands over is what the network delivered since the previous one.
         return StreamObserver(started, self.clock, on_first, on_gap)
@@ -623,7 +692,3 @@ async def _unless_disconnected(request: Request, waiting: Any) -> Grant | None:
     if admission.cancelled():
         return None
     return admission.result()
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"

@@ -47,7 +47,8 @@ class UpstreamPoller:
     /metrics/ mount serves): the whole page is 54 KB that vLLM's API server renders on its event loop for about
     9 ms of CPU on the 2-core test machine, the two gauges about 2 ms, and a chat arriving meanwhile waits for it.
     A vLLM whose filtered page lacks the gauges (a multiprocess registry, or a metrics_url that is not vLLM's
-    mount) is read whole from then on. The idle reads keep `visioncap_gateway_upstream_up` current.
+    mount) is read whole from then on. Whether the replica is up is the health checks' business
+    (`visioncap.gateway.replicas`).
     """
 
     def __init__(
