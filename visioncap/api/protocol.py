@@ -232,7 +232,10 @@ class Readiness(_Model):
     """Readiness: the dependencies answer."""
 
     status: Literal["ready", "unavailable"] = Field(description="ready when every check is ok.")
-    checks: dict[str, Check] = Field(description="By dependency: database, vlm.")
+    checks: dict[str, Check] = Field(
+        description="By dependency: database, vlm; and semantic (always ok: how semantic search ranks on this "
+        "database, and whether the background embedder has caught up)."
+    )
 
 
 class ErrorDetail(_Model):
