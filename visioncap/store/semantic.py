@@ -59,10 +59,10 @@ from visioncap.store.search import (
 
 RRF_K = 60
 # Words that say nothing about a scene: the words list needs every word, and captions seldom have "someone".
-_STOP_WORDS = frozenset(
-    ("a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "by", "for", "with", "from", "into", "onto")
-    + ("over", "past", "off", "up", "down", "is", "are", "was", "were", "be", "been", "being", "it", "its")
-    + ("this", "that", "these", "those", "there", "here", "some", "someone", "somebody", "something")
+_STOP_WORDS = (
+    frozenset({"a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "by", "for", "with", "from", "into"})
+    | {"onto", "over", "past", "off", "up", "down", "is", "are", "was", "were", "be", "been", "being", "it", "its"}
+    | {"this", "that", "these", "those", "there", "here", "some", "someone", "somebody", "something"}
 )
 
 
