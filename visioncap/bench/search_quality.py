@@ -124,7 +124,7 @@ def _client_ids(client: Any) -> Any:
     return get_ids
 
 
-def _settings(data_dir: Path, key_sha256: str) -> ApiSettings:
+def api_settings(data_dir: Path, key_sha256: str) -> ApiSettings:
     from visioncap.config.api import ApiKey
 
     return ApiSettings(  # type: ignore[call-arg]
@@ -145,7 +145,7 @@ def quality(work: Path, embedder: TextEmbedder) -> dict[str, Any]:
 
     labelled = load_set()
     data_dir = work / "quality"
-    settings = _settings(data_dir, hash_key("bench-key"))
+    settings = api_settings(data_dir, hash_key("bench-key"))
     engine = create_db_engine(settings.resolved_database_url())
     seed_labelled(engine, labelled)
     backfill(engine, embedder)
@@ -176,7 +176,7 @@ def latency(work: Path, embedder: TextEmbedder, rows: int, samples: int) -> dict
 
     labelled = load_set()
     data_dir = work / "latency"
-    settings = _settings(data_dir, "0" * 64)
+    settings = api_settings(data_dir, "0" * 64)
     engine = create_db_engine(settings.resolved_database_url())
     started = time.perf_counter()
     seed_many(engine, labelled, embedder.encode(labelled.captions), rows)

@@ -57,7 +57,10 @@ class TextEmbedder:
                 # The model is a local folder: never ask a hub (none is reachable from a camera site either).
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as transformers_logging
 
+                # Its "Loading weights" bar goes to stderr of every process that loads the model (the API's too).
+                transformers_logging.disable_progress_bar()
                 self._model = SentenceTransformer(str(self.model_dir), device=self.device)
             return self._model
 

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 DEFAULT_BATCH = 64
 # A row re-captioned (regenerate) keeps its id, below where the embedder has got to: a pass from the lowest id
 # after this long without work finds it.
-_RESCAN_S = 60.0
+RESCAN_S = 60.0
 
 _MISSING = text(
     f"SELECT c.id, c.caption FROM captions c WHERE c.id > :after AND c.status = :captioned "
@@ -94,14 +94,21 @@ class BackgroundEmbedder:
     """A daemon thread that keeps `caption_vectors` up to date; `wake` after a write, `stop` at shutdown."""
 
     def __init__(
-        self, engine: Engine, embedder: TextEmbedder, batch_size: int = DEFAULT_BATCH, poll_s: float = 2.0
+        self,
+        engine: Engine,
+        embedder: TextEmbedder,
+        batch_size: int = DEFAULT_BATCH,
+        poll_s: float = 2.0,
+        rescan_s: float = RESCAN_S,
     ) -> None:
         self.engine = engine
         self.embedder = embedder
         self.batch_size = batch_size
         self.poll_s = poll_s
+        self.rescan_s = rescan_s
         self.embedded = 0
         self.behind = True  # until a pass finds no full batch
+        self._passes = threading.Condition()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="caption-embedder", daemon=True)
 
@@ -112,6 +119,11 @@ class BackgroundEmbedder:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+
+    def wait_embedded(self, count: int, timeout_s: float) -> bool:
+        """Whether `count` vectors in all were written within `timeout_s` (for tests and shutdown checks)."""
+        with self._passes:
+            return self._passes.wait_for(lambda: self.embedded >= count, timeout_s)
 
     def _run(self) -> None:
         after, idle_s = 0, 0.0
@@ -126,12 +138,14 @@ class BackgroundEmbedder:
                 log.exception("embedder: batch failed")
                 self._stop.wait(self.poll_s)
                 continue
-            self.embedded += batch.embedded
-            self.behind = batch.full
+            with self._passes:
+                self.embedded += batch.embedded
+                self.behind = batch.full
+                self._passes.notify_all()
             after = batch.last_id
             if batch.full:
                 continue
             self._stop.wait(self.poll_s)
             idle_s += self.poll_s
-            if idle_s >= _RESCAN_S:
+            if idle_s >= self.rescan_s:
                 after, idle_s = 0, 0.0
