@@ -233,8 +233,8 @@ class Readiness(_Model):
 
     status: Literal["ready", "unavailable"] = Field(description="ready when every check is ok.")
     checks: dict[str, Check] = Field(
-        description="By dependency: database, vlm; and semantic (always ok: how semantic search ranks on this "
-        "database, and whether the background embedder has caught up)."
+        description="By dependency: database, vlm; and, with semantic search on, semantic (always ok: how it "
+        "ranks on this database, and whether the background embedder has caught up)."
     )
 
 

@@ -344,12 +344,13 @@ class ApiService:
         except SQLAlchemyError as exc:
             method = f"unknown ({type(exc).__name__})"
         embedder = self.background_embedder
-        state = "off" if embedder is None else ("catching up" if embedder.behind else "caught up")
+        state = "not started" if embedder is None else ("catching up" if embedder.behind else "caught up")
         return Check(ok=True, detail=f"{self.engine.dialect.name}: {method}; background embedder: {state}")
 
     async def readiness(self) -> Readiness:
         checks = {"database": await anyio.to_thread.run_sync(self._database_check)}
-        checks["semantic"] = await anyio.to_thread.run_sync(self._semantic_check)
+        if self.embedder is not None:
+            checks["semantic"] = await anyio.to_thread.run_sync(self._semantic_check)
         if self.settings.api_ready_check_vlm:
             checks["vlm"] = await self._vlm_check()
         ready = all(check.ok for check in checks.values())
