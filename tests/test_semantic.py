@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select, text
@@ -37,6 +38,18 @@ def engine(database_url: str) -> Iterator[Engine]:
     seed_labelled(engine, load_set())
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def labelled_vectors(embedder: TextEmbedder) -> np.ndarray:
+    """The labelled captions' vectors, encoded once: tests of the search need them, not the embedding again."""
+    return embedder.encode(load_set().captions)
+
+
+def insert_vectors(engine: Engine, vectors: np.ndarray) -> None:
+    with engine.begin() as conn:
+        statement = text(f"INSERT INTO {VECTORS_TABLE} (caption_id, embedding) VALUES (:id, :embedding)")
+        conn.execute(statement, [{"id": n + 1, "embedding": vector.tobytes()} for n, vector in enumerate(vectors)])
 
 
 def vector_count(engine: Engine) -> int:
@@ -72,8 +85,10 @@ def all_pages(engine: Engine, embedder: TextEmbedder, query: CaptionFilter, hybr
 
 
 @pytest.mark.parametrize("hybrid", [False, True])
-def test_pages_follow_the_ranking_within_the_filters(engine: Engine, embedder: TextEmbedder, hybrid: bool) -> None:
-    backfill(engine, embedder)
+def test_pages_follow_the_ranking_within_the_filters(
+    engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray, hybrid: bool
+) -> None:
+    insert_vectors(engine, labelled_vectors)
     with engine.connect() as conn:
         times = sorted(conn.scalars(select(CaptionRecord.captured_at)))
     query = CaptionFilter(cameras=["cam-01"], since=times[40], until=times[280])
@@ -96,8 +111,10 @@ def test_pages_follow_the_ranking_within_the_filters(engine: Engine, embedder: T
     assert paged[0] in relevant and paged != sorted(paged, reverse=True)  # by meaning, not by time
 
 
-def test_a_row_stored_after_the_first_page_does_not_shift_the_next(engine: Engine, embedder: TextEmbedder) -> None:
-    backfill(engine, embedder)
+def test_a_row_stored_after_the_first_page_does_not_shift_the_next(
+    engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray
+) -> None:
+    insert_vectors(engine, labelled_vectors)
     query = CaptionFilter()
     whole, _, _ = semantic_search(engine, embedder, query, "a cat on the wall", 320)
     first, _, after = semantic_search(engine, embedder, query, "a cat on the wall", 5)
@@ -112,8 +129,8 @@ def test_a_row_stored_after_the_first_page_does_not_shift_the_next(engine: Engin
     assert [row.id for row in second] == [row.id for row in whole[5:10]]
 
 
-def test_window_bounds_the_rows_ranked(engine: Engine, embedder: TextEmbedder) -> None:
-    backfill(engine, embedder)
+def test_window_bounds_the_rows_ranked(engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray) -> None:
+    insert_vectors(engine, labelled_vectors)
     rows, _, after = semantic_search(
         engine, embedder, CaptionFilter(), "a cat on the wall", 100, limits=SearchLimits(scan_rows=50)
     )
@@ -121,8 +138,10 @@ def test_window_bounds_the_rows_ranked(engine: Engine, embedder: TextEmbedder) -
     assert min(row.id for row in rows) > 270  # the newest 50 rows (ids follow capture time here)
 
 
-def test_vectors_go_with_deleted_rows_and_changed_captions(engine: Engine, embedder: TextEmbedder) -> None:
-    backfill(engine, embedder)
+def test_vectors_go_with_deleted_rows_and_changed_captions(
+    engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray
+) -> None:
+    insert_vectors(engine, labelled_vectors)
     with engine.begin() as conn:
         conn.execute(CaptionRecord.__table__.delete().where(CaptionRecord.id <= 20))
         conn.execute(
