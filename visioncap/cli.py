@@ -220,7 +220,8 @@ def embed_command(
     settings = load_settings()
     store = CaptionStore(create_db_engine(settings.resolved_database_url()))
     store.create_schema()
-    typer.echo(f"embed: {backfill(store.engine, TextEmbedder(), batch)} captions embedded")
+    # Every core: a backfill is the one thing this process does.
+    typer.echo(f"embed: {backfill(store.engine, TextEmbedder(threads=None), batch)} captions embedded")
 
 
 @app.command("make-demo-video")
