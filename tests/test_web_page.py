@@ -111,6 +111,7 @@ def site(tmp_path: Path) -> Iterator[tuple[str, Writer]]:
         "VISIONCAP_API_KEYS": json.dumps([{"name": "browser", "sha256": hash_key(KEY), "scopes": ["read"]}]),
         "VISIONCAP_API_STREAM_POLL_S": "0.2",
         "VISIONCAP_API_READY_CHECK_VLM": "false",
+        "VISIONCAP_API_SEMANTIC_SEARCH": "true",  # its background embedder writes the vectors of the rows above
     }
     process = start_cli("api", "--port", str(port), "--log-level", "WARNING", env=env)
     url = f"http://127.0.0.1:{port}"
@@ -286,3 +287,35 @@ def test_markup_in_a_caption_shows_as_text_under_the_page_policy(site: tuple[str
         context.close()
     assert dialogs == []
     assert failures == [], failures  # the page's own script, style and thumbnails need nothing the policy refuses
+
+
+def test_search_switch_ranks_by_meaning(site: tuple[str, Writer], browser: Browser) -> None:
+    """words / semantic / hybrid: "bike" is no word of any caption, but the cyclist's caption means it."""
+    url, _ = site
+
+    def caught_up() -> bool:
+        ready = httpx.get(f"{url}/readyz", headers={"authorization": f"Bearer {KEY}"}, timeout=TIMEOUT_S).json()
+        return "caught up" in ready["checks"]["semantic"]["detail"]
+
+    wait_for(caught_up, TIMEOUT_S * 4, "the API's background embedder to write the seeded captions' vectors")
+    expect.set_options(timeout=TIMEOUT_S * 1000)
+    context = browser.new_context()
+    page = context.new_page()
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    try:
+        page.goto(url + "/")
+        page.fill("#key", KEY)
+        page.click("#keyform button[type=submit]")
+        cards = page.locator("article.card")
+        expect(cards).to_have_count(len(SEEDED))
+        page.fill("#q", "bike")
+        page.click("#filters button[type=submit]")
+        expect(cards).to_have_count(0)  # words: every word must match
+        for mode in ("semantic", "hybrid"):
+            page.select_option("#mode", mode)  # the switch searches again by itself
+            expect(cards).to_have_count(len(SEEDED))  # ranked: every caption, best first
+            expect(cards.first.locator(".text")).to_have_text(SEEDED[3].text)
+            assert any("semantic=bike" in r and ("hybrid=true" in r) == (mode == "hybrid") for r in requests)
+    finally:
+        context.close()

@@ -238,6 +238,24 @@ def retention_command(
     typer.echo(sweep(store.engine, settings.data_dir, policy, dry_run=dry_run).line())
 
 
+@app.command("embed")
+def embed_command(
+    batch: Annotated[int, typer.Option(min=1, max=1024, help="Captions per transaction.")] = 64,
+) -> None:
+    """Write the semantic-search vector of every captioned row that has none (a backfill; safe to run again).
+
+    The API does the same in the background when VISIONCAP_API_SEMANTIC_SEARCH is on."""
+    from visioncap.store import CaptionStore, create_db_engine
+    from visioncap.store.embeddings import TextEmbedder
+    from visioncap.store.vectors import backfill
+
+    settings = load_settings()
+    store = CaptionStore(create_db_engine(settings.resolved_database_url()))
+    store.create_schema()
+    # Every core: a backfill is the one thing this process does.
+    typer.echo(f"embed: {backfill(store.engine, TextEmbedder(threads=None), batch)} captions embedded")
+
+
 @app.command("make-demo-video")
 def make_demo_video_command(
     path: Annotated[Path, typer.Argument(help="Where to write the video (.mp4).")] = Path("data/demo.mp4"),

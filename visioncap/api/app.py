@@ -28,6 +28,7 @@ from visioncap.demo_keys import refuse_demo_keys
 from visioncap.store import create_db_engine
 from visioncap.store.retention import RetentionJob
 from visioncap.store.schema import ensure_schema
+from visioncap.store.vectors import BackgroundEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -76,9 +77,17 @@ def create_app(settings: ApiSettings) -> FastAPI:
         async with httpx.AsyncClient(timeout=httpx.Timeout(3.0)) as client:
             api.http = client
             retention.start()
+            if api.embedder is not None:
+                # Vectors for captions as they are stored, in this process (see store/vectors.py for why here).
+                api.background_embedder = BackgroundEmbedder(
+                    engine, api.embedder, settings.api_embed_batch, settings.api_embed_poll_s
+                )
+                api.background_embedder.start()
             try:
                 yield
             finally:
+                if api.background_embedder is not None:
+                    await anyio.to_thread.run_sync(api.background_embedder.stop)
                 await anyio.to_thread.run_sync(retention.stop)
                 api.http = None
                 engine.dispose()

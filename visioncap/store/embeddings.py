@@ -39,9 +39,13 @@ def packaged_model_dir() -> Path:
 class TextEmbedder:
     """Texts to unit vectors with one sentence-transformers model; thread-safe, loaded on first use."""
 
-    def __init__(self, model_dir: Path | None = None, *, device: str = "cpu") -> None:
+    def __init__(self, model_dir: Path | None = None, *, device: str = "cpu", threads: int | None = 1) -> None:
         self.model_dir = model_dir or packaged_model_dir()
         self.device = device
+        # PyTorch's intra-op threads, for the whole process (None: PyTorch's default, one per core). One: a search
+        # text is a single short sentence, and on a busy 2-core machine two threads took 75-500 ms for it where
+        # one took 23-85 ms; the API's background embedder then also leaves the other cores to requests.
+        self.threads = threads
         self._model: SentenceTransformer | None = None
         self._lock = threading.Lock()
 
@@ -57,7 +61,14 @@ class TextEmbedder:
                 # The model is a local folder: never ask a hub (none is reachable from a camera site either).
                 os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 from sentence_transformers import SentenceTransformer
+                from transformers.utils import logging as transformers_logging
 
+                # Its "Loading weights" bar goes to stderr of every process that loads the model (the API's too).
+                transformers_logging.disable_progress_bar()
+                if self.threads is not None:
+                    import torch
+
+                    torch.set_num_threads(self.threads)
                 self._model = SentenceTransformer(str(self.model_dir), device=self.device)
             return self._model
 

@@ -216,7 +216,7 @@ class CaptionEventCountRecord(Base):
     event_count: Mapped[int] = mapped_column(Integer)
 
 
-# --- Alerts (schema step 12): rules made through the API, the engine's cursor, what fired, what was sent. ---
+# --- Alerts (schema step 10): rules made through the API, the engine's cursor, what fired, what was sent. ---
 
 
 class DeliveryState(StrEnum):

@@ -348,6 +348,50 @@ def _alerts_tables(conn: Connection) -> None:
         record.__table__.create(conn, checkfirst=True)
 
 
+# Caption vectors for semantic search (step 11): one row per captioned row, written after the caption by the
+# background embedder (store/vectors.py), never by the caption writer. A side table keyed by the caption id, so
+# the captions table and its writers are unchanged. The vector goes with its caption: deleted with the row
+# (retention) and when the caption text changes (regenerate), so the embedder writes it again.
+VECTORS_TABLE = "caption_vectors"
+_SQLITE_VECTOR_TRIGGERS = (
+    f"CREATE TRIGGER IF NOT EXISTS captions_vectors_delete AFTER DELETE ON captions "
+    f"BEGIN DELETE FROM {VECTORS_TABLE} WHERE caption_id = old.id; END",
+    f"CREATE TRIGGER IF NOT EXISTS captions_vectors_recaption AFTER UPDATE OF caption ON captions "
+    f"WHEN old.caption IS NOT new.caption BEGIN DELETE FROM {VECTORS_TABLE} WHERE caption_id = old.id; END",
+)
+_PG_VECTOR_FUNCTION = f"""CREATE OR REPLACE FUNCTION visioncap_caption_recaption() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {VECTORS_TABLE} WHERE caption_id = OLD.id;
+    RETURN NULL;
+END $$"""
+_PG_VECTOR_TRIGGER = (
+    "CREATE TRIGGER captions_vectors_recaption AFTER UPDATE OF caption ON captions FOR EACH ROW "
+    "WHEN (OLD.caption IS DISTINCT FROM NEW.caption) EXECUTE FUNCTION visioncap_caption_recaption()"
+)
+
+
+def _caption_vectors(conn: Connection) -> None:
+    """The vectors' side table; float32 little-endian bytes (sqlite-vec's own format), 384 per row."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(
+            text(
+                f"CREATE TABLE IF NOT EXISTS {VECTORS_TABLE} (caption_id INTEGER PRIMARY KEY "
+                "REFERENCES captions(id) ON DELETE CASCADE, embedding BYTEA NOT NULL)"
+            )
+        )
+        conn.execute(text(_PG_VECTOR_FUNCTION))
+        conn.execute(text("DROP TRIGGER IF EXISTS captions_vectors_recaption ON captions"))
+        conn.execute(text(_PG_VECTOR_TRIGGER))
+        return
+    conn.execute(
+        text(f"CREATE TABLE IF NOT EXISTS {VECTORS_TABLE} (caption_id INTEGER PRIMARY KEY, embedding BLOB NOT NULL)")
+    )
+    if conn.dialect.name == "sqlite":
+        for statement in _SQLITE_VECTOR_TRIGGERS:
+            conn.execute(text(statement))
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -358,7 +402,8 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _stored_tsvector,  # 7
     _counts_tables,  # 8
     _change_positions,  # 9
-    _alerts_tables,  # 12
+    _alerts_tables,  # 10
+    _caption_vectors,  # 11
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -72,9 +72,24 @@ def list_captions(
     cursor: Annotated[
         str | None, Query(description="`next_cursor` of the previous page (also of a partial one).")
     ] = None,
+    semantic: Annotated[
+        str | None,
+        Query(
+            description="Rank by meaning instead of newest first: the newest VISIONCAP_API_SEARCH_SCAN_ROWS rows "
+            "of the camera and time range that meet the other filters, most similar first (not with `q`). Older "
+            "rows: narrow `until`. Needs VISIONCAP_API_SEMANTIC_SEARCH."
+        ),
+    ] = None,
+    hybrid: Annotated[
+        bool,
+        Query(
+            description="With `semantic`: fuse the meaning ranking with a words ranking of the same text (any word, "
+            "BM25) by reciprocal rank fusion."
+        ),
+    ] = False,
 ) -> Response:
     # The JSON is made from the rows directly (see caption_page_json); response_model still documents it.
-    page = api.list_captions(camera, since, until, q, min_people, status, limit, cursor)
+    page = api.list_captions(camera, since, until, q, min_people, status, limit, cursor, semantic, hybrid)
     return Response(page, media_type="application/json")
 
 

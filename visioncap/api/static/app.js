@@ -41,7 +41,11 @@ function toUtc(localValue) {
 function filterParams() {
   const params = [];
   const q = $("q").value.trim();
-  if (q) params.push(["q", q]);
+  const mode = $("mode").value;
+  // semantic and hybrid rank by meaning (the API needs VISIONCAP_API_SEMANTIC_SEARCH); words: every word, newest first.
+  if (q && mode === "words") params.push(["q", q]);
+  if (q && mode !== "words") params.push(["semantic", q]);
+  if (q && mode === "hybrid") params.push(["hybrid", "true"]);
   for (const option of $("camera").selectedOptions) params.push(["camera", option.value]);
   const since = toUtc($("since").value);
   const until = toUtc($("until").value);
@@ -146,6 +150,8 @@ function camerasSoon() {
 function matchesFilters(caption) {
   // The stream filters cameras and people on the server; time and text are checked here.
   const q = $("q").value.trim().toLowerCase();
+  // A ranked list has no place for a caption by its time: live captions wait for the next search.
+  if (q && $("mode").value !== "words") return false;
   if (q && !q.split(/\W+/).filter(Boolean).every((word) => (caption.caption || "").toLowerCase().includes(word))) return false;
   const until = toUtc($("until").value);
   return !(until && caption.captured_at >= until);
@@ -206,6 +212,7 @@ function refresh() {
 
 $("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
 $("live").addEventListener("change", () => follow());
+$("mode").addEventListener("change", () => { if ($("q").value.trim()) refresh(); });
 $("more").addEventListener("click", () => loadPage(false));
 $("keyform").addEventListener("submit", (event) => {
   event.preventDefault();

@@ -1,0 +1,215 @@
+"""Semantic and hybrid search with the real model (all-MiniLM-L6-v2 from its wheel), on real SQLite (sqlean +
+sqlite-vec) and real PostgreSQL: quality on the labelled set through the API, filters and cursors, the background
+embedder, the backfill, and vectors leaving with their captions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import Engine, func, select, text
+
+from visioncap.api import create_app
+from visioncap.bench.search_quality import GOAL_HYBRID, GOAL_MARGIN, api_settings, load_set, quality, seed_labelled
+from visioncap.config.keys import hash_key
+from visioncap.store import create_db_engine
+from visioncap.store.embeddings import TextEmbedder
+from visioncap.store.records import CaptionRecord
+from visioncap.store.schema import VECTORS_TABLE
+from visioncap.store.search import CaptionFilter, SearchLimits
+from visioncap.store.semantic import semantic_search
+from visioncap.store.vectors import BackgroundEmbedder, backfill
+
+READ_KEY = "semantic-read-key"
+
+
+@pytest.fixture(scope="module")
+def embedder() -> TextEmbedder:
+    return TextEmbedder()
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = create_db_engine(database_url)
+    seed_labelled(engine, load_set())
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="module")
+def labelled_vectors(embedder: TextEmbedder) -> np.ndarray:
+    """The labelled captions' vectors, encoded once: tests of the search need them, not the embedding again."""
+    return embedder.encode(load_set().captions)
+
+
+def insert_vectors(engine: Engine, vectors: np.ndarray) -> None:
+    with engine.begin() as conn:
+        statement = text(f"INSERT INTO {VECTORS_TABLE} (caption_id, embedding) VALUES (:id, :embedding)")
+        conn.execute(statement, [{"id": n + 1, "embedding": vector.tobytes()} for n, vector in enumerate(vectors)])
+
+
+def vector_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.scalar(text(f"SELECT count(*) FROM {VECTORS_TABLE}")) or 0)
+
+
+def test_recall_at_5_meets_the_goals_through_the_api(tmp_path: Path, embedder: TextEmbedder) -> None:
+    means = quality(tmp_path, embedder)["recall_at_5"]
+    assert means["hybrid"] >= GOAL_HYBRID, means
+    assert means["hybrid"] >= means["words"] + GOAL_MARGIN, means
+    assert means["semantic"] > means["words"], means
+
+
+def test_backfill_embeds_every_captioned_row_once(engine: Engine, embedder: TextEmbedder) -> None:
+    assert vector_count(engine) == 0
+    assert backfill(engine, embedder, batch_size=64) == 320
+    assert vector_count(engine) == 320
+    assert backfill(engine, embedder) == 0  # idempotent: nothing left to do
+
+
+def all_pages(engine: Engine, embedder: TextEmbedder, query: CaptionFilter, hybrid: bool, limit: int) -> list[int]:
+    ids: list[int] = []
+    after = None
+    while True:
+        rows, scores, after = semantic_search(
+            engine, embedder, query, "someone dropping off a package", limit, hybrid=hybrid, after=after
+        )
+        assert scores == sorted(scores, reverse=True)
+        ids += [row.id for row in rows]
+        if after is None:
+            return ids
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_pages_follow_the_ranking_within_the_filters(
+    engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray, hybrid: bool
+) -> None:
+    insert_vectors(engine, labelled_vectors)
+    with engine.connect() as conn:
+        times = sorted(conn.scalars(select(CaptionRecord.captured_at)))
+    query = CaptionFilter(cameras=["cam-01"], since=times[40], until=times[280])
+    whole, _, after = semantic_search(engine, embedder, query, "someone dropping off a package", 500, hybrid=hybrid)
+    assert after is None
+    with engine.connect() as conn:
+        expected = set(
+            conn.scalars(
+                select(CaptionRecord.id).where(
+                    CaptionRecord.camera == "cam-01",
+                    CaptionRecord.captured_at >= times[40],
+                    CaptionRecord.captured_at < times[280],
+                )
+            )
+        )
+    assert {row.id for row in whole} == expected  # every row of the filters, none beside
+    paged = all_pages(engine, embedder, query, hybrid, limit=7)
+    assert paged == [row.id for row in whole]  # same order, nothing repeated or missed
+    relevant = set(dict(load_set().queries)["someone dropping off a package"])
+    assert paged[0] in relevant and paged != sorted(paged, reverse=True)  # by meaning, not by time
+
+
+def test_a_row_stored_after_the_first_page_does_not_shift_the_next(
+    engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray
+) -> None:
+    insert_vectors(engine, labelled_vectors)
+    query = CaptionFilter()
+    whole, _, _ = semantic_search(engine, embedder, query, "a cat on the wall", 320)
+    first, _, after = semantic_search(engine, embedder, query, "a cat on the wall", 5)
+    assert [row.id for row in first] == [row.id for row in whole[:5]]
+    with engine.begin() as conn:  # a newer row that ranks on the second page: the sixth row's caption again
+        row = conn.execute(select(CaptionRecord).where(CaptionRecord.id == whole[5].id)).mappings().one()
+        values = {k: v for k, v in row.items() if k not in {"id", "change_xid", "change_seq"}}
+        values["captured_at"] = row["captured_at"].replace(year=2027)
+        conn.execute(CaptionRecord.__table__.insert().values(values))
+    assert backfill(engine, embedder) == 1
+    second, _, _ = semantic_search(engine, embedder, query, "a cat on the wall", 5, after=after)
+    assert [row.id for row in second] == [row.id for row in whole[5:10]]
+
+
+def test_window_bounds_the_rows_ranked(engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray) -> None:
+    insert_vectors(engine, labelled_vectors)
+    rows, _, after = semantic_search(
+        engine, embedder, CaptionFilter(), "a cat on the wall", 100, limits=SearchLimits(scan_rows=50)
+    )
+    assert after is None and len(rows) == 50
+    assert min(row.id for row in rows) > 270  # the newest 50 rows (ids follow capture time here)
+
+
+def test_vectors_go_with_deleted_rows_and_changed_captions(
+    engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray
+) -> None:
+    insert_vectors(engine, labelled_vectors)
+    with engine.begin() as conn:
+        conn.execute(CaptionRecord.__table__.delete().where(CaptionRecord.id <= 20))
+        conn.execute(
+            CaptionRecord.__table__.update().where(CaptionRecord.id == 30).values(caption="A fox on the lawn.")
+        )
+    assert vector_count(engine) == 299
+    assert backfill(engine, embedder) == 1  # the changed caption's vector is written again, from its new text
+    with engine.connect() as conn:
+        orphans = conn.scalar(
+            text(f"SELECT count(*) FROM {VECTORS_TABLE} WHERE caption_id NOT IN (SELECT id FROM captions)")
+        )
+    assert orphans == 0
+
+
+def test_background_embedder_writes_vectors_of_new_captions(engine: Engine, embedder: TextEmbedder) -> None:
+    background = BackgroundEmbedder(engine, embedder, batch_size=64, poll_s=0.05, rescan_s=0.1)
+    background.start()
+    try:
+        assert background.wait_embedded(320, timeout_s=120)
+        with engine.begin() as conn:
+            conn.execute(
+                CaptionRecord.__table__.update().where(CaptionRecord.id == 5).values(caption="A heron by the pond.")
+            )
+        assert background.wait_embedded(321, timeout_s=60)  # the changed row, at the next pass from the start
+    finally:
+        background.stop()
+    assert vector_count(engine) == 320
+    with engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(CaptionRecord)) == 320
+
+
+@pytest.fixture
+def client(engine: Engine, database_url: str, tmp_path: Path) -> Iterator[TestClient]:
+    """The API over the seeded database, semantic search on: its background embedder fills the vectors."""
+    settings = api_settings(tmp_path / "api", hash_key(READ_KEY)).model_copy(update={"database_url": database_url})
+    app = create_app(settings)
+    with TestClient(app, headers={"Authorization": f"Bearer {READ_KEY}"}) as client:
+        assert app.state.api.background_embedder.wait_embedded(320, timeout_s=120)
+        yield client
+
+
+def test_api_serves_semantic_and_hybrid_pages(client: TestClient, database_url: str) -> None:
+    relevant = set(dict(load_set().queries)["man walking a dog"])
+    for hybrid in (False, True):
+        params: dict[str, Any] = {"semantic": "man walking a dog", "hybrid": hybrid, "limit": 5}
+        page = client.get("/v1/captions", params=params).json()
+        assert len(set(item["id"] for item in page["items"]) & relevant) >= 4
+        following = client.get("/v1/captions", params={**params, "cursor": page["next_cursor"]}).json()
+        assert not {item["id"] for item in page["items"]} & {item["id"] for item in following["items"]}
+    ready = client.get("/readyz").json()["checks"]["semantic"]
+    assert ready["ok"] and (
+        "sqlite-vec" in ready["detail"] if database_url.startswith("sqlite") else "numpy" in ready["detail"]
+    )
+    assert "caught up" in ready["detail"]
+
+
+def test_api_refuses_what_semantic_search_cannot_mean(client: TestClient) -> None:
+    both = client.get("/v1/captions", params={"semantic": "a dog", "q": "dog"})
+    assert both.status_code == 422 and both.json()["error"]["param"] == "q"
+    alone = client.get("/v1/captions", params={"hybrid": True})
+    assert alone.status_code == 422 and alone.json()["error"]["param"] == "hybrid"
+    newest_first = client.get("/v1/captions", params={"limit": 1}).json()["next_cursor"]
+    mixed = client.get("/v1/captions", params={"semantic": "a dog", "cursor": newest_first})
+    assert mixed.status_code == 422 and mixed.json()["error"]["param"] == "cursor"
+
+
+def test_semantic_search_is_refused_when_off(tmp_path: Path) -> None:
+    settings = api_settings(tmp_path, hash_key(READ_KEY)).model_copy(update={"api_semantic_search": False})
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {READ_KEY}"}) as client:
+        refused = client.get("/v1/captions", params={"semantic": "a dog"})
+        assert refused.status_code == 422 and "VISIONCAP_API_SEMANTIC_SEARCH" in refused.json()["error"]["message"]

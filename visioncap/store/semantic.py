@@ -1,0 +1,175 @@
+"""Semantic and hybrid search: captions ranked by meaning, or by meaning and words fused.
+
+Bounded like every search: the rows ranked are a window, the newest `window_rows` rows of the newest-first walk
+(one camera, the time range: the terms an index walks) that meet the other filters (people, status, several
+cameras). Older rows are reached by narrowing the walk (`until`, `camera`), not by paging. In the window:
+
+- semantic: by cosine similarity of the caption's vector to the search text's, best first (rows whose vector the
+  embedder has not written yet are not ranked);
+- hybrid: reciprocal rank fusion (k = 60) of the semantic list and a words list: the window's rows that the
+  full-text search of `q` finds for the search text without its stop words (a, the, on, someone, ...), by BM25
+  (SQLite FTS5) or ts_rank (PostgreSQL). A list of rows with any one word was tried: on the labelled set it
+  ranked captions sharing only "man" or "car" with the query above the paraphrases (recall@5 0.80 against
+  semantic's 0.95; benchmarks/results/search_quality.md).
+
+Cursor rules: a page ends at a (score, id) and the next page takes the rows ranked below it (score, then id,
+descending), in the same window: the cursor carries the window's top row, so rows stored after the first page
+do not shift it. A page may repeat or miss a row whose vector was written, or that was deleted, between pages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Integer,
+    LargeBinary,
+    Select,
+    column,
+    func,
+    literal_column,
+    select,
+    table,
+    text,
+)
+
+from visioncap.store.embeddings import TextEmbedder
+from visioncap.store.records import CaptionRecord
+from visioncap.store.schema import PG_TS_CONFIG, PG_TSVECTOR_COLUMN, VECTORS_TABLE
+from visioncap.store.search import (
+    _CAPTION_COLUMNS,
+    _WORD,
+    CaptionFilter,
+    CaptionRow,
+    Position,
+    SearchLimits,
+    _after,
+    _camera_check,
+    _just_above,
+    _limited,
+    _newer_than,
+    _nth,
+    _row_checks,
+    _walk_conditions,
+    fts5_query,
+)
+
+RRF_K = 60
+# Words that say nothing about a scene: the words list needs every word, and captions seldom have "someone".
+_STOP_WORDS = (
+    frozenset({"a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "by", "for", "with", "from", "into"})
+    | {"onto", "over", "past", "off", "up", "down", "is", "are", "was", "were", "be", "been", "being", "it", "its"}
+    | {"this", "that", "these", "those", "there", "here", "some", "someone", "somebody", "something"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RankedPosition:
+    """The semantic cursor: the window's top row, and the (score, id) the last page ended at."""
+
+    top: Position
+    score: float
+    id: int
+
+
+def _window(conn: Connection, engine: Engine, query: CaptionFilter, top: Position, rows: int) -> Select[tuple[int]]:
+    """The ids of the window: the first `rows` rows of the walk at or below `top` that meet the other filters."""
+    walk = [*_walk_conditions(query), *_after(_just_above(top))]
+    cut = _nth(conn, walk, rows)
+    checks = [*_row_checks(engine, query), *_camera_check(engine, query)]
+    return select(CaptionRecord.id).where(*walk, *checks, *_newer_than(cut))
+
+
+_VECTORS = table(VECTORS_TABLE, column("caption_id", Integer), column("embedding", LargeBinary))
+_FTS = table("captions_fts", column("rowid", Integer))
+
+
+def _similarities(conn: Connection, window: Select[tuple[int]], vector: np.ndarray) -> dict[int, float]:
+    in_window = _VECTORS.c.caption_id.in_(window)
+    if conn.dialect.name == "sqlite":
+        # sqlite-vec computes in SQLite: the vectors never cross into Python.
+        distance = func.vec_distance_cosine(_VECTORS.c.embedding, vector.tobytes())
+        found = conn.execute(select(_VECTORS.c.caption_id, distance).where(in_window)).all()
+        return {row_id: 1.0 - float(distance) for row_id, distance in found}
+    found = conn.execute(select(_VECTORS.c.caption_id, _VECTORS.c.embedding).where(in_window)).all()
+    if not found:
+        return {}
+    matrix = np.frombuffer(b"".join(bytes(blob) for _, blob in found), dtype=np.float32).reshape(len(found), -1)
+    scores = matrix @ vector
+    return {row_id: float(score) for (row_id, _), score in zip(found, scores, strict=True)}
+
+
+def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str]) -> list[int]:
+    """The window's rows with every one of `words` (the last also as a prefix, as `q`), best first."""
+    if not words:
+        return []
+    if conn.dialect.name == "sqlite":
+        # Not `rowid IN (window)`: FTS5 then runs the whole match once per rowid of the window (seconds at
+        # 10,000). The window's id range instead, and its rows picked from those matches here.
+        in_window = set(conn.scalars(window))
+        if not in_window:
+            return []
+        match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
+        statement = select(_FTS.c.rowid).where(match, _FTS.c.rowid.between(min(in_window), max(in_window)))
+        statement = statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc())
+        return [row_id for row_id in conn.scalars(statement) if row_id in in_window]
+    # Only word characters reach to_tsquery (see search.py), so its syntax cannot be injected.
+    tsquery = func.to_tsquery(
+        literal_column(f"'{PG_TS_CONFIG}'::regconfig"), " & ".join([*words[:-1], f"{words[-1]}:*"])
+    )
+    tsvector = literal_column(PG_TSVECTOR_COLUMN)
+    statement = select(CaptionRecord.id).where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery))
+    statement = statement.order_by(func.ts_rank(tsvector, tsquery).desc(), CaptionRecord.id.desc())
+    return list(conn.scalars(statement))
+
+
+def _fused(similar: dict[int, float], words: list[int]) -> dict[int, float]:
+    """Reciprocal rank fusion of the semantic order and the words order."""
+    fused: dict[int, float] = {}
+    semantic = sorted(similar, key=lambda row_id: (similar[row_id], row_id), reverse=True)
+    for ranking in (semantic, words):
+        for rank, row_id in enumerate(ranking, start=1):
+            fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (RRF_K + rank)
+    return fused
+
+
+def semantic_search(
+    engine: Engine,
+    embedder: TextEmbedder,
+    query: CaptionFilter,
+    search_text: str,
+    limit: int,
+    *,
+    hybrid: bool = False,
+    after: RankedPosition | None = None,
+    limits: SearchLimits | None = None,
+) -> tuple[list[CaptionRow], list[float], RankedPosition | None]:
+    """Up to `limit` rows of the window ranked by meaning (or fused with words), their scores, and the next
+    page's cursor (None on the last page). `query.text` must be None: the search text is `search_text`."""
+    query = replace(query, text=None)
+    vector = embedder.encode([search_text])[0]
+    words = [word for word in _WORD.findall(search_text) if word.lower() not in _STOP_WORDS]
+    limits = limits or SearchLimits()
+    with _limited(engine, limits.timeout_s) as conn:
+        top = after.top if after is not None else _nth(conn, _walk_conditions(query), 0)
+        if top is None:
+            return [], [], None
+        window = _window(conn, engine, query, top, limits.scan_rows)
+        scores = _similarities(conn, window, vector)
+        if hybrid:
+            scores = _fused(scores, _word_ranks(conn, window, words))
+        ranked = sorted(((score, row_id) for row_id, score in scores.items()), reverse=True)
+        if after is not None:
+            ranked = [entry for entry in ranked if entry < (after.score, after.id)]
+        page = ranked[: limit + 1]
+        ids = [row_id for _, row_id in page[:limit]]
+        found = {row.id: row for row in conn.execute(select(*_CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
+    rows = [found[row_id] for row_id in ids if row_id in found]
+    page_scores = [score for score, row_id in page[:limit] if row_id in found]
+    if len(page) <= limit:
+        return rows, page_scores, None
+    last_score, last_id = page[limit - 1]
+    return rows, page_scores, RankedPosition(top, last_score, last_id)

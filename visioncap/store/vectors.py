@@ -1,0 +1,151 @@
+"""Caption vectors: written after the caption, off the frame path, by a background embedder or `visioncap embed`.
+
+The caption writer (the pipeline) never waits for a vector: it stores rows as before, and the embedder finds
+captioned rows without a vector (`caption_vectors`, schema step 11) in id order, in batches of `batch_size`,
+encodes them and inserts their vectors in one short transaction per batch. It runs in the API process: that
+process loads the model anyway to embed search text, and the pipeline's CPU belongs to decoding and detection.
+Several API processes on one database each embed the same rows (an insert that finds the vector already there
+does nothing): wasted work, never a wrong vector.
+
+How far it lags: a batch of 64 short captions takes ~0.1-0.3 s on one CPU core, so it keeps up with hundreds of
+captions a second; after a pause it picks up at most `poll_s` later. A backlog (a database from before the step,
+a restart after a long outage) drains at that rate; `visioncap embed` drains it in the foreground.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import SQLAlchemyError
+
+from visioncap.store.embeddings import DIMENSIONS, TextEmbedder
+from visioncap.store.records import CaptionStatus
+from visioncap.store.schema import VECTORS_TABLE
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH = 64
+# A row re-captioned (regenerate) keeps its id, below where the embedder has got to: a pass from the lowest id
+# after this long without work finds it.
+RESCAN_S = 60.0
+
+_MISSING = text(
+    f"SELECT c.id, c.caption FROM captions c WHERE c.id > :after AND c.status = :captioned "
+    f"AND c.caption IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {VECTORS_TABLE} v WHERE v.caption_id = c.id) "
+    "ORDER BY c.id LIMIT :batch"
+)
+# Only while the caption is still the one encoded: a caption changed meanwhile gets its vector on a later pass.
+_INSERT = text(
+    f"INSERT INTO {VECTORS_TABLE} (caption_id, embedding) SELECT id, :embedding FROM captions "
+    "WHERE id = :id AND caption = :caption ON CONFLICT (caption_id) DO NOTHING"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """What one pass of the embedder did."""
+
+    embedded: int  # vectors written
+    last_id: int  # the highest caption id looked at (the next pass starts above it)
+    full: bool  # the batch was full: more rows may be waiting
+
+
+def embed_batch(engine: Engine, embedder: TextEmbedder, after: int = 0, batch_size: int = DEFAULT_BATCH) -> Batch:
+    """Vectors for up to `batch_size` captioned rows above id `after` that have none."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            _MISSING, {"after": after, "captioned": CaptionStatus.CAPTIONED.value, "batch": batch_size}
+        ).all()
+    if not rows:
+        return Batch(0, after, False)
+    vectors = embedder.encode([caption for _, caption in rows])
+    with engine.begin() as conn:
+        written = 0
+        for (row_id, caption), vector in zip(rows, vectors, strict=True):
+            written += conn.execute(_INSERT, {"id": row_id, "caption": caption, "embedding": vector.tobytes()}).rowcount
+    return Batch(written, rows[-1][0], len(rows) == batch_size)
+
+
+def backfill(engine: Engine, embedder: TextEmbedder, batch_size: int = DEFAULT_BATCH) -> int:
+    """Vectors for every captioned row that has none; returns how many were written. Safe to run again."""
+    after, total = 0, 0
+    while True:
+        batch = embed_batch(engine, embedder, after, batch_size)
+        total += batch.embedded
+        if not batch.full:
+            return total
+        after = batch.last_id
+
+
+def vector_method(engine: Engine) -> str:
+    """How semantic search ranks on this database (for /readyz)."""
+    if engine.dialect.name == "sqlite":
+        return f"sqlite-vec vec_distance_cosine over the filtered rows (exact, {DIMENSIONS} dims)"
+    with engine.connect() as conn:
+        pgvector = conn.scalar(text("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'"))
+    found = "pgvector is installed but not used yet" if pgvector else "pgvector is not installed"
+    return f"exact re-rank in numpy over the filtered rows ({found})"
+
+
+class BackgroundEmbedder:
+    """A daemon thread that keeps `caption_vectors` up to date; `wake` after a write, `stop` at shutdown."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        embedder: TextEmbedder,
+        batch_size: int = DEFAULT_BATCH,
+        poll_s: float = 2.0,
+        rescan_s: float = RESCAN_S,
+    ) -> None:
+        self.engine = engine
+        self.embedder = embedder
+        self.batch_size = batch_size
+        self.poll_s = poll_s
+        self.rescan_s = rescan_s
+        self.embedded = 0
+        self.behind = True  # until a pass finds no full batch
+        self._passes = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="caption-embedder", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def wait_embedded(self, count: int, timeout_s: float) -> bool:
+        """Whether `count` vectors in all were written within `timeout_s` (for tests and shutdown checks)."""
+        with self._passes:
+            return self._passes.wait_for(lambda: self.embedded >= count, timeout_s)
+
+    def _run(self) -> None:
+        after, idle_s = 0, 0.0
+        while not self._stop.is_set():
+            try:
+                batch = embed_batch(self.engine, self.embedder, after, self.batch_size)
+            except SQLAlchemyError as exc:  # the database away: try again at the next poll
+                log.warning("embedder: %s", exc)
+                self._stop.wait(self.poll_s)
+                continue
+            except Exception:  # a model that cannot load: log once per poll, never take the API down
+                log.exception("embedder: batch failed")
+                self._stop.wait(self.poll_s)
+                continue
+            with self._passes:
+                self.embedded += batch.embedded
+                self.behind = batch.full
+                self._passes.notify_all()
+            after = batch.last_id
+            if batch.full:
+                continue
+            self._stop.wait(self.poll_s)
+            idle_s += self.poll_s
+            if idle_s >= self.rescan_s:
+                after, idle_s = 0, 0.0
