@@ -16,6 +16,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from visioncap.errors import VisioncapError
 from visioncap.store.records import (
     Base,
+    CameraConfigRecord,
     CameraRecord,
     CaptionCountRecord,
     CaptionEventCountRecord,
@@ -338,6 +339,11 @@ def _change_positions(conn: Connection) -> None:
         conn.execute(text(_PG_CHANGE_TRIGGER))
 
 
+def _camera_configs_table(conn: Connection) -> None:
+    # What workers run (cameras as data): written by the API, the CLI and pipeline-file seeds.
+    CameraConfigRecord.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -348,6 +354,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _stored_tsvector,  # 7
     _counts_tables,  # 8
     _change_positions,  # 9
+    _camera_configs_table,  # 10
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
