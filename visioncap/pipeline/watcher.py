@@ -12,7 +12,7 @@ from visioncap.store.camera_configs import StoredCamera, camera_versions, list_c
 
 log = logging.getLogger(__name__)
 
-POLL_S = 1.0  # an added, changed or removed camera runs (or stops) within about this plus a batch
+POLL_S = 0.5  # an added, changed or removed camera runs (or stops) within about this, a batch and its opening
 
 
 class CameraWatcher:
