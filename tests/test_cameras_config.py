@@ -162,6 +162,10 @@ def test_a_pipeline_files_cameras_are_seeded_by_the_rule_and_its_secrets_stay_ou
     cameras = {stored.camera: stored for stored in list_cameras(store.engine)}
     assert set(cameras) == {"door", "yard"}
     assert cameras["door"].config.source.analyze_fps == 3 and cameras["door"].version == 3
+    # The same file camera run by another pipeline: that pipeline's worker runs it now.
+    seed_cameras(store.engine, "q", [source("door", 3)])
+    moved = get_camera(store.engine, "door")
+    assert moved is not None and moved.config.pipeline == "q" and moved.version == 4
     assert SECRET not in raw_rows(store)
 
 

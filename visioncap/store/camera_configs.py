@@ -134,8 +134,9 @@ def seed_cameras(engine: Engine, pipeline: str, sources: list[SourceConfig]) -> 
     """Put a pipeline file's cameras into the table (origin `file`).
 
     The rule: a file camera's row is written when it is missing or when the file's entry changed since this file
-    last seeded it; otherwise the row stays as it is (changes made through the API survive a restart). A camera
-    the API created under the same id is taken over only once the file's entry changes. File cameras of this
+    last seeded it (or, for a file camera, when another pipeline now runs it); otherwise the row stays as it is
+    (changes made through the API survive a restart). A camera the API created under the same id is taken over
+    only once the file's entry changes. File cameras of this
     pipeline that the file no longer lists are removed; cameras added through the API are never removed here.
     """
     now = utcnow()
@@ -163,9 +164,10 @@ def seed_cameras(engine: Engine, pipeline: str, sources: list[SourceConfig]) -> 
                         updated_at=now,
                     )
                 )
-            elif row.seed_hash is None:
+            elif row.origin is CameraOrigin.API and row.seed_hash is None:
                 row.seed_hash = digest  # an API camera the file names too: the file's later changes win
-            elif row.seed_hash != digest:
+            elif row.seed_hash != digest or (row.origin is CameraOrigin.FILE and row.pipeline != pipeline):
+                # Changed in the file, or the same file camera now run by another pipeline: the file wins.
                 row.pipeline, row.config, row.paused = pipeline, config, False
                 row.origin, row.seed_hash = CameraOrigin.FILE, digest
                 row.config_version += 1
