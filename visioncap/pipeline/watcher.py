@@ -27,6 +27,7 @@ class CameraWatcher:
         self._pending: dict[str, StoredCamera] | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._failing = False
         self._thread = threading.Thread(target=self._loop, name="camera-watcher", daemon=True)
 
     def load(self) -> dict[str, StoredCamera]:
@@ -52,12 +53,18 @@ class CameraWatcher:
     def _loop(self) -> None:
         while not self._stopping.wait(self._poll_s):
             try:
-                if camera_versions(self._engine, self._pipeline) == self._versions:
-                    continue
-                cameras = self.load()
+                unchanged = camera_versions(self._engine, self._pipeline) == self._versions
+                cameras = None if unchanged else self.load()
             except SQLAlchemyError as exc:
-                # The running cameras go on as they are; the next poll tries again.
-                log.warning("cameras: cannot read their configs (%s); keeping the running set", type(exc).__name__)
+                # The running cameras go on as they are; the next poll tries again. One line per outage.
+                if not self._failing:
+                    log.warning("cameras: cannot read their configs (%s); keeping the running set", type(exc).__name__)
+                self._failing = True
+                continue
+            if self._failing:
+                log.info("cameras: their configs can be read again")
+                self._failing = False
+            if cameras is None:
                 continue
             with self._lock:
                 self._pending = cameras
