@@ -82,6 +82,8 @@ def test_cameras_are_added_changed_paused_and_removed_with_the_write_scope(
     assert listed["yard"]["config"]["paused"] is True and listed["yard"]["state"] is None  # no worker reported it
     stored = get_camera(store.engine, "yard")
     assert stored is not None and stored.config.paused and stored.version == 3
+    # The reference is stored as written, for the worker to resolve; answers mask it like any password.
+    assert "viewer:${YARD_PASSWORD}@" in raw_rows(store) and "${YARD_PASSWORD}" not in repr(listed)
 
     assert client.delete("/v1/cameras/yard", headers=WRITER).status_code == 204
     assert client.delete("/v1/cameras/yard", headers=WRITER).status_code == 404

@@ -126,6 +126,14 @@ def test_a_running_worker_follows_a_camera_added_changed_paused_and_removed(
                 assert api.patch("/v1/cameras/yard", json={"paused": False}).status_code == 200
                 within_pickup(lambda: frames(pipeline, "yard") > counted, resumed_at, "frames after resuming")
 
+                # A secret the worker's environment lacks fails that camera alone, naming the variable.
+                missing_url = yard_camera.url.replace("rtsp://", "rtsp://viewer:${GATE_PASSWORD}@")
+                gate = {"pipeline": "test", "source": {"camera": "gate", "kind": "rtsp", "url": missing_url}}
+                assert api.post("/v1/cameras", json=gate).status_code == 201
+                wait_for(lambda: (r := reported("gate")) and r.state == "failed", WAIT_S, "the camera failed")
+                assert "GATE_PASSWORD" in (reported("gate").error or "")  # type: ignore[union-attr]
+                door_moves_on()
+
                 listed = api.get("/v1/cameras")
                 assert SECRET not in listed.text and "rtsp://viewer:***@" in listed.text
 
@@ -144,7 +152,8 @@ def test_a_running_worker_follows_a_camera_added_changed_paused_and_removed(
                 pipeline.stop()
                 run.join(WAIT_S)
     assert not run.is_alive()
-    assert pipeline.summary.stopped and not pipeline.summary.source_errors
+    assert pipeline.summary.stopped
+    assert [error.split(":")[0] for error in pipeline.summary.source_errors] == ["camera gate"]
     assert SECRET not in caplog.text and "camera yard: started" in caplog.text
     with engine.connect() as conn:
         stored = repr(conn.exec_driver_sql("SELECT * FROM cameras").all())

@@ -18,7 +18,7 @@ from visioncap.caption.encode import compose, encode_jpeg, people_region
 from visioncap.config.cameras import resolve_references
 from visioncap.config.caption import CaptionConfig, ImageMode
 from visioncap.config.pipeline import PipelineConfig
-from visioncap.config.sources import StreamSourceConfig
+from visioncap.config.sources import SourceConfig, StreamSourceConfig
 from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError
@@ -120,6 +120,11 @@ class _Camera:
     # Whether the source has reported a state of its own (live streams do; files and folders have no connection
     # to report on and count as online from their first analysed frame).
     reports_state: bool = False
+
+
+def _shown(source: SourceConfig) -> str:
+    """Where a camera that is not running reads from, as the API may show it."""
+    return mask_credentials(source.url) if isinstance(source, StreamSourceConfig) else str(source.path)
 
 
 class PipelineRunner:
@@ -256,12 +261,10 @@ class PipelineRunner:
             stored = desired.get(camera)
             if stored is None or stored.config.paused or stored.version != running.version:
                 self._stop_camera(camera, CameraState.PAUSED if stored and stored.config.paused else None)
-            elif camera in paused:
-                paused.discard(camera)
         for camera in paused - self._paused:
             if camera not in self.summary.cameras:  # paused before this run started it: still shown as paused
                 self.summary.cameras = {**self.summary.cameras, camera: CameraStats(camera, CameraState.PAUSED)}
-                self._camera_states.add(camera, mask_credentials(getattr(desired[camera].config.source, "url", "")))
+                self._camera_states.add(camera, _shown(desired[camera].config.source))
                 self._camera_states.state(camera, CameraState.PAUSED)
                 self._set_state_metric(camera, CameraState.PAUSED)
         self._paused = paused
@@ -284,7 +287,7 @@ class PipelineRunner:
             # A missing secret or a kind this worker cannot read: that camera fails, the others go on.
             message = mask_urls(f"camera {camera}: {exc}")
             log.error("%s", message)
-            self._camera_states.add(camera, mask_credentials(getattr(stored.config.source, "url", "")))
+            self._camera_states.add(camera, _shown(stored.config.source))
             self._on_finished(camera, message, failed_start=True)
             return
         selection = stored.config.selection_for(self._config.selection)

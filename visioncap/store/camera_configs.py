@@ -16,7 +16,7 @@ from sqlalchemy import Engine, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from visioncap.config.cameras import CameraConfig
+from visioncap.config.cameras import CameraConfig, has_inline_secret
 from visioncap.config.sources import SourceConfig, StreamSourceConfig
 from visioncap.redact import mask_credentials
 from visioncap.store.records import CameraConfigRecord, CameraOrigin, utcnow
@@ -42,8 +42,9 @@ class StoredCamera:
 
 
 def stored_source(source: SourceConfig) -> SourceConfig:
-    """`source` as it may be stored: a URL's inline credentials masked."""
-    if isinstance(source, StreamSourceConfig):
+    """`source` as it may be stored: a URL with inline credentials masked (a pipeline file's: the worker keeps
+    them), one whose secrets are all `${NAME}` references as it is (the worker resolves them)."""
+    if isinstance(source, StreamSourceConfig) and has_inline_secret(source.url):
         return source.model_copy(update={"url": mask_credentials(source.url)})
     return source
 
