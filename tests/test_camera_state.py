@@ -131,7 +131,7 @@ def test_cameras_route_merges_reported_state_with_stored_rows(
     write_camera(store.engine, report("dock", "offline"))  # no rows yet: listed all the same
     write_camera(store.engine, report("lab", "online"))
     with store.engine.begin() as conn:  # a state only a newer version writes (this one refuses to write it)
-        conn.execute(text("UPDATE cameras SET state = 'paused' WHERE camera = 'lab'"))
+        conn.execute(text("UPDATE cameras SET state = 'hibernating' WHERE camera = 'lab'"))
     monkeypatch.setenv("VISIONCAP_DATABASE_URL", database_url)
     with TestClient(create_app(api_settings(tmp_path / "data")), headers={"X-Api-Key": READ_KEY}) as client:
         response = client.get("/v1/cameras")

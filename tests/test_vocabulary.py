@@ -99,7 +99,7 @@ def test_the_database_keeps_the_values_as_text_and_refuses_any_other(store: Capt
     write_camera(store.engine, CameraReport("cam", "p", "x.mp4", CameraState.FAILED, T0, error="unreadable"))
     assert camera_states(store.engine)["cam"].state is CameraState.FAILED
     with pytest.raises(StatementError, match="not a valid CameraState"):
-        write_camera(store.engine, CameraReport("cam", "p", "x.mp4", "paused", T0))  # type: ignore[arg-type]
+        write_camera(store.engine, CameraReport("cam", "p", "x.mp4", "hibernating", T0))  # type: ignore[arg-type]
 
 
 class DecliningCaptioner:

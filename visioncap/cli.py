@@ -13,11 +13,13 @@ from rich.table import Table
 
 from visioncap.bench.cli import bench_app
 from visioncap.bench.tune.cli import tune_command
+from visioncap.cameras_cli import cameras_app
 from visioncap.config.settings import load_settings
 from visioncap.errors import ConfigError, VisioncapError
 
 app = typer.Typer(help="Turns camera streams into searchable captions.", no_args_is_help=True, add_completion=False)
 app.add_typer(bench_app, name="bench")
+app.add_typer(cameras_app, name="cameras")
 app.command("tune")(tune_command)
 err = Console(stderr=True)
 log = logging.getLogger("visioncap")

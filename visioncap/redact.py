@@ -86,6 +86,26 @@ def mask_credentials(url: str) -> str:
     return f"{match['scheme']}{authority}{rest}"
 
 
+def secret_values(url: str) -> list[str]:
+    """The raw values `mask_credentials` would mask in `url` (user-info password, credential parameters), in order
+    of appearance; for refusing URLs that carry a secret inline."""
+    match = _URL.match(url) if "://" in url else None
+    if match is None:
+        return []
+    values: list[str] = []
+    user_info, at, _host = match["authority"].rpartition("@")
+    if at and ":" in user_info:
+        values.append(user_info.partition(":")[2])
+    rest = match["rest"]
+    end = _QUERY_OR_FRAGMENT.search(rest)
+    cut = end.start() if end else len(rest)
+    for pattern, text in ((_PATH_PARAMETER, rest[:cut]), (_PARAMETER, rest[cut:])):
+        values += [found["value"] for found in pattern.finditer(text) if _is_secret(found["name"])]
+    for inner in _URL_IN_TEXT.findall(rest) if "://" in rest else ():
+        values += secret_values(inner.rstrip(_TRAILING))
+    return values
+
+
 def _mask_url_in_text(match: re.Match[str]) -> str:
     token = match[0]
     url = token.rstrip(_TRAILING)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,6 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
+from visioncap.config.sources import SOURCE_TAGS
 from visioncap.store.safety import describe, is_unavailable
 
 log = logging.getLogger(__name__)
@@ -68,6 +70,22 @@ def bad_param(param: str, message: str) -> ApiError:
     return ApiError(422, f"{param}: {message}", param=param)
 
 
+def validation_problem(errors: Sequence[Any]) -> ApiError:
+    """The first of pydantic's errors as a 422 naming its field: the parameter, or a body field's dotted path
+    (source.url). Only the message is kept, never the input, which may hold a secret."""
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    where = tuple(first.get("loc", ()))
+    if where[:1] == ("body",):
+        # The union's tags (source.stream.url) name a model, not a field the client sent.
+        parts = [str(part) for part in where[1:] if part not in SOURCE_TAGS]
+        param = ".".join(parts) or None
+    else:
+        loc = [str(part) for part in where if part not in ("query", "path", "header")]
+        param = loc[0] if loc else None
+    message = str(first.get("msg", "invalid value"))
+    return ApiError(422, f"{param}: {message}" if param else message, param)
+
+
 def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -79,11 +97,8 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(part) for part in first.get("loc", ()) if part not in ("query", "path", "header", "body")]
-        param = loc[0] if loc else None
-        message = str(first.get("msg", "invalid value"))
-        return error_response(422, f"{param}: {message}" if param else message, param)
+        problem = validation_problem(exc.errors())
+        return error_response(problem.status, problem.message, problem.param)
 
     @app.exception_handler(SQLAlchemyError)
     async def database_error(request: Request, exc: SQLAlchemyError) -> JSONResponse:

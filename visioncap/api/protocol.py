@@ -13,8 +13,9 @@ from sqlalchemy import Row
 from visioncap.config.alerts import AlertRule
 from visioncap.frames import SelectionReason
 from visioncap.redact import mask_credentials, mask_urls
+from visioncap.store.camera_configs import StoredCamera
 from visioncap.store.cameras import CameraReport
-from visioncap.store.records import CameraState, CaptionRecord, CaptionStatus, DeliveryState
+from visioncap.store.records import CameraOrigin, CameraState, CaptionRecord, CaptionStatus, DeliveryState
 from visioncap.store.search import CameraSummary, CaptionRow
 
 
@@ -153,6 +154,39 @@ class StatusCounts(_Model):
     skipped: int = Field(description="Never sent (coalesced, queue full, too old).")
 
 
+class CameraSettings(_Model):
+    """A camera's stored configuration, as a worker runs it; secrets masked (they are never stored)."""
+
+    camera: str = Field(description="Camera id.")
+    pipeline: str = Field(description="The pipeline whose worker runs the camera.")
+    source: dict[str, Any] = Field(description="The source config (as in a pipeline file), its URL masked.")
+    selection: dict[str, Any] = Field(description="Selection settings that replace the pipeline's.")
+    caption: dict[str, Any] = Field(description="Image settings that replace the pipeline's.")
+    paused: bool = Field(description="Whether the camera is paused (kept, not read).")
+    origin: CameraOrigin = Field(description="`file` (seeded from a pipeline file) or `api`.")
+    version: int = Field(description="Bumped on every change; a running worker applies a change within seconds.")
+    created_at: datetime = Field(description="When the camera was configured (UTC).")
+    updated_at: datetime = Field(description="When its configuration last changed (UTC).")
+
+    @classmethod
+    def of(cls, stored: StoredCamera) -> CameraSettings:
+        source = stored.config.source.model_dump(mode="json")
+        if isinstance(source.get("url"), str):
+            source["url"] = mask_credentials(source["url"])
+        return cls(
+            camera=stored.camera,
+            pipeline=stored.config.pipeline,
+            source=source,
+            selection=stored.config.selection,
+            caption=stored.config.caption,
+            paused=stored.config.paused,
+            origin=stored.origin,
+            version=stored.version,
+            created_at=stored.created_at,
+            updated_at=stored.updated_at,
+        )
+
+
 class Camera(_Model):
     """What the database knows of one camera: the state its pipeline last reported, and its stored rows."""
 
@@ -179,9 +213,18 @@ class Camera(_Model):
     events: int = Field(description="Distinct person events with a stored frame.")
     captions: int = Field(description="Stored rows, all statuses.")
     by_status: StatusCounts = Field(description="Stored rows by status.")
+    config: CameraSettings | None = Field(
+        default=None, description="What a worker is asked to run for this camera; null when it is not configured."
+    )
 
     @classmethod
-    def of(cls, camera: str, summary: CameraSummary | None, report: CameraReport | None) -> Camera:
+    def of(
+        cls,
+        camera: str,
+        summary: CameraSummary | None,
+        report: CameraReport | None,
+        stored: StoredCamera | None = None,
+    ) -> Camera:
         summary = summary or CameraSummary(camera)
         counts = StatusCounts(**{status: summary.by_status.get(status, 0) for status in CaptionStatus})
         frame_times = [t for t in (summary.last_frame_at, report.last_frame_at if report else None) if t is not None]
@@ -199,11 +242,12 @@ class Camera(_Model):
             events=summary.events,
             captions=sum(summary.by_status.values()),
             by_status=counts,
+            config=CameraSettings.of(stored) if stored else None,
         )
 
 
 class CameraList(_Model):
-    """Every camera a pipeline has reported or with at least one stored row, by name."""
+    """Every camera configured, reported by a pipeline or with at least one stored row, by name."""
 
     items: list[Camera] = Field(description="The cameras.")
 

@@ -14,15 +14,34 @@ from pathlib import Path
 
 import anyio
 import httpx
+from pydantic import ValidationError
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
-from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param
+from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param, validation_problem
 from visioncap.api.metrics import ApiMetrics
-from visioncap.api.protocol import Camera, CameraList, Caption, Check, Readiness, Regenerated, caption_page_json
+from visioncap.api.protocol import (
+    Camera,
+    CameraList,
+    CameraSettings,
+    Caption,
+    Check,
+    Readiness,
+    Regenerated,
+    caption_page_json,
+)
 from visioncap.config.api import ApiSettings
+from visioncap.config.cameras import CameraChange, SubmittedCamera
 from visioncap.store import CaptionStore
+from visioncap.store.camera_configs import (
+    CameraExists,
+    add_camera,
+    get_camera,
+    list_cameras,
+    remove_camera,
+    update_camera,
+)
 from visioncap.store.cameras import camera_states
 from visioncap.store.changes import ChangePosition, StreamStart, changes_after, is_reachable, past_seen, stream_start
 from visioncap.store.embeddings import TextEmbedder
@@ -235,11 +254,37 @@ class ApiService:
         )
 
     def cameras(self) -> CameraList:
-        """Cameras a pipeline reported (state, newest frame) merged with what their stored rows say."""
+        """Cameras configured or reported by a pipeline (state, newest frame) merged with their stored rows."""
         summaries = {summary.camera: summary for summary in camera_summaries(self.engine)}
         states = camera_states(self.engine)
-        names = sorted(set(summaries) | set(states))
-        return CameraList(items=[Camera.of(name, summaries.get(name), states.get(name)) for name in names])
+        configs = {stored.camera: stored for stored in list_cameras(self.engine)}
+        names = sorted(set(summaries) | set(states) | set(configs))
+        return CameraList(
+            items=[Camera.of(name, summaries.get(name), states.get(name), configs.get(name)) for name in names]
+        )
+
+    def add_camera(self, config: SubmittedCamera) -> CameraSettings:
+        try:
+            return CameraSettings.of(add_camera(self.engine, config))
+        except CameraExists:
+            raise ApiError(409, f"camera {config.camera} exists; change it with PATCH", param="camera") from None
+
+    def change_camera(self, camera: str, change: CameraChange) -> CameraSettings:
+        current = get_camera(self.engine, camera)
+        if current is None:
+            raise ApiError(404, f"no camera {camera} is configured", param="camera")
+        try:
+            config = change.applied_to(current.config)
+        except ValidationError as exc:
+            raise validation_problem([{**error, "loc": ("body", *error["loc"])} for error in exc.errors()]) from None
+        updated = update_camera(self.engine, config, expected_version=current.version)
+        if updated is None:
+            raise ApiError(409, f"camera {camera} was changed or removed meanwhile; read it and try again")
+        return CameraSettings.of(updated)
+
+    def remove_camera(self, camera: str) -> None:
+        if not remove_camera(self.engine, camera):
+            raise ApiError(404, f"no camera {camera} is configured", param="camera")
 
     def status_counts(self) -> dict[str, int]:
         return status_counts(self.engine)

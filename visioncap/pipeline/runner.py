@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -9,22 +10,29 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 from visioncap.caption.client import VlmCaptioner
 from visioncap.caption.encode import compose, encode_jpeg, people_region
-from visioncap.config.caption import ImageMode
+from visioncap.config.cameras import resolve_references
+from visioncap.config.caption import CaptionConfig, ImageMode
 from visioncap.config.pipeline import PipelineConfig
+from visioncap.config.sources import SourceConfig, StreamSourceConfig
 from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
+from visioncap.errors import ConfigError
 from visioncap.frames import Detection, Frame, SelectedFrame
 from visioncap.pipeline.hub import FrameHub
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import CAPTIONING, Outbox, PutResult
+from visioncap.pipeline.watcher import CameraWatcher
 from visioncap.pipeline.workers import CaptionWorkers
+from visioncap.redact import mask_credentials, mask_urls
 from visioncap.select.events import EventSelector
 from visioncap.sources.base import FrameSource
 from visioncap.sources.registry import open_source
+from visioncap.store.camera_configs import StoredCamera, seed_cameras
 from visioncap.store.cameras import CameraStateRecorder
 from visioncap.store.captions import CaptionStore, NewCaption
 from visioncap.store.records import CameraState, CaptionStatus
@@ -106,9 +114,17 @@ class _Camera:
     tracker: PersonTracker
     selector: EventSelector
     stats: CameraStats
+    caption: CaptionConfig  # the pipeline's, with the camera's overrides
+    version: int  # of its stored config: another version means a restart
+    generation: int  # tells this source's late reports from those of a later one for the same camera
     # Whether the source has reported a state of its own (live streams do; files and folders have no connection
     # to report on and count as online from their first analysed frame).
     reports_state: bool = False
+
+
+def _shown(source: SourceConfig) -> str:
+    """Where a camera that is not running reads from, as the API may show it."""
+    return mask_credentials(source.url) if isinstance(source, StreamSourceConfig) else str(source.path)
 
 
 class PipelineRunner:
@@ -134,24 +150,26 @@ class PipelineRunner:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self.outbox = Outbox(store, data_dir, config.outbox, metrics, pipeline=config.name, on_disk_full=on_disk_full)
+        # The pipeline file's cameras go into the database; from there on its rows say what runs (see _apply).
+        seed_cameras(store.engine, config.name, list(config.sources))
+        # A file's inline credentials are stored masked; the worker alone keeps them, by their masked URL.
+        self._file_urls = {
+            mask_credentials(source.url): source.url
+            for source in config.sources
+            if isinstance(source, StreamSourceConfig)
+        }
+        self._generations = itertools.count(1)
         self._cameras: dict[str, _Camera] = {}
-        for source_config in config.sources:
-            # Made here, read in run(): their rates and descriptions are needed now, their frames only then.
-            source = open_source(source_config, on_state=self._on_state)
-            self._cameras[source.camera] = _Camera(
-                source=source,
-                tracker=PersonTracker(
-                    config.detector.tracker, source.analyse_rate(), keep_lost_s=config.selection.event_end_s
-                ),
-                selector=EventSelector(config.selection),
-                stats=CameraStats(camera=source.camera),
-            )
-        self.summary = RunSummary(pipeline=config.name, cameras={c: cam.stats for c, cam in self._cameras.items()})
+        self._frames_of_stopped = 0
+        self._paused: set[str] = set()
+        self.summary = RunSummary(pipeline=config.name, cameras={})
         # State and newest frame of every camera, for the API's /v1/cameras; written off the hot path. Descriptions
         # are masked: the API serves them.
-        self._camera_states = CameraStateRecorder(
-            store.engine, config.name, {c: cam.source.description for c, cam in self._cameras.items()}
-        )
+        self._camera_states = CameraStateRecorder(store.engine, config.name, {})
+        self._watcher = CameraWatcher(store.engine, config.name)
+        self._hub = FrameHub([], on_finished=self._on_finished)
+        # Made here, read in run(): their rates and descriptions are needed now, their frames only then.
+        self._apply(self._watcher.load())
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
         """For `/readyz`: not ready while captions cannot reach the database or frames cannot be saved."""
@@ -189,10 +207,13 @@ class PipelineRunner:
         workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency, self._metrics)
         workers.start()
         self._camera_states.start()
-        hub = FrameHub([camera.source for camera in self._cameras.values()], on_finished=self._on_finished)
+        hub = self._hub
         hub.start()
+        self._watcher.start()
         try:
             while not self._stop.is_set():
+                if (desired := self._watcher.take()) is not None:
+                    self._apply(desired)
                 if time.monotonic() >= next_requeue_check:
                     # Rows put back to pending from outside (the API's regenerate) join the queue while we run.
                     if added := self.outbox.recover():
@@ -200,12 +221,14 @@ class PipelineRunner:
                     next_requeue_check = time.monotonic() + REQUEUE_POLL_S
                 batch = hub.next_batch(timeout=0.5)
                 if not batch:
-                    if hub.finished:
+                    # A paused camera may be resumed: the run waits for it as for a live stream.
+                    if hub.finished and not self._paused:
                         break
                     continue
                 for detection in self._detector.detect(batch):
                     self._handle(detection)
         finally:
+            self._watcher.stop()
             hub.stop()
             hub.join(timeout=10)
             self._camera_states.close()
@@ -220,7 +243,7 @@ class PipelineRunner:
                 log.warning("outbox: the database did not come back in time; the next run writes the journal")
             self.outbox.close()
             workers.join(timeout=self._config.vlm.timeout_s + 5)
-        summary.frames = sum(c.source.frames_read for c in self._cameras.values())
+        summary.frames = self._frames_of_stopped + sum(c.source.frames_read for c in self._cameras.values())
         counts = self.outbox.counts
         summary.captions, summary.failed = counts[CaptionStatus.CAPTIONED], counts[CaptionStatus.FAILED]
         summary.skipped, summary.duplicates = counts[CaptionStatus.SKIPPED], counts[PutResult.DUPLICATE]
@@ -230,24 +253,102 @@ class PipelineRunner:
         summary.elapsed_s = time.perf_counter() - started
         return summary
 
-    def _on_state(self, camera: str, state: CameraState) -> None:
+    def _apply(self, desired: dict[str, StoredCamera]) -> None:
+        """Make the running cameras what the stored configs say (on the detection thread, between batches): start
+        the new and resumed, restart the changed, stop the paused and removed; the others are left alone."""
+        paused = {camera for camera, stored in desired.items() if stored.config.paused}
+        for camera, running in list(self._cameras.items()):
+            stored = desired.get(camera)
+            if stored is None or stored.config.paused or stored.version != running.version:
+                self._stop_camera(camera, CameraState.PAUSED if stored and stored.config.paused else None)
+        for camera in paused - self._paused:
+            if camera not in self.summary.cameras:  # paused before this run started it: still shown as paused
+                self.summary.cameras = {**self.summary.cameras, camera: CameraStats(camera, CameraState.PAUSED)}
+                self._camera_states.add(camera, _shown(desired[camera].config.source))
+                self._camera_states.state(camera, CameraState.PAUSED)
+                self._set_state_metric(camera, CameraState.PAUSED)
+        self._paused = paused
+        for camera, stored in desired.items():
+            if camera not in self._cameras and not stored.config.paused:
+                self._start_camera(stored)
+
+    def _start_camera(self, stored: StoredCamera) -> None:
+        camera, generation = stored.camera, next(self._generations)
+        source_config = stored.config.source
+        stats = self.summary.cameras.get(camera) or CameraStats(camera=camera)
+        stats.error, stats.state = None, CameraState.STARTING
+        self.summary.cameras = {**self.summary.cameras, camera: stats}  # a new dict: others iterate the old one
+        try:
+            if isinstance(source_config, StreamSourceConfig):
+                url = resolve_references(self._file_urls.get(source_config.url, source_config.url))
+                source_config = source_config.model_copy(update={"url": url})
+            source = open_source(source_config, on_state=partial(self._on_state, generation))
+        except ConfigError as exc:
+            # A missing secret or a kind this worker cannot read: that camera fails, the others go on.
+            message = mask_urls(f"camera {camera}: {exc}")
+            log.error("%s", message)
+            self._camera_states.add(camera, _shown(stored.config.source))
+            self._on_finished(camera, message, failed_start=True)
+            return
+        selection = stored.config.selection_for(self._config.selection)
+        self._cameras[camera] = _Camera(
+            source=source,
+            tracker=PersonTracker(
+                self._config.detector.tracker, source.analyse_rate(), keep_lost_s=selection.event_end_s
+            ),
+            selector=EventSelector(selection),
+            stats=stats,
+            caption=stored.config.caption_for(self._config.caption),
+            version=stored.version,
+            generation=generation,
+        )
+        self._camera_states.add(camera, source.description)
+        self._hub.add(source)
+        log.info("camera %s: started (%s, config version %d)", camera, source.description, stored.version)
+
+    def _stop_camera(self, camera: str, state: CameraState | None) -> None:
+        """Stop one camera for good or for a restart; what its selector holds still goes to the outbox."""
+        running = self._cameras.pop(camera)
+        self._hub.remove(camera)
+        self._frames_of_stopped += running.source.frames_read
+        for selected in running.selector.flush():
+            self._submit(running, selected)
+        final = state or CameraState.FINISHED
         with self._lock:
-            self._cameras[camera].stats.state = state
-            self._cameras[camera].reports_state = True
+            running.stats.state = final
+        self._set_state_metric(camera, final)
+        self._camera_states.state(camera, final)
+        log.info("camera %s: %s", camera, "paused" if state else "stopped")
+
+    def _set_state_metric(self, camera: str, state: CameraState) -> None:
         for known in CameraState:
             if known is not CameraState.FAILED:  # the pipeline's verdict on a file, never a source's report
                 self._metrics.camera_state.labels(camera, known).set(1 if known == state else 0)
+
+    def _on_state(self, generation: int, camera: str, state: CameraState) -> None:
+        with self._lock:
+            running = self._cameras.get(camera)
+            if running is None or running.generation != generation:
+                return  # a stopped source's last words: the camera has moved on
+            running.stats.state = state
+            running.reports_state = True
+        self._set_state_metric(camera, state)
         self._camera_states.state(camera, state)
 
-    def _on_finished(self, camera: str, error: str | None) -> None:
+    def _on_finished(self, camera: str, error: str | None, failed_start: bool = False) -> None:
         with self._lock:
-            stats = self._cameras[camera].stats
+            running = self._cameras.get(camera)
+            stats = running.stats if running is not None else self.summary.cameras[camera]
+            if running is None and not failed_start:
+                return
             stats.error = error
             stats.state = CameraState.FAILED if error else CameraState.FINISHED
         self._camera_states.state(camera, stats.state, error)
 
     def _handle(self, detection: Detection) -> None:
-        camera = self._cameras[detection.frame.camera]
+        camera = self._cameras.get(detection.frame.camera)
+        if camera is None:
+            return  # stopped while its frame was being detected
         stats = camera.stats
         stats.analysed_frame(time.monotonic())
         self._metrics.frames_analysed.labels(stats.camera).inc()
@@ -273,7 +374,7 @@ class PipelineRunner:
         return camera.source.time_anchor() + timedelta(seconds=frame.offset_s)
 
     def _submit(self, camera: _Camera, selected: SelectedFrame) -> None:
-        caption = self._config.caption
+        caption = camera.caption
         frame = selected.detection.frame
         picture = compose(frame.image, selected.detection.people, caption.image_mode, caption.crop_padding)
         image = encode_jpeg(picture, caption.max_image_tokens, self._config.vlm.image_token_size, caption.jpeg_quality)

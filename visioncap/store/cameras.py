@@ -102,6 +102,7 @@ class CameraStateRecorder:
         frame_interval_s: float = FRAME_INTERVAL_S,
     ) -> None:
         self._engine = engine
+        self._pipeline = pipeline
         self._frame_interval_s = frame_interval_s
         now = utcnow()
         self._latest = {
@@ -118,6 +119,14 @@ class CameraStateRecorder:
 
     def start(self) -> None:
         self._thread.start()
+
+    def add(self, camera: str, source: str) -> None:
+        """A camera started during the run (or restarted with another source): reported as `starting`."""
+        with self._cond:
+            self._latest[camera] = CameraReport(camera, self._pipeline, source, CameraState.STARTING, utcnow())
+            self._dirty.add(camera)
+            self._urgent = True
+            self._cond.notify()
 
     def state(self, camera: str, state: CameraState, error: str | None = None) -> None:
         """A state change: written at once (by the writer thread)."""

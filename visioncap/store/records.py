@@ -91,6 +91,15 @@ class CameraState(StrEnum):
     """Stopped on request, or its file or folder ended; no more frames will come."""
     FAILED = "failed"
     """A file or folder that could not be read (the pipeline reports it; a live source never gives up)."""
+    PAUSED = "paused"
+    """Paused by its configuration (the API or `visioncap cameras pause`); not read until resumed."""
+
+
+class CameraOrigin(StrEnum):
+    """Who created a camera's configuration row."""
+
+    FILE = "file"  # seeded by `visioncap run` from its pipeline file
+    API = "api"  # added through the API or `visioncap cameras add`
 
 
 class EnumText(TypeDecorator[E]):
@@ -185,6 +194,28 @@ class CameraRecord(Base):
     last_frame_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     frames_analysed: Mapped[int] = mapped_column(Integer, default=0)  # in the reporting run
     reported_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
+class CameraConfigRecord(Base):
+    """What a worker should run for one camera (schema step 12): its validated config (visioncap.config.cameras,
+    as JSON, never holding a secret) and a version bumped on every change, so a worker sees changes cheaply.
+    The `cameras` table keeps what the pipeline reports; this one what it is asked to do."""
+
+    __tablename__ = "camera_configs"
+
+    camera: Mapped[str] = mapped_column(String(64), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(128))
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    origin: Mapped[CameraOrigin] = mapped_column(EnumText(CameraOrigin, 16))
+    # SHA-256 of the pipeline file's entry for this camera when it last seeded it: a seed writes the row only when
+    # the file's entry changed since, so edits made through the API survive restarts of the worker.
+    seed_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    config_version: Mapped[int] = mapped_column(Integer, default=1)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+    __table_args__ = (Index("ix_camera_configs_pipeline", "pipeline"),)
 
 
 class CaptionCountRecord(Base):

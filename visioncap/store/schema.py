@@ -20,6 +20,7 @@ from visioncap.store.records import (
     AlertRecord,
     AlertRuleRecord,
     Base,
+    CameraConfigRecord,
     CameraRecord,
     CaptionCountRecord,
     CaptionEventCountRecord,
@@ -392,6 +393,11 @@ def _caption_vectors(conn: Connection) -> None:
             conn.execute(text(statement))
 
 
+def _camera_configs_table(conn: Connection) -> None:
+    # What workers run (cameras as data): written by the API, the CLI and pipeline-file seeds.
+    CameraConfigRecord.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -404,6 +410,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _change_positions,  # 9
     _alerts_tables,  # 10
     _caption_vectors,  # 11
+    _camera_configs_table,  # 12
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,196 @@
+"""Cameras as data: POST/PATCH/DELETE /v1/cameras and `visioncap cameras` over a real database (SQLite and
+PostgreSQL), the pipeline-file seed and its rule, and secrets that never reach the database, an answer or output."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from helpers import run_cli
+from sqlalchemy import text
+
+from visioncap.api import create_app
+from visioncap.config.api import ApiKey, ApiSettings
+from visioncap.config.keys import hash_key
+from visioncap.config.sources import StreamSourceConfig
+from visioncap.store import CaptionStore
+from visioncap.store.camera_configs import get_camera, list_cameras, seed_cameras
+
+READ_KEY = "cameras-read-key"
+WRITE_KEY = "cameras-write-key"
+SECRET = "hunter2-s3cret"
+WRITER = {"Authorization": f"Bearer {WRITE_KEY}"}
+
+
+def camera_body(camera: str = "yard", **source: Any) -> dict[str, Any]:
+    return {
+        "pipeline": "p",
+        "source": {"camera": camera, "kind": "rtsp", "url": "rtsp://viewer:${YARD_PASSWORD}@cam.local/yard", **source},
+    }
+
+
+@pytest.fixture
+def client(store: CaptionStore, database_url: str, tmp_path: Path) -> Iterator[TestClient]:
+    settings = ApiSettings(  # type: ignore[call-arg]
+        _env_file=None,
+        database_url=database_url,
+        data_dir=tmp_path / "data",
+        vlm_base_url="http://127.0.0.1:9/v1",
+        api_keys=[
+            ApiKey(name="reader", sha256=hash_key(READ_KEY), scopes={"read"}),
+            ApiKey(name="admin", sha256=hash_key(WRITE_KEY), scopes={"read", "write"}),
+        ],
+    )
+    with TestClient(create_app(settings), headers={"X-Api-Key": READ_KEY}, raise_server_exceptions=False) as client:
+        yield client
+
+
+def raw_rows(store: CaptionStore) -> str:
+    """Everything the camera tables hold, as text: where a stored secret would show."""
+    with store.engine.connect() as conn:
+        rows = [*conn.execute(text("SELECT * FROM camera_configs")), *conn.execute(text("SELECT * FROM cameras"))]
+    return repr(rows)
+
+
+def test_cameras_are_added_changed_paused_and_removed_with_the_write_scope(
+    client: TestClient, store: CaptionStore
+) -> None:
+    refused = client.post("/v1/cameras", json=camera_body())
+    assert refused.status_code == 403 and "write" in refused.json()["error"]["message"]
+    assert client.patch("/v1/cameras/yard", json={"paused": True}).status_code == 403
+    assert client.delete("/v1/cameras/yard").status_code == 403
+
+    added = client.post("/v1/cameras", json=camera_body(analyze_fps=2), headers=WRITER)
+    assert added.status_code == 201, added.text
+    assert added.json()["version"] == 1 and added.json()["origin"] == "api"
+    assert client.post("/v1/cameras", json=camera_body(), headers=WRITER).status_code == 409
+
+    changed = client.patch(
+        "/v1/cameras/yard", json={"source": {"analyze_fps": 4}, "selection": {"event_end_s": 3}}, headers=WRITER
+    )
+    assert changed.status_code == 200, changed.text
+    body = changed.json()
+    assert (body["version"], body["source"]["analyze_fps"], body["selection"]) == (2, 4, {"event_end_s": 3})
+    assert body["source"]["read_timeout_s"] == 5.0  # the other source fields kept
+    paused = client.patch("/v1/cameras/yard", json={"paused": True}, headers=WRITER).json()
+    assert (paused["paused"], paused["version"]) == (True, 3)
+
+    listed = {item["camera"]: item for item in client.get("/v1/cameras").json()["items"]}
+    assert listed["yard"]["config"]["paused"] is True and listed["yard"]["state"] is None  # no worker reported it
+    stored = get_camera(store.engine, "yard")
+    assert stored is not None and stored.config.paused and stored.version == 3
+    # The reference is stored as written, for the worker to resolve; answers mask it like any password.
+    assert "viewer:${YARD_PASSWORD}@" in raw_rows(store) and "${YARD_PASSWORD}" not in repr(listed)
+
+    assert client.delete("/v1/cameras/yard", headers=WRITER).status_code == 204
+    assert client.delete("/v1/cameras/yard", headers=WRITER).status_code == 404
+    assert client.patch("/v1/cameras/yard", json={"paused": False}, headers=WRITER).status_code == 404
+    assert list_cameras(store.engine) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "says"),
+    [
+        (camera_body(url="ftp://cam.local/yard"), "source.url", "scheme ftp:// is not accepted"),
+        (camera_body(url="rtsp://"), "source.url", "no host name"),
+        ({"pipeline": "p", "source": {"camera": "yard", "kind": "smoke-signal", "url": "x"}}, "source", "kind must"),
+        (camera_body(analyze_fps=0), "source.analyze_fps", "greater than 0"),
+        (camera_body(camera="no spaces"), "source.camera", "pattern"),
+        ({**camera_body(), "selection": {"event_end_s": -1}}, "selection.event_end_s", "greater than"),
+        ({**camera_body(), "caption": {"prompt": "x"}}, "caption", "not per camera"),
+        (
+            {"pipeline": "p", "source": {"camera": "yard", "kind": "file", "path": "relative.mp4"}},
+            "source",
+            "absolute",
+        ),
+    ],
+)
+def test_invalid_cameras_are_422_naming_the_field(
+    client: TestClient, store: CaptionStore, body: dict[str, Any], param: str, says: str
+) -> None:
+    refused = client.post("/v1/cameras", json=body, headers=WRITER)
+    assert refused.status_code == 422, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == param and error["message"].startswith(f"{param}: ") and says in error["message"]
+    assert list_cameras(store.engine) == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"rtsp://viewer:{SECRET}@cam.local/yard",
+        f"rtsp://cam.local/yard?user=viewer&password={SECRET}",
+        f"rtsp://cam.local/yard;token={SECRET}/main",
+    ],
+)
+def test_inline_secrets_are_refused_without_being_repeated(client: TestClient, store: CaptionStore, url: str) -> None:
+    refused = client.post("/v1/cameras", json=camera_body(url=url), headers=WRITER)
+    assert refused.status_code == 422
+    assert "${NAME}" in refused.json()["error"]["message"] and SECRET not in refused.text
+    client.post("/v1/cameras", json=camera_body(), headers=WRITER)
+    changed = client.patch("/v1/cameras/yard", json={"source": {"url": url}}, headers=WRITER)
+    assert changed.status_code == 422 and SECRET not in changed.text
+    assert SECRET not in raw_rows(store)
+
+
+def test_a_pipeline_files_cameras_are_seeded_by_the_rule_and_its_secrets_stay_out(
+    client: TestClient, store: CaptionStore
+) -> None:
+    def source(camera: str, fps: float) -> StreamSourceConfig:
+        url = f"rtsp://viewer:{SECRET}@cam.local/{camera}"
+        return StreamSourceConfig(camera=camera, kind="rtsp", url=url, analyze_fps=fps)
+
+    seed_cameras(store.engine, "p", [source("door", 2), source("gate", 2)])
+    client.post("/v1/cameras", json=camera_body(), headers=WRITER)  # an API camera of the same pipeline
+    assert SECRET not in raw_rows(store)
+    listed = client.get("/v1/cameras").json()["items"]
+    assert SECRET not in repr(listed)
+    door = next(item for item in listed if item["camera"] == "door")["config"]
+    assert (door["origin"], door["source"]["url"]) == ("file", "rtsp://viewer:***@cam.local/door")
+
+    # An API change to a file camera: its masked URL is kept (the secret stays in the file), and a restart
+    # with the same file leaves the change alone.
+    changed = client.patch("/v1/cameras/door", json={"source": {"analyze_fps": 7}}, headers=WRITER)
+    assert changed.status_code == 200, changed.text
+    seed_cameras(store.engine, "p", [source("door", 2), source("gate", 2)])
+    door_now = get_camera(store.engine, "door")
+    assert door_now is not None and door_now.config.source.analyze_fps == 7 and door_now.version == 2
+
+    # The file changes door and drops gate: the file wins for door, gate goes, the API camera stays.
+    seed_cameras(store.engine, "p", [source("door", 3)])
+    cameras = {stored.camera: stored for stored in list_cameras(store.engine)}
+    assert set(cameras) == {"door", "yard"}
+    assert cameras["door"].config.source.analyze_fps == 3 and cameras["door"].version == 3
+    # The same file camera run by another pipeline: that pipeline's worker runs it now.
+    seed_cameras(store.engine, "q", [source("door", 3)])
+    moved = get_camera(store.engine, "door")
+    assert moved is not None and moved.config.pipeline == "q" and moved.version == 4
+    assert SECRET not in raw_rows(store)
+
+
+def test_the_cli_adds_lists_changes_pauses_and_removes(database_url: str, store: CaptionStore) -> None:
+    env = {"VISIONCAP_DATABASE_URL": database_url}
+    added = run_cli(
+        "cameras", "add", "yard", "--pipeline", "p", "--kind", "rtsp", "--url", "rtsp://viewer:${PW}@cam/yard",
+        "--analyze-fps", "2", "--set", "read_timeout_s=2", "--selection", "event_end_s=3", env=env,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    refused = run_cli(
+        "cameras", "add", "door", "--pipeline", "p", "--kind", "rtsp", "--url", f"rtsp://u:{SECRET}@cam/door", env=env
+    )  # fmt: skip
+    assert refused.returncode == 2 and "${NAME}" in refused.stderr
+    assert SECRET not in refused.stdout + refused.stderr
+    assert run_cli("cameras", "update", "yard", "--analyze-fps", "4", env=env).returncode == 0
+    assert run_cli("cameras", "pause", "yard", env=env).returncode == 0
+    listed = run_cli("cameras", "list", env=env)
+    assert "rtsp://viewer:***@cam/yard" in listed.stdout and "yes" in listed.stdout, listed.stdout
+    stored = get_camera(store.engine, "yard")
+    assert stored is not None and stored.config.paused and stored.config.source.analyze_fps == 4
+    assert stored.config.source.read_timeout_s == 2 and stored.config.selection == {"event_end_s": 3}
+    assert run_cli("cameras", "remove", "yard", env=env).returncode == 0
+    missing = run_cli("cameras", "remove", "yard", env=env)
+    assert missing.returncode == 2 and "no camera yard" in missing.stderr
+    assert list_cameras(store.engine) == []

@@ -1,0 +1,201 @@
+"""`visioncap cameras`: add, list, change, pause, resume and remove the cameras workers run.
+
+It writes the database directly (VISIONCAP_DATABASE_URL, like `visioncap captions`), through the same checks as
+the API: a running worker picks the change up within 5 s. URLs may not hold secrets inline; reference them as
+`${NAME}`, an environment variable of the worker.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from visioncap.config.cameras import CameraChange, CameraConfig, SubmittedCamera
+from visioncap.config.settings import load_settings
+from visioncap.config.sources import SOURCE_TAGS
+from visioncap.errors import ConfigError
+from visioncap.redact import mask_credentials
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+cameras_app = typer.Typer(help="Cameras as data: what running workers read (changes apply within 5 s).")
+
+Settings = Annotated[
+    list[str] | None,
+    typer.Option("--set", help="Another source field, KEY=VALUE (repeatable): --set read_timeout_s=2."),
+]
+Selection = Annotated[list[str] | None, typer.Option("--selection", help="Selection override KEY=VALUE (repeatable).")]
+Caption = Annotated[
+    list[str] | None,
+    typer.Option("--caption", help="Image override KEY=VALUE (repeatable): --caption jpeg_quality=70."),
+]
+Kind = Annotated[str | None, typer.Option(help="Source kind: rtsp, http, webcam, file or folder.")]
+Url = Annotated[str | None, typer.Option(help="Stream URL; a password as ${NAME}, the worker's environment variable.")]
+SourcePath = Annotated[str | None, typer.Option("--path", help="Absolute path of a video file or image folder.")]
+Fps = Annotated[float | None, typer.Option(help="Frames per second to analyse.")]
+
+
+def _engine() -> Engine:
+    from visioncap.store import create_db_engine
+    from visioncap.store.schema import ensure_schema
+
+    engine = create_db_engine(load_settings().resolved_database_url())
+    ensure_schema(engine)
+    return engine
+
+
+def _pairs(option: str, items: list[str] | None) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for item in items or []:
+        key, equals, value = item.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"{option} {mask_credentials(item)!r}: expected KEY=VALUE")
+        # YAML scalars, as in a pipeline file: 2 is a number, true a boolean, null nothing.
+        values[key.strip()] = yaml.safe_load(value) if value.strip() else value
+    return values
+
+
+def _source(
+    kind: str | None, url: str | None, path: str | None, fps: float | None, extra: list[str] | None
+) -> dict[str, Any]:
+    fields: dict[str, Any] = {"kind": kind, "url": url, "path": path, "analyze_fps": fps}
+    return {key: value for key, value in fields.items() if value is not None} | _pairs("--set", extra)
+
+
+def _invalid(exc: ValidationError) -> ConfigError:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"] if part not in SOURCE_TAGS)
+    return ConfigError(f"{where}: {first['msg']}" if where else first["msg"])
+
+
+def _show(config: CameraConfig, version: int, what: str) -> None:
+    typer.echo(f"camera {config.camera} {what} (pipeline {config.pipeline}, config version {version})")
+
+
+@cameras_app.command("add")
+def add(
+    camera: Annotated[str, typer.Argument(help="Camera id.")],
+    pipeline: Annotated[str, typer.Option(help="Name of the pipeline whose worker runs it.")],
+    kind: Kind = None,
+    url: Url = None,
+    path: SourcePath = None,
+    analyze_fps: Fps = None,
+    option: Settings = None,
+    selection: Selection = None,
+    caption: Caption = None,
+    paused: Annotated[bool, typer.Option(help="Add it paused.")] = False,
+) -> None:
+    """Add a camera; the pipeline's running worker starts it within 5 s."""
+    from visioncap.store.camera_configs import CameraExists, add_camera
+
+    source = {"camera": camera, **_source(kind, url, path, analyze_fps, option)}
+    try:
+        config = SubmittedCamera.model_validate(
+            {
+                "pipeline": pipeline,
+                "source": source,
+                "selection": _pairs("--selection", selection),
+                "caption": _pairs("--caption", caption),
+                "paused": paused,
+            }
+        )
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    try:
+        stored = add_camera(_engine(), config)
+    except CameraExists:
+        raise ConfigError(f"camera {camera} exists; change it with `visioncap cameras update`") from None
+    _show(stored.config, stored.version, "added")
+
+
+def _change(camera: str, change: CameraChange, what: str) -> None:
+    from visioncap.store.camera_configs import get_camera, update_camera
+
+    engine = _engine()
+    current = get_camera(engine, camera)
+    if current is None:
+        raise ConfigError(f"no camera {camera} is configured")
+    try:
+        config = change.applied_to(current.config)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+    stored = update_camera(engine, config, expected_version=current.version)
+    if stored is None:
+        raise ConfigError(f"camera {camera} was changed or removed meanwhile; try again")
+    _show(stored.config, stored.version, what)
+
+
+@cameras_app.command("update")
+def update(
+    camera: Annotated[str, typer.Argument(help="Camera id.")],
+    kind: Kind = None,
+    url: Url = None,
+    path: SourcePath = None,
+    analyze_fps: Fps = None,
+    option: Settings = None,
+    selection: Selection = None,
+    caption: Caption = None,
+) -> None:
+    """Change a camera's source fields or replace its overrides; its worker restarts it alone within 5 s."""
+    source = _source(kind, url, path, analyze_fps, option)
+    change = CameraChange(
+        source=source or None,
+        selection=_pairs("--selection", selection) if selection else None,
+        caption=_pairs("--caption", caption) if caption else None,
+    )
+    _change(camera, change, "changed")
+
+
+@cameras_app.command("pause")
+def pause(camera: Annotated[str, typer.Argument(help="Camera id.")]) -> None:
+    """Stop reading a camera but keep it configured."""
+    _change(camera, CameraChange(paused=True), "paused")
+
+
+@cameras_app.command("resume")
+def resume(camera: Annotated[str, typer.Argument(help="Camera id.")]) -> None:
+    """Read a paused camera again."""
+    _change(camera, CameraChange(paused=False), "resumed")
+
+
+@cameras_app.command("remove")
+def remove(camera: Annotated[str, typer.Argument(help="Camera id.")]) -> None:
+    """Remove a camera's configuration (its captions stay); its worker stops it within 5 s."""
+    from visioncap.store.camera_configs import remove_camera
+
+    if not remove_camera(_engine(), camera):
+        raise ConfigError(f"no camera {camera} is configured")
+    typer.echo(f"camera {camera} removed")
+
+
+@cameras_app.command("list")
+def list_command(
+    pipeline: Annotated[str | None, typer.Option(help="Only this pipeline's cameras.")] = None,
+) -> None:
+    """Print the configured cameras, URLs masked."""
+    from visioncap.store.camera_configs import list_cameras
+
+    cameras = list_cameras(_engine(), pipeline)
+    table = Table(title=f"{len(cameras)} configured cameras")
+    for column in ("camera", "pipeline", "kind", "source", "fps", "paused", "origin", "version"):
+        table.add_column(column, overflow="fold")
+    for stored in cameras:
+        source = stored.config.source
+        where = mask_credentials(getattr(source, "url", None) or str(getattr(source, "path", "")))
+        table.add_row(
+            stored.camera,
+            stored.config.pipeline,
+            source.kind,
+            where,
+            "all" if source.analyze_fps is None else f"{source.analyze_fps:g}",
+            "yes" if stored.config.paused else "no",
+            stored.origin,
+            str(stored.version),
+        )
+    Console(width=160).print(table)
