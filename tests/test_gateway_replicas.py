@@ -171,6 +171,42 @@ def test_a_chat_refused_by_its_replica_is_retried_on_another(vllm_server: VllmSe
         assert gw.call_soon(lambda: gw.gateway.replica("a").controller.interactive_in_flight) == 0
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_chat_answered_5xx_before_its_first_byte_is_retried_on_another(
+    vllm_server: VllmServer, pool: ThreadPoolExecutor, stream: bool
+) -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        failing = {
+            "name": "a",
+            "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+            "health_interval_s": 0,  # it answers one connection: the chat's
+        }
+
+        def answer_503() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                body = b'{"error":{"message":"engine overloaded","code":503}}'
+                head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+                connection.sendall(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+
+        with GatewayThread(config_for([failing, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
+            wait_until(gw, "b", up=True)
+            served = pool.submit(answer_503)
+            answer = post_chat(gw, CHAT_KEY, chat_body("overloaded", stream=stream))
+            served.result(TIMEOUT)
+            assert answer.status_code == 200, answer.text
+            if stream:
+                assert answer.text.rstrip().endswith("data: [DONE]")
+            else:
+                assert answer.json()["usage"]["completion_tokens"] == 4
+            assert metric(gw, "visioncap_gateway_retries_total", upstream="a") == 1
+            for name in ("a", "b"):
+                assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream=name) == 1, name
+
+
 def test_a_chat_is_never_retried_once_its_answer_has_begun(vllm_server: VllmServer, pool: ThreadPoolExecutor) -> None:
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
