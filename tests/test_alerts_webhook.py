@@ -13,9 +13,12 @@ import pytest
 import yaml
 from alerts_support import Receiver, add_caption, wait_until
 from helpers import start_cli
-from sqlalchemy import select
+from sqlalchemy import select, update
 
+from visioncap.alerts.delivery import DeliveryWorker
+from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.service import AlertService
+from visioncap.alerts.store import add_delivery, record_attempt
 from visioncap.alerts.webhook import signature
 from visioncap.config.alerts import AlertsConfig
 from visioncap.store import CaptionStore, create_db_engine
@@ -148,3 +151,29 @@ def test_the_alerts_command_delivers_and_stops_on_sigterm(sqlite_store: CaptionS
     assert [body["caption_id"] for body in receiver.bodies()] == [fired]
     _, headers, body = receiver.requests[0]
     assert headers["X-Visioncap-Signature"] == signature(SECRET.encode(), body)
+
+
+def test_finished_deliveries_expire_and_pending_ones_never_do(sqlite_store: CaptionStore) -> None:
+    """With MQTT every caption makes two deliveries: the finished ones go after keep_finished_days."""
+    engine = sqlite_store.engine
+    now = datetime.now(UTC)
+    with engine.begin() as conn:
+        for _ in range(3):
+            add_delivery(conn, "hook", "alert", "{}", None, retain=False)
+    old, recent, waiting = (d.id for d in deliveries(sqlite_store))
+    record_attempt(engine, old, 1, DeliveryState.DELIVERED)
+    record_attempt(engine, recent, 3, DeliveryState.FAILED, "refused")
+    with engine.begin() as conn:
+        table = AlertDeliveryRecord
+        conn.execute(update(table).where(table.id == old).values(finished_at=now - timedelta(days=8)))
+        conn.execute(update(table).where(table.id == recent).values(finished_at=now - timedelta(days=6)))
+        # Pending and long overdue for a retry, but not due yet: the pass below sends nothing.
+        conn.execute(
+            update(table)
+            .where(table.id == waiting)
+            .values(created_at=now - timedelta(days=30), next_attempt_at=now + timedelta(days=1))
+        )
+    worker = DeliveryWorker(engine, {}, config("http://127.0.0.1:9/hook").delivery, AlertMetrics())
+    assert worker.run_once() == 0, "nothing was due"
+    assert [d.id for d in deliveries(sqlite_store)] == [recent, waiting], "the first pass purged the 8-day-old one"
+    assert worker.purge() == 0

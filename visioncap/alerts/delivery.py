@@ -9,6 +9,7 @@ delivery id), MQTT subscribers on the ids in the body.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -21,6 +22,8 @@ from visioncap.config.alerts import DeliveryConfig
 from visioncap.store.records import DeliveryState
 
 log = logging.getLogger(__name__)
+
+PURGE_EVERY_S = 600.0  # finished deliveries expire in days: a look every ten minutes is plenty
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,9 +57,13 @@ class DeliveryWorker:
         self._senders = senders
         self._config = config
         self._metrics = metrics
+        self._purged_at: float | None = None  # time.monotonic() of the last purge; None: not yet
 
     def run_once(self) -> int:
-        """Sends one batch of due deliveries; returns how many were attempted."""
+        """Sends one batch of due deliveries (and, every PURGE_EVERY_S, deletes expired finished ones); returns
+        how many were attempted."""
+        if self._purged_at is None or time.monotonic() - self._purged_at >= PURGE_EVERY_S:
+            self.purge()
         blocked: set[str] = set()
         attempted = 0
         for delivery in store.due(self._engine, datetime.now(UTC), self._config.batch):
@@ -71,6 +78,17 @@ class DeliveryWorker:
             if not self._record(delivery, outcome):
                 blocked.add(delivery.destination)
         return attempted
+
+    def purge(self) -> int:
+        """Delete the finished deliveries older than `keep_finished_days`, a batch at a time; how many went."""
+        self._purged_at = time.monotonic()
+        before = datetime.now(UTC) - timedelta(days=self._config.keep_finished_days)
+        total = 0
+        while (deleted := store.purge_finished(self._engine, before, self._config.batch)) > 0:
+            total += deleted
+        if total:
+            log.info("alerts: deleted %d deliveries finished before %s", total, before.isoformat(timespec="seconds"))
+        return total
 
     def _record(self, delivery: store.Due, outcome: Outcome) -> bool:
         attempts = delivery.attempts + 1

@@ -182,6 +182,20 @@ def record_attempt(
         )
 
 
+def purge_finished(engine: Engine, before: datetime, limit: int) -> int:
+    """Delete up to `limit` deliveries that finished (delivered or failed) before `before`, oldest first; pending
+    ones are never touched. Returns how many went."""
+    table = AlertDeliveryRecord
+    chosen = (
+        select(table.id)
+        .where(table.state != DeliveryState.PENDING, table.finished_at < before)
+        .order_by(table.id)
+        .limit(limit)
+    )
+    with engine.begin() as conn:
+        return conn.execute(delete(table).where(table.id.in_(chosen))).rowcount or 0
+
+
 @dataclass(frozen=True, slots=True)
 class AlertFilter:
     rules: Sequence[str] = ()

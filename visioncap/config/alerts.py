@@ -152,6 +152,13 @@ class DeliveryConfig(StrictModel):
     max_age_s: float = Field(
         default=86_400, gt=0, description="A delivery still not sent this long after it was made is failed."
     )
+    keep_finished_days: float = Field(
+        default=7,
+        gt=0,
+        le=36500,
+        description="Days a finished delivery (delivered or failed) is kept, then deleted: with MQTT every caption "
+        "makes two, so the table needs a bound. The alerts themselves stay (retention does not touch them).",
+    )
 
 
 class AlertsConfig(StrictModel):
