@@ -495,6 +495,18 @@ def test_cors_closed_by_default_and_open_to_configured_origins(seed: Seed, data_
             },
         )
         assert preflight.status_code == 200
+        # Cameras and alert rules are changed with JSON bodies by PATCH and DELETE, from a console elsewhere too.
+        for method in ("PATCH", "DELETE"):
+            change = open_.options(
+                "/v1/cameras/dock",
+                headers={
+                    "Origin": "https://ops.example",
+                    "Access-Control-Request-Method": method,
+                    "Access-Control-Request-Headers": "authorization, content-type",
+                },
+            )
+            assert change.status_code == 200, (method, change.text)
+            assert method in change.headers["access-control-allow-methods"]
         other = open_.get("/v1/cameras", headers={**headers, "Origin": "https://evil.example"})
         assert "access-control-allow-origin" not in other.headers
 

@@ -122,8 +122,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.api_cors_origins,
-            allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "X-Api-Key", "If-None-Match"],
+            # Every method a route has: a console on another origin manages cameras and alert rules too.
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
+            allow_headers=["Authorization", "X-Api-Key", "If-None-Match", "Content-Type", "Last-Event-ID"],
             expose_headers=["ETag"],
         )
     if not settings.api_keys:
