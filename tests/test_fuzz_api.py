@@ -187,10 +187,18 @@ def _utc(value: object) -> datetime | None:
 def refused_as_documented(response: schemathesis.Response, case: schemathesis.Case) -> bool:
     """A 422 for a schema-valid request that the document says comes (its 422 description), for the rules JSON
     Schema cannot state per parameter: no NUL in text, at most 50 cameras of 64 characters with commas splitting a
-    value, `until` after `since` (a rule across parameters), `cursor` only as the API returned it."""
-    if response.status_code != 422 or not case.query:
+    value, `until` after `since` and semantic search's rules (`hybrid` only with `semantic`, `semantic` not with `q`
+    and only where it is on: rules across parameters), `cursor` only as the API returned it; and a camera body's
+    checks that need its kind or the pipeline's settings (the camera operations' descriptions)."""
+    if response.status_code != 422:
         return False
     param = json.loads(response.content)["error"]["param"]
+    if case.path.startswith("/v1/cameras") and case.method in ("POST", "PATCH"):
+        # The operations' descriptions: a camera's source is checked as a pipeline file's is (an absolute path,
+        # a camera URL without inline secrets), its overrides against the pipeline's settings, a PATCH as merged.
+        return isinstance(param, str) and param.split(".")[0] in ("source", "selection", "caption")
+    if not case.query:
+        return False
     value = case.query.get(param)
     if value is None:
         return False
@@ -202,6 +210,14 @@ def refused_as_documented(response: schemathesis.Response, case: schemathesis.Ca
         return len(cameras) > MAX_CAMERAS or any(len(camera) > MAX_CAMERA_LENGTH for camera in cameras)
     if param == "cursor":
         return value not in CURSORS
+    # Semantic search's rules across parameters (this server runs with semantic search off).
+    semantic = str(case.query.get("semantic") or "").strip()
+    if param == "hybrid":
+        return not semantic and str(value).lower() in ("true", "1")
+    if param == "q":
+        return bool(semantic) and bool(str(value).strip())
+    if param == "semantic":
+        return bool(semantic)
     since, until = _utc(case.query.get("since")), _utc(case.query.get("until"))
     return param == "until" and since is not None and until is not None and since >= until
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, Strict, field_validator
 from pydantic_core import PydanticCustomError
 
 from visioncap.config.base import StrictModel
@@ -64,7 +64,8 @@ class CameraConfig(StrictModel):
         default_factory=dict,
         description=f"Image settings for this camera's captions ({', '.join(sorted(CAPTION_OVERRIDES))}).",
     )
-    paused: bool = Field(default=False, description="A paused camera is kept but not read.")
+    # Strict: a JSON body's 0 or "no" is refused, as its schema (a boolean) says, not read as false.
+    paused: Annotated[bool, Strict()] = Field(default=False, description="A paused camera is kept but not read.")
 
     @field_validator("selection")
     @classmethod
@@ -110,7 +111,7 @@ class CameraChange(StrictModel):
     source: dict[str, Any] | None = Field(default=None, description="Source fields to change (not `camera`).")
     selection: dict[str, Any] | None = Field(default=None, description="Replaces the selection overrides.")
     caption: dict[str, Any] | None = Field(default=None, description="Replaces the caption overrides.")
-    paused: bool | None = Field(default=None, description="Pause or resume the camera.")
+    paused: Annotated[bool, Strict()] | None = Field(default=None, description="Pause or resume the camera.")
 
     @field_validator("source")
     @classmethod

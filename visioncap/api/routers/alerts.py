@@ -7,39 +7,20 @@ import binascii
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import Response
-from starlette.types import Receive, Scope, Send
 
 from visioncap.alerts import store
 from visioncap.api.errors import ApiError, bad_param
 from visioncap.api.protocol import Alert, AlertDelivery, AlertPage, AlertRuleList, AlertRuleView, ErrorResponse
 from visioncap.api.routers.captions import Time
-from visioncap.api.routers.common import ERRORS, SECURED, service
+from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, SharedPathRoute, service
 from visioncap.api.serving import ApiService
 from visioncap.config.alerts import NAME_PATTERN, AlertRule, AlertRulePatch, AlertsConfig
 from visioncap.store.records import DeliveryState
 
-
-class _SharedPathRoute(APIRoute):
-    """A 405 whose `Allow` names every method of the path: Starlette names only those of the first route that
-    matched the path, and /v1/alerts/rules (GET, POST) and /v1/alerts/rules/{name} (PATCH, DELETE) have two."""
-
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if self.methods and scope["method"] not in self.methods:
-            allowed = {
-                method
-                for route in router.routes
-                if isinstance(route, APIRoute) and route.path_format == self.path_format
-                for method in route.methods
-            }
-            raise HTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
-        await super().handle(scope, receive, send)
-
-
 router = APIRouter(
-    prefix="/v1/alerts", tags=["alerts"], dependencies=SECURED, responses=ERRORS, route_class=_SharedPathRoute
+    prefix="/v1/alerts", tags=["alerts"], dependencies=SECURED, responses=ERRORS, route_class=SharedPathRoute
 )
 
 RuleName = Annotated[str, Path(pattern=NAME_PATTERN, description="Rule name.")]
@@ -47,7 +28,7 @@ RULE_ERRORS = {
     404: {"model": ErrorResponse, "description": "No rule of that name."},
     409: {"model": ErrorResponse, "description": "A rule of that name exists, or the rule is the file's."},
 }
-BODY_ERRORS = {**RULE_ERRORS, 400: {"model": ErrorResponse, "description": "The body is not JSON."}}
+BODY_ERRORS = {**RULE_ERRORS, **BAD_BODY}
 
 
 def file_config(request: Request) -> AlertsConfig | None:

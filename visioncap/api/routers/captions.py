@@ -76,15 +76,16 @@ def list_captions(
         str | None,
         Query(
             description="Rank by meaning instead of newest first: the newest VISIONCAP_API_SEARCH_SCAN_ROWS rows "
-            "of the camera and time range that meet the other filters, most similar first (not with `q`). Older "
-            "rows: narrow `until`. Needs VISIONCAP_API_SEMANTIC_SEARCH."
+            "of the camera and time range that meet the other filters, most similar first. Older rows: narrow "
+            "`until`. 422 naming `q` when both are given, and naming `semantic` where VISIONCAP_API_SEMANTIC_SEARCH "
+            "is off."
         ),
     ] = None,
     hybrid: Annotated[
         bool,
         Query(
             description="With `semantic`: fuse the meaning ranking with a words ranking of the same text (any word, "
-            "BM25) by reciprocal rank fusion."
+            "BM25) by reciprocal rank fusion. 422 naming `hybrid` without a (non-blank) `semantic`."
         ),
     ] = False,
 ) -> Response:

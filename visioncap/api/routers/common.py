@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import get_origin
 
-from fastapi import Depends, Request, Security
+from fastapi import Depends, HTTPException, Request, Security
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
+from starlette.types import Receive, Scope, Send
 
 from visioncap.api.auth import bearer_scheme, header_scheme
 from visioncap.api.errors import bad_param
@@ -33,6 +34,22 @@ def one_value_each(request: Request) -> None:
             raise bad_param(name, "given more than once; it takes one value")
 
 
+class SharedPathRoute(APIRoute):
+    """A 405 whose `Allow` names every method of the path: Starlette names only those of the first route that
+    matched it, and a resource's collection (GET, POST) or item (PATCH, DELETE) is served by several routes."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.methods and scope["method"] not in self.methods:
+            allowed = {
+                method
+                for route in scope["app"].router.routes
+                if isinstance(route, APIRoute) and route.path_format == self.path_format
+                for method in route.methods
+            }
+            raise HTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
+        await super().handle(scope, receive, send)
+
+
 # Declares the schemes for /docs (the AuthMiddleware enforces them on every request), and refuses repeated
 # single-valued parameters on every route.
 SECURED = [Security(bearer_scheme), Security(header_scheme), Depends(one_value_each)]
@@ -48,6 +65,7 @@ ERRORS = {
         "`until` must be after `since`; `cursor` must be a `next_cursor` the API returned.",
     },
 }
+BAD_BODY = {400: {"model": ErrorResponse, "description": "The body is not JSON."}}
 NOT_FOUND = {404: {"model": ErrorResponse, "description": "No caption with this id."}}
 
 
