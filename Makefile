@@ -93,7 +93,7 @@ test: setup system-deps deploy-env
 # (tests/test_fuzz_*.py, marked serial: their last test checks a tally the others kept in memory, and under xdist
 # schemathesis ran only the first operation) run in one process of their own beside the workers, which often wait
 # on a child process or a socket; the workers load neither schemathesis nor hypothesis (seconds of imports each).
-UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy or detector or mqtt)
+UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy or detector or embedder or mqtt)
 FUZZERS := tests/test_fuzz_*.py
 FUZZ_LOG := test-artifacts/test-unit-fuzzers.log
 UNIT_WORKERS ?= auto

@@ -98,6 +98,7 @@ def store_caption(text: str) -> Caption:
     return Caption(text, "tiny", 10, 5, 0.1)
 
 
+@pytest.mark.embedder
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_semantic_rule_fires_on_meaning_not_words(store: CaptionStore) -> None:
     config = AlertsConfig.model_validate(

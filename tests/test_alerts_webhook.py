@@ -3,13 +3,16 @@ key, the backoff between attempts, nothing sent again once acknowledged, refusal
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
 
 import pytest
+import yaml
 from alerts_support import Receiver, add_caption, wait_until
+from helpers import start_cli
 from sqlalchemy import select
 
 from visioncap.alerts.service import AlertService
@@ -115,3 +118,33 @@ def test_a_refusal_fails_at_once_and_repeated_errors_give_up(
     assert (
         samples.get_sample_value("visioncap_alert_deliveries_total", {"destination": "down", "outcome": "failed"}) == 1
     )
+
+
+def test_the_alerts_command_delivers_and_stops_on_sigterm(sqlite_store: CaptionStore, tmp_path: Path) -> None:
+    """`visioncap alerts` as a user runs it: a file, the database from the environment, SIGTERM to stop."""
+    fired = add_caption(sqlite_store, "dock", T0, "a crowd at the dock", people=3)
+    add_caption(sqlite_store, "dock", T0 + timedelta(minutes=1), "one person", people=1)  # fires nothing
+    with Receiver([200]) as receiver:
+        data = config(receiver.url).model_dump(mode="json") | {"start_at_beginning": True}
+        path = tmp_path / "alerts.yaml"
+        path.write_text(yaml.safe_dump(data), encoding="utf-8")
+        env = {
+            "VISIONCAP_DATABASE_URL": str(sqlite_store.engine.url),
+            "VISIONCAP_DATA_DIR": str(tmp_path / "data"),
+            "VISIONCAP_TEST_HOOK_SECRET": SECRET,
+        }
+        process = start_cli("alerts", "--config", str(path), env=env)
+        try:
+            wait_until(lambda: len(receiver.requests) >= 1 or process.poll() is not None, 60, "the alert")
+            assert process.poll() is None, process.communicate()[1]
+            wait_until(lambda: [d.state for d in deliveries(sqlite_store)] == [DeliveryState.DELIVERED], 30, "its mark")
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+    assert process.returncode == 0, stderr
+    assert [body["caption_id"] for body in receiver.bodies()] == [fired]
+    _, headers, body = receiver.requests[0]
+    assert headers["X-Visioncap-Signature"] == signature(SECRET.encode(), body)

@@ -24,6 +24,10 @@ from visioncap.store.search import CaptionFilter, SearchLimits
 from visioncap.store.semantic import semantic_search
 from visioncap.store.vectors import BackgroundEmbedder, backfill
 
+# The sentence model costs seconds of PyTorch to load and to embed the labelled set: CI and `make test` run these,
+# the fast tier leaves them out (as it does the YOLO runs).
+pytestmark = pytest.mark.embedder
+
 READ_KEY = "semantic-read-key"
 
 

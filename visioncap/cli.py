@@ -150,26 +150,13 @@ def alerts_command(
 ) -> None:
     """Evaluate alert rules on every stored caption and deliver alerts (webhooks, MQTT) until Ctrl-C/SIGTERM."""
     _setup_logging(log_level)
-    import signal
-
     from visioncap.config.alerts import load_alerts_config
 
     settings = load_settings()
     alerts_config = load_alerts_config(config)
-    from prometheus_client import start_http_server
+    from visioncap.alerts.service import run_alerts
 
-    from visioncap.alerts.service import AlertService
-    from visioncap.store import create_db_engine
-    from visioncap.store.schema import ensure_schema
-
-    engine = create_db_engine(settings.resolved_database_url())
-    ensure_schema(engine)
-    with AlertService(engine, alerts_config) as service:
-        if metrics_port is not None:
-            start_http_server(metrics_port, addr="127.0.0.1", registry=service.metrics.registry)
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: service.stop_soon())
-        service.wait()
+    run_alerts(alerts_config, settings, metrics_port)
 
 
 @app.command("api-key")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from collections.abc import Callable
 
@@ -14,6 +15,7 @@ from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.mqtt import MqttSender
 from visioncap.alerts.webhook import WebhookSender
 from visioncap.config.alerts import AlertsConfig
+from visioncap.config.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -79,3 +81,26 @@ class AlertService:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+
+def build_alerts(config: AlertsConfig, settings: Settings) -> AlertService:
+    """The composition root of `visioncap alerts`: the database (schema brought up to date), the engine, the
+    senders; nothing runs before `start()`."""
+    from visioncap.store import create_db_engine
+    from visioncap.store.schema import ensure_schema
+
+    engine = create_db_engine(settings.resolved_database_url())
+    ensure_schema(engine)
+    return AlertService(engine, config)
+
+
+def run_alerts(config: AlertsConfig, settings: Settings, metrics_port: int | None = None) -> None:
+    """Run the alerts service in the foreground until SIGINT or SIGTERM; /metrics on 127.0.0.1:`metrics_port`."""
+    from prometheus_client import start_http_server
+
+    with build_alerts(config, settings) as service:
+        if metrics_port is not None:
+            start_http_server(metrics_port, addr="127.0.0.1", registry=service.metrics.registry)
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda *_: service.stop_soon())
+        service.wait()

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from copy import deepcopy
+from enum import Enum
 from typing import Any, Literal
 
 from starlette.requests import Request
@@ -44,6 +45,15 @@ from visioncap.gateway.sse import StreamObserver
 log = logging.getLogger(__name__)
 
 Endpoint = Literal["chat", "completions", "responses", "embeddings"]
+
+
+class Abandoned(Enum):
+    """Why a request to vLLM ended before its answer head was read (no status code says it)."""
+
+    CALLER_GONE = "caller_gone"  # the caller disconnected while vLLM worked on a non-streaming answer
+    PREEMPTED = "preempted"  # a background request's grant was taken back for chat
+
+
 CAMERA_HEADER = "x-visioncap-camera"
 DEADLINE_HEADER = "x-visioncap-deadline-ms"
 UPSTREAM_PATHS: dict[Endpoint, str] = {
@@ -526,10 +536,10 @@ class Gateway:
         except BaseException as exc:  # cancelled: the caller or the server went away
             finish(Outcome(499, completed=False, error=type(exc).__name__))
             raise
-        if upstream == "caller_gone":
+        if upstream is Abandoned.CALLER_GONE:
             finish(Outcome(499, completed=False, disconnected=True))
             return Response(status_code=499)
-        if upstream == "preempted":
+        if upstream is Abandoned.PREEMPTED:
             finish(Outcome(499, completed=False), answered=False)
             return None
         if retryable and upstream.status_code >= 500:
@@ -570,7 +580,7 @@ class Gateway:
         payload: bytes,
         stream: bool,
         grant: Grant | None,
-    ) -> UpstreamResponse | Literal["caller_gone", "preempted"]:
+    ) -> UpstreamResponse | Abandoned:
         """vLLM's answer head, unless the caller left first or the `grant` was preempted meanwhile."""
         assert replica.upstream is not None
         opening = asyncio.ensure_future(
@@ -595,9 +605,9 @@ class Gateway:
             opening.cancel()
             with contextlib.suppress(BaseException):
                 await opening
-            return "caller_gone"
+            return Abandoned.CALLER_GONE
         if opening.cancelled() and grant is not None and grant.preempted:
-            return "preempted"
+            return Abandoned.PREEMPTED
         return opening.result()
 
     def _stream_observer(

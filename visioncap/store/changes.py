@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 PAGE_ROWS = 100
 SCAN_ROWS = 5000
 
-_CAPTION_COLUMNS = tuple(
+CAPTION_COLUMNS = tuple(
     column for column in CaptionRecord.__table__.c if column.name not in {"frame_width", "frame_height", "image_region"}
 )
 _XID = literal_column(CHANGE_XID_COLUMN, BigInteger)
@@ -187,7 +187,7 @@ def changes_after(
             return ChangePage([], after, more=False)
         end, count = walked
         query = (
-            select(*_CAPTION_COLUMNS, _XID, _SEQ)
+            select(*CAPTION_COLUMNS, _XID, _SEQ)
             .where(tuple_(_XID, _SEQ) > _bound(after), tuple_(_XID, _SEQ) <= _bound(end))
             .where(_unindexed(conn, CaptionRecord.status) == CaptionStatus.CAPTIONED.value)
         )

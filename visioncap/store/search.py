@@ -36,13 +36,13 @@ from sqlalchemy.sql.expression import ClauseElement, Executable
 from visioncap.store.records import CaptionCountRecord, CaptionEventCountRecord, CaptionRecord, CaptionStatus
 from visioncap.store.schema import PG_TS_CONFIG, PG_TSVECTOR_COLUMN
 
-_WORD = re.compile(r"\w+", re.UNICODE)
+WORD = re.compile(r"\w+", re.UNICODE)
 
 # Readers get plain rows (the columns of `captions` as attributes), not ORM objects: building 50 mapped objects
 # per page cost more than the query itself, and nothing on the read side changes them.
 CaptionRow = Row[Any]
 # The frame geometry only serves drawing boxes on one image (read through CaptionStore.get).
-_CAPTION_COLUMNS = tuple(
+CAPTION_COLUMNS = tuple(
     column for column in CaptionRecord.__table__.c if column.name not in {"frame_width", "frame_height", "image_region"}
 )
 _NEWEST_FIRST = (CaptionRecord.captured_at.desc(), CaptionRecord.id.desc())
@@ -89,7 +89,7 @@ class CameraSummary:
 
 def fts5_query(free_text: str) -> str | None:
     """Words of `free_text` as an FTS5 query (every word, the last also as a prefix); None without words."""
-    words = _WORD.findall(free_text)
+    words = WORD.findall(free_text)
     if not words:
         return None
     quoted = [f'"{word}"' for word in words]
@@ -106,13 +106,13 @@ def _text_condition(engine: Engine, free_text: str) -> ColumnElement[bool]:
         subquery = text("SELECT rowid FROM captions_fts WHERE captions_fts MATCH :match").bindparams(match=match)
         return CaptionRecord.id.in_(subquery.columns(rowid=CaptionRecord.id.type))
     if dialect == "postgresql":
-        words = _WORD.findall(free_text)
+        words = WORD.findall(free_text)
         if not words:
             return CaptionRecord.id.is_(None)
         # Only word characters reach to_tsquery, so its syntax cannot be injected; the last word is a prefix.
         tsquery = " & ".join([*words[:-1], f"{words[-1]}:*"])
         return text(f"{PG_TSVECTOR_COLUMN} @@ to_tsquery('{PG_TS_CONFIG}'::regconfig, :q)").bindparams(q=tsquery)
-    words = _WORD.findall(free_text) or [""]
+    words = WORD.findall(free_text) or [""]
     return and_(*(CaptionRecord.caption.ilike(f"%{word}%") for word in words))
 
 
@@ -135,7 +135,7 @@ def _conditions(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool
     return conditions
 
 
-def _after(after: Position | None) -> list[ColumnElement[bool]]:
+def after_position(after: Position | None) -> list[ColumnElement[bool]]:
     """Rows strictly older than `after` (all rows without one)."""
     if after is None:
         return []
@@ -149,12 +149,12 @@ def _after(after: Position | None) -> list[ColumnElement[bool]]:
     ]
 
 
-def _newer_than(cut: Position | None) -> list[ColumnElement[bool]]:
+def newer_than(cut: Position | None) -> list[ColumnElement[bool]]:
     """Rows strictly newer than `cut` (all rows without one)."""
     if cut is None:
         return []
     return [
-        CaptionRecord.captured_at >= cut.captured_at,  # the index's range start, as in _after
+        CaptionRecord.captured_at >= cut.captured_at,  # the index's range start, as in after_position
         or_(
             CaptionRecord.captured_at > cut.captured_at,
             and_(CaptionRecord.captured_at == cut.captured_at, CaptionRecord.id > cut.id),
@@ -162,12 +162,12 @@ def _newer_than(cut: Position | None) -> list[ColumnElement[bool]]:
     ]
 
 
-def _just_above(cut: Position) -> Position:
+def just_above(cut: Position) -> Position:
     """The cursor whose next page starts at `cut` itself: rows older than it are those at or below `cut`."""
     return Position(cut.captured_at, cut.id + 1)
 
 
-def _walk_conditions(query: CaptionFilter) -> list[ColumnElement[bool]]:
+def walk_conditions(query: CaptionFilter) -> list[ColumnElement[bool]]:
     """The terms an index walks in newest-first order: one camera (its own index) and the time range.
 
     Every other term is checked row by row on that walk, which is what a scan budget has to bound.
@@ -182,7 +182,7 @@ def _walk_conditions(query: CaptionFilter) -> list[ColumnElement[bool]]:
     return conditions
 
 
-def _row_checks(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool]]:
+def row_checks(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool]]:
     """The terms no index orders by, checked on each row a walk meets; empty: a page reads only its own rows."""
     conditions: list[ColumnElement[bool]] = []
     if query.min_people:  # 0 holds for every row
@@ -194,7 +194,7 @@ def _row_checks(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool
     return conditions
 
 
-def _camera_check(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool]]:
+def camera_check(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool]]:
     """Several cameras as a check on a walk of the capture-time index.
 
     Alone, several cameras are served by the camera index (SQLite stops each camera's part of the walk once the
@@ -205,7 +205,7 @@ def _camera_check(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bo
     return [_not_indexed(engine, CaptionRecord.camera).in_(list(query.cameras))]
 
 
-def _nth(conn: Connection, conditions: Sequence[ColumnElement[bool]], n: int) -> Position | None:
+def nth(conn: Connection, conditions: Sequence[ColumnElement[bool]], n: int) -> Position | None:
     """Where a newest-first walk of the rows meeting `conditions` is after `n` rows: the first row it has not
     examined; None when fewer rows remain. Reads the index alone (capture time and id are in it)."""
     statement = select(CaptionRecord.captured_at, CaptionRecord.id).where(*conditions)
@@ -222,13 +222,13 @@ def _bounded_walk(
 ) -> tuple[list[CaptionRow], Position | None]:
     """The first `size` rows of the walk that meet `checks`, examining at most `scan_rows` rows of it.
 
-    The walk is cut off where it would be after `scan_rows` rows (`_nth`, from the index alone: 0.4 ms for
+    The walk is cut off where it would be after `scan_rows` rows (`nth`, from the index alone: 0.4 ms for
     20,000 rows), and the page query is confined to rows above the cut, so a filter that matches little costs
     the window, not the table. Returns the rows and, when the page did not fill above it, the cut: the first row
     not examined, where the next page starts.
     """
-    cut = _nth(conn, walk, scan_rows)
-    statement = select(*_CAPTION_COLUMNS).where(*walk, *checks, *_newer_than(cut))
+    cut = nth(conn, walk, scan_rows)
+    statement = select(*CAPTION_COLUMNS).where(*walk, *checks, *newer_than(cut))
     rows = list(conn.execute(statement.order_by(*_NEWEST_FIRST).limit(size)))
     return rows, cut if len(rows) < size else None
 
@@ -271,8 +271,8 @@ def _sqlite_text_page(
     exactly when the batch was enough. Otherwise (a filter that rejects most matches, rowids out of capture-time
     order) the page comes from a bounded window of the walk (`_sqlite_text_window`).
     """
-    others = [*_conditions(engine, replace(query, text=None)), *_after(after)]
-    walk = [*_walk_conditions(query), *_after(after)]
+    others = [*_conditions(engine, replace(query, text=None)), *after_position(after)]
+    walk = [*walk_conditions(query), *after_position(after)]
     batch = min(_FTS_BATCH, max(1, scan_rows // 4))
     # One statement: the newest matches' rowids, each with its capture time when the row passes the other filters
     # (a left join), so the batch's oldest rowid is known without binding the batch back as a list.
@@ -291,7 +291,7 @@ def _sqlite_text_page(
         return _sqlite_text_window(engine, conn, query, match, size, after, scan_rows, first)
     if not best:
         return [], None
-    statement = select(*_CAPTION_COLUMNS).where(CaptionRecord.id.in_([row_id for _, row_id in best]))
+    statement = select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_([row_id for _, row_id in best]))
     return list(conn.execute(statement.order_by(*_NEWEST_FIRST))), None
 
 
@@ -313,18 +313,18 @@ def _sqlite_text_window(
     until that holds, down to a single row, so every request moves on. A first short window fills the page of a
     common word without reading the matches of the whole budget.
     """
-    base = _walk_conditions(query)
-    checks = [*_row_checks(engine, replace(query, text=None)), *_camera_check(engine, query)]
+    base = walk_conditions(query)
+    checks = [*row_checks(engine, replace(query, text=None)), *camera_check(engine, query)]
     first = min(first, scan_rows)
     rows: list[CaptionRow] = []
     cut: Position | None = None
     for budget in (first, scan_rows - first):
         if budget <= 0:
             break
-        walk = [*base, *_after(after)]
+        walk = [*base, *after_position(after)]
         window = budget
         while True:
-            cut = _nth(conn, walk, window)
+            cut = nth(conn, walk, window)
             # The ids of the window's capture-time range, ends included: a few rows more at the ends only widen
             # the matches read, and the plain range is read from the index without checking each row's position.
             ends = [*base, *([CaptionRecord.captured_at <= after.captured_at] if after else [])]
@@ -347,11 +347,11 @@ def _sqlite_text_window(
             "SELECT rowid FROM captions_fts WHERE captions_fts MATCH :match AND rowid BETWEEN :lowest AND :highest"
         ).bindparams(match=match, lowest=lowest, highest=highest)
         matching = CaptionRecord.id.in_(in_window.columns(rowid=CaptionRecord.id.type))
-        statement = select(*_CAPTION_COLUMNS).where(*walk, *checks, matching, *_newer_than(cut))
+        statement = select(*CAPTION_COLUMNS).where(*walk, *checks, matching, *newer_than(cut))
         rows += conn.execute(statement.order_by(*_NEWEST_FIRST).limit(size - len(rows)))
         if len(rows) >= size or cut is None:
             return rows, None
-        after = _just_above(cut)
+        after = just_above(cut)
     return rows, cut
 
 
@@ -360,7 +360,7 @@ def _pg_text_matches(conn: Connection, engine: Engine, query: CaptionFilter, aft
     from the GIN index would cost."""
     assert query.text is not None
     statement = select(CaptionRecord.id).where(
-        *_walk_conditions(query), _text_condition(engine, query.text), *_after(after)
+        *walk_conditions(query), _text_condition(engine, query.text), *after_position(after)
     )
     plan = conn.execute(_Explain(statement)).scalar_one()
     return float(plan[0]["Plan"]["Plan Rows"])
@@ -393,7 +393,7 @@ class SearchLimits:
 
 
 @contextmanager
-def _limited(engine: Engine, timeout_s: float | None) -> Iterator[Connection]:
+def limited(engine: Engine, timeout_s: float | None) -> Iterator[Connection]:
     """A connection whose statements the database stops after `timeout_s`; SearchTimeout when it does."""
     with engine.connect() as conn:
         if timeout_s is None:
@@ -459,29 +459,29 @@ def search_captions(
     """
     size = limit + 1
     cut: Position | None = None
-    with _limited(engine, limits.timeout_s) as conn:
+    with limited(engine, limits.timeout_s) as conn:
         if query.text and engine.dialect.name == "sqlite":
             match = fts5_query(query.text)
             if match is None:
                 return [], None  # no words: nothing matches
             rows, cut = _sqlite_text_page(engine, conn, query, match, size, after, limits.scan_rows)
         else:
-            checks = _row_checks(engine, query)
+            checks = row_checks(engine, query)
             served = not checks or (
                 query.text is not None
                 and (len(checks) == 1 or _pg_text_matches(conn, engine, query, after) <= limits.scan_rows)
             )
             if served:
-                statement = select(*_CAPTION_COLUMNS).where(*_conditions(engine, query), *_after(after))
+                statement = select(*CAPTION_COLUMNS).where(*_conditions(engine, query), *after_position(after))
                 rows = list(conn.execute(statement.order_by(*_NEWEST_FIRST).limit(size)))
             else:
-                walk = [*_walk_conditions(query), *_after(after)]
-                checks += _camera_check(engine, query)
+                walk = [*walk_conditions(query), *after_position(after)]
+                checks += camera_check(engine, query)
                 rows, cut = _bounded_walk(conn, walk, checks, size, limits.scan_rows)
     if len(rows) > limit:
         rows = rows[:limit]
         return rows, Position(rows[-1].captured_at, rows[-1].id)
-    return rows, _just_above(cut) if cut is not None else None
+    return rows, just_above(cut) if cut is not None else None
 
 
 def _not_indexed(engine: Engine, column: ColumnElement[Any]) -> ColumnElement[Any]:

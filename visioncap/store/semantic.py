@@ -40,21 +40,21 @@ from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import PG_TS_CONFIG, PG_TSVECTOR_COLUMN, VECTORS_TABLE
 from visioncap.store.search import (
-    _CAPTION_COLUMNS,
-    _WORD,
+    CAPTION_COLUMNS,
+    WORD,
     CaptionFilter,
     CaptionRow,
     Position,
     SearchLimits,
-    _after,
-    _camera_check,
-    _just_above,
-    _limited,
-    _newer_than,
-    _nth,
-    _row_checks,
-    _walk_conditions,
+    after_position,
+    camera_check,
     fts5_query,
+    just_above,
+    limited,
+    newer_than,
+    nth,
+    row_checks,
+    walk_conditions,
 )
 
 RRF_K = 60
@@ -77,10 +77,10 @@ class RankedPosition:
 
 def _window(conn: Connection, engine: Engine, query: CaptionFilter, top: Position, rows: int) -> Select[tuple[int]]:
     """The ids of the window: the first `rows` rows of the walk at or below `top` that meet the other filters."""
-    walk = [*_walk_conditions(query), *_after(_just_above(top))]
-    cut = _nth(conn, walk, rows)
-    checks = [*_row_checks(engine, query), *_camera_check(engine, query)]
-    return select(CaptionRecord.id).where(*walk, *checks, *_newer_than(cut))
+    walk = [*walk_conditions(query), *after_position(just_above(top))]
+    cut = nth(conn, walk, rows)
+    checks = [*row_checks(engine, query), *camera_check(engine, query)]
+    return select(CaptionRecord.id).where(*walk, *checks, *newer_than(cut))
 
 
 _VECTORS = table(VECTORS_TABLE, column("caption_id", Integer), column("embedding", LargeBinary))
@@ -151,10 +151,10 @@ def semantic_search(
     page's cursor (None on the last page). `query.text` must be None: the search text is `search_text`."""
     query = replace(query, text=None)
     vector = embedder.encode([search_text])[0]
-    words = [word for word in _WORD.findall(search_text) if word.lower() not in _STOP_WORDS]
+    words = [word for word in WORD.findall(search_text) if word.lower() not in _STOP_WORDS]
     limits = limits or SearchLimits()
-    with _limited(engine, limits.timeout_s) as conn:
-        top = after.top if after is not None else _nth(conn, _walk_conditions(query), 0)
+    with limited(engine, limits.timeout_s) as conn:
+        top = after.top if after is not None else nth(conn, walk_conditions(query), 0)
         if top is None:
             return [], [], None
         window = _window(conn, engine, query, top, limits.scan_rows)
@@ -166,7 +166,7 @@ def semantic_search(
             ranked = [entry for entry in ranked if entry < (after.score, after.id)]
         page = ranked[: limit + 1]
         ids = [row_id for _, row_id in page[:limit]]
-        found = {row.id: row for row in conn.execute(select(*_CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
+        found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
     rows = [found[row_id] for row_id in ids if row_id in found]
     page_scores = [score for score, row_id in page[:limit] if row_id in found]
     if len(page) <= limit:
