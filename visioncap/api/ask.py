@@ -121,7 +121,7 @@ class Asker:
             cameras=list(question.cameras),
             since=question.since,
             until=question.until,
-            search=found.method,  # type: ignore[arg-type]
+            search=found.method,
         )
         return Plan(request, context, prompt, max_tokens, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
 
