@@ -22,7 +22,7 @@ import anyio
 import httpx
 from sqlalchemy import Engine
 
-from visioncap.api.errors import ApiError, bad_param
+from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param
 from visioncap.api.protocol import AskContext, ChatCompletion, ChatRequest, Citation
 from visioncap.ask.prompt import Prompt, QuestionTooLong, build_prompt
 from visioncap.ask.question import Question, read_question
@@ -30,7 +30,7 @@ from visioncap.ask.retrieve import Retrieved, retrieve
 from visioncap.config.api import ApiSettings
 from visioncap.store.camera_configs import list_cameras
 from visioncap.store.embeddings import TextEmbedder
-from visioncap.store.search import CaptionRow, SearchLimits, camera_summaries
+from visioncap.store.search import CaptionRow, SearchLimits, SearchTimeout, camera_summaries
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,17 @@ class Asker:
         question: Question = read_question(
             conversation[-1]["content"], self._known_cameras(), datetime.now(UTC), self.zone
         )
-        found: Retrieved = retrieve(self.engine, self.embedder, question, self.settings.ask_top_k, self.limits)
+        try:
+            found: Retrieved = retrieve(self.engine, self.embedder, question, self.settings.ask_top_k, self.limits)
+        except SearchTimeout as exc:
+            log.warning("ask: retrieval stopped at its time limit (%s): %s", exc, question)
+            raise ApiError(
+                503,
+                f"finding the captions took longer than {self.limits.timeout_s:g} s; try again shortly, or name "
+                "a camera or a time",
+                headers={"Retry-After": RETRY_AFTER_S},
+                error_type="search_timeout",
+            ) from exc
         prompt: Prompt | None = None
         if found.rows:
             budget = self.settings.ask_context_tokens - max_tokens
@@ -125,13 +135,16 @@ class Asker:
         )
         return Plan(request, context, prompt, max_tokens, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
 
+    def _local(self, at: datetime | None) -> str:
+        return at.astimezone(self.zone).strftime("%Y-%m-%d %H:%M") if at else "..."
+
     def _no_match_text(self, plan: Plan) -> str:
         parts = []
         if plan.context.cameras:
             parts.append("on " + ", ".join(plan.context.cameras))
         if plan.context.since or plan.context.until:
-            show = lambda at: at.astimezone(self.zone).strftime("%Y-%m-%d %H:%M") if at else "…"  # noqa: E731
-            parts.append(f"between {show(plan.context.since)} and {show(plan.context.until)} ({self.zone.key})")
+            since, until = (self._local(at) for at in (plan.context.since, plan.context.until))
+            parts.append(f"between {since} and {until} ({self.zone.key})")
         return NO_MATCH.format(scope=(" " + " ".join(parts)) if parts else "")
 
     def _upstream_body(self, plan: Plan, stream: bool) -> dict[str, object]:
@@ -158,7 +171,9 @@ class Asker:
     @staticmethod
     def _refused(status: int, detail: str) -> ApiError:
         if status in (408, 429, 503):
-            return ApiError(503, f"the VLM is busy (HTTP {status}); try again shortly", headers={"Retry-After": "2"})
+            return ApiError(
+                503, f"the VLM is busy (HTTP {status}); try again shortly", headers={"Retry-After": RETRY_AFTER_S}
+            )
         return ApiError(502, f"the VLM answered HTTP {status}: {detail[:300]}")
 
     async def complete(self, client: httpx.AsyncClient, plan: Plan) -> ChatCompletion:
@@ -172,7 +187,7 @@ class Asker:
                 )
             except httpx.HTTPError as exc:
                 raise ApiError(
-                    503, f"the VLM is unreachable ({type(exc).__name__})", headers={"Retry-After": "2"}
+                    503, f"the VLM is unreachable ({type(exc).__name__})", headers={"Retry-After": RETRY_AFTER_S}
                 ) from exc
             if response.status_code != 200:
                 raise self._refused(response.status_code, response.text)
@@ -223,7 +238,9 @@ class Asker:
         try:
             response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
-            raise ApiError(503, f"the VLM is unreachable ({type(exc).__name__})", headers={"Retry-After": "2"}) from exc
+            raise ApiError(
+                503, f"the VLM is unreachable ({type(exc).__name__})", headers={"Retry-After": RETRY_AFTER_S}
+            ) from exc
         if response.status_code != 200:
             detail = (await response.aread()).decode(errors="replace")
             await response.aclose()
