@@ -34,6 +34,7 @@ from PIL import Image
 
 from visioncap.api import create_app
 from visioncap.ask.question import read_question
+from visioncap.ask.retrieve import retrieve
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
@@ -44,6 +45,8 @@ from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import VllmServer
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
+from visioncap.store.schema import ensure_schema
+from visioncap.store.search import SearchLimits
 
 READ_KEY = "ask-read-key"
 WRITE_ONLY_KEY = "ask-write-only-key"
@@ -146,9 +149,11 @@ def local(zone: ZoneInfo, days_before: int, hour: float) -> datetime:
     return (datetime.combine(day, datetime.min.time(), tzinfo=zone) + timedelta(hours=hour)).astimezone(UTC)
 
 
-def seed(data_dir: Path, zone: ZoneInfo) -> dict[str, int]:
-    store = CaptionStore(create_db_engine(f"sqlite:///{data_dir / 'visioncap.db'}"))
+def seed(data_dir: Path, zone: ZoneInfo, database_url: str | None = None) -> dict[str, int]:
+    """The ROWS, captioned, with their JPEGs (through the outbox, as the pipeline writes them); their ids."""
+    store = CaptionStore(create_db_engine(database_url or f"sqlite:///{data_dir / 'visioncap.db'}"))
     store.create_schema()
+    ensure_schema(store.engine)  # the API's full-text search
     outbox = Outbox(store, data_dir, OutboxConfig(capacity=100), PipelineMetrics())
     ids: dict[str, int] = {}
     for index, (name, (camera, days, hour, text)) in enumerate(ROWS.items()):
@@ -269,6 +274,19 @@ ORACLE = {
     "Any giraffes on the driveway today?": set(),
     "What happened on the backyard camera today?": set(),
 }
+
+
+def test_retrieval_matches_the_oracle_on_both_databases(database_url: str, tmp_path: Path) -> None:
+    """The words retrieval alone (no VLM), on SQLite FTS5 and PostgreSQL full-text search alike."""
+    zone = afternoon_zone()
+    ids = seed(tmp_path / "data", zone, database_url)
+    engine = create_db_engine(database_url)
+    names = {row_id: name for name, row_id in ids.items()}
+    for question, expected in ORACLE.items():
+        read = read_question(question, {camera for camera, *_ in ROWS.values()}, datetime.now(UTC), zone)
+        found = retrieve(engine, None, read, 8, SearchLimits())
+        assert {names[row.id] for row in found.rows} == expected, question
+    engine.dispose()
 
 
 @pytest.mark.parametrize("question", list(ORACLE))
