@@ -29,7 +29,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
-from helpers import TINY_MODEL
+from helpers import TINY_MODEL, wait_for
 from PIL import Image
 
 from visioncap.api import create_app
@@ -54,6 +54,7 @@ INTERACTIVE_KEY = "ask-interactive-key"
 BACKGROUND_KEY = "ask-background-key"
 TIMEOUT = 120  # seconds; a bound on a broken test, never a measurement
 BERLIN = ZoneInfo("Europe/Berlin")
+ENDED = "visioncap_gateway_responses_ended_total"
 
 
 # -- reading the question: pure functions, a fixed "now", a zone with DST ----------------------------------------
@@ -252,12 +253,16 @@ def api(seeded: Seeded, gateway: GatewayThread) -> Iterator[ApiThread]:
         yield served
 
 
-def requests_by_class(gw: GatewayThread, traffic_class: str) -> float:
+def gateway_metric(gw: GatewayThread, name: str, **labels: str) -> float:
     total = 0.0
     for line in httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text.splitlines():
-        if line.startswith("visioncap_gateway_requests_total{") and f'traffic_class="{traffic_class}"' in line:
+        if line.startswith(name + "{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
             total += float(line.rpartition(" ")[2])
     return total
+
+
+def requests_by_class(gw: GatewayThread, traffic_class: str) -> float:
+    return gateway_metric(gw, "visioncap_gateway_requests_total", traffic_class=traffic_class)
 
 
 def client(api: ApiThread, key: str = READ_KEY) -> openai.OpenAI:
@@ -361,6 +366,31 @@ def test_streaming_answer_is_openai_sse_with_citations_first(api: ApiThread, see
     parts = list(stream)
     assert (parts[0].model_extra or {})["visioncap"]["retrieved"] == [seeded.ids["yard_fox"]]
     assert parts[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_a_client_that_leaves_mid_answer_ends_the_request_to_the_vlm(api: ApiThread, gateway: GatewayThread) -> None:
+    """The API closes its request to the gateway when its client goes: the gateway counts the interactive answer
+    as ended by its caller (`caller_gone`), long before the 512 tokens asked for could have been generated."""
+    gone = gateway_metric(gateway, ENDED, traffic_class="interactive", how="caller_gone")
+    completed = gateway_metric(gateway, ENDED, traffic_class="interactive", how="completed")
+    body = {
+        "model": "visioncap-ask",
+        "messages": [{"role": "user", "content": "Was there a courier yesterday?"}],
+        "stream": True,
+        "max_tokens": 512,
+    }
+    with httpx.stream(
+        "POST", f"{api.url}/v1/chat/completions", json=body, headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and '"content":"' in line and '"role"' not in line:
+                break  # the VLM's first words: leave now
+    wait_for(
+        lambda: gateway_metric(gateway, ENDED, traffic_class="interactive", how="caller_gone") == gone + 1,
+        TIMEOUT,
+        "the gateway to see the API leave",
+    )
+    assert gateway_metric(gateway, ENDED, traffic_class="interactive", how="completed") == completed
 
 
 def test_the_prompt_keeps_within_the_models_context(seeded: Seeded, gateway: GatewayThread) -> None:
