@@ -7,7 +7,9 @@ both scopes; each answer must be no 5xx, a status code the document lists, its c
 every operation must have answered some request with success. The cases are counted per operation and status in
 test-artifacts/fuzz-api-cases.json.
 
-Left out: GET /v1/stream, an endless server-sent-event stream (tests/test_api.py tests it over a real socket).
+Left out: GET /v1/stream, an endless server-sent-event stream (tests/test_api.py tests it over a real socket),
+and POST /v1/chat/completions (Ask), whose answers come from a VLM that this unit tier has not got (the API
+answers 503 while it is away, as documented); tests/test_ask.py tests it with the real vLLM and its bounds.
 """
 
 from __future__ import annotations
@@ -161,7 +163,7 @@ def openapi_document() -> dict[str, Any]:
 DOCUMENT = openapi_document()
 # (schemathesis.pytest.from_fixture, which would load it from the server, fails on pytest 9.2: it sets the
 # item's `_nodeid`, which pytest no longer has.)
-schema = schemathesis.openapi.from_dict(DOCUMENT).exclude(path="/v1/stream")
+schema = schemathesis.openapi.from_dict(DOCUMENT).exclude(path="/v1/stream").exclude(path="/v1/chat/completions")
 TITLE = DOCUMENT["info"]["title"]
 
 

@@ -13,13 +13,14 @@ import io
 import json
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium, start_cli, wait_for
+from helpers import ARTIFACTS, CHROMIUM_FLAGS, TINY_MODEL, chromium, start_cli, wait_for
 from PIL import Image, ImageDraw
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
@@ -28,13 +29,14 @@ from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
-from visioncap.serve import free_port
+from visioncap.serve import VllmServer, free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 
 KEY = "web-page-read-key"
 TIMEOUT_S = 30  # a bound on a broken test, never a measurement
 T0 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
 SCREENSHOT = ARTIFACTS / "web_page.png"
+ASK_SCREENSHOT = ARTIFACTS / "web_page_ask.png"
 
 
 @dataclass(frozen=True)
@@ -97,13 +99,9 @@ class Writer:
         return row_id
 
 
-@pytest.fixture
-def site(tmp_path: Path) -> Iterator[tuple[str, Writer]]:
-    """`visioncap api` over a seeded SQLite file; its base URL and the writer (to store more while it runs)."""
-    data_dir = tmp_path / "data"
-    writer = Writer(data_dir)
-    for index, seeded in enumerate(SEEDED):
-        writer.add(index, seeded)
+@contextmanager
+def serve_api(data_dir: Path, **env: str) -> Iterator[str]:
+    """`visioncap api` over the SQLite file in `data_dir` (`env` added to its environment); its base URL."""
     port = free_port()
     env = {
         "VISIONCAP_DATA_DIR": str(data_dir),
@@ -111,7 +109,7 @@ def site(tmp_path: Path) -> Iterator[tuple[str, Writer]]:
         "VISIONCAP_API_KEYS": json.dumps([{"name": "browser", "sha256": hash_key(KEY), "scopes": ["read"]}]),
         "VISIONCAP_API_STREAM_POLL_S": "0.2",
         "VISIONCAP_API_READY_CHECK_VLM": "false",
-        "VISIONCAP_API_SEMANTIC_SEARCH": "true",  # its background embedder writes the vectors of the rows above
+        **env,
     }
     process = start_cli("api", "--port", str(port), "--log-level", "WARNING", env=env)
     url = f"http://127.0.0.1:{port}"
@@ -125,10 +123,26 @@ def site(tmp_path: Path) -> Iterator[tuple[str, Writer]]:
 
     try:
         wait_for(healthy, TIMEOUT_S, "visioncap api to answer /healthz")
-        yield url, writer
+        yield url
     finally:
         process.terminate()
         process.wait(timeout=TIMEOUT_S)
+
+
+def seeded_writer(data_dir: Path) -> Writer:
+    writer = Writer(data_dir)
+    for index, seeded in enumerate(SEEDED):
+        writer.add(index, seeded)
+    return writer
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> Iterator[tuple[str, Writer]]:
+    """`visioncap api` over a seeded SQLite file; its base URL and the writer (to store more while it runs)."""
+    writer = seeded_writer(tmp_path / "data")
+    # Its background embedder writes the vectors of the rows above.
+    with serve_api(tmp_path / "data", VISIONCAP_API_SEMANTIC_SEARCH="true") as url:
+        yield url, writer
 
 
 @pytest.fixture
@@ -319,3 +333,48 @@ def test_search_switch_ranks_by_meaning(site: tuple[str, Writer], browser: Brows
             assert any("semantic=bike" in r and ("hybrid=true" in r) == (mode == "hybrid") for r in requests)
     finally:
         context.close()
+
+
+def test_ask_panel_streams_an_answer_with_the_cited_thumbnails(
+    tmp_path: Path, browser: Browser, vllm_server: VllmServer
+) -> None:
+    """The Ask panel: the question goes to POST /v1/chat/completions (the real vLLM answers), the cited caption
+    (the one at the dock camera about a courier: camera and words) shows as its thumbnail, which opens the image,
+    and the answer's text streams in under it."""
+    writer = seeded_writer(tmp_path / "data")
+    writer.store.engine.dispose()  # the rows are written; nothing more is stored while the API runs
+    env = {
+        "VISIONCAP_VLM_BASE_URL": vllm_server.base_url,
+        "VISIONCAP_ASK_MODEL": TINY_MODEL,
+        "VISIONCAP_ASK_MAX_TOKENS": "24",
+    }
+    with serve_api(tmp_path / "data", **env) as url:
+        context = browser.new_context(viewport={"width": 1100, "height": 800})
+        try:
+            page = context.new_page()
+            page.goto(f"{url}/#key={KEY}")
+            expect(page.locator("article.card")).to_have_count(len(SEEDED))
+            page.fill("#question", "Was there a courier at the loading dock?")
+            page.click("#askform button")
+            expect(page.locator("#ask")).to_have_attribute("data-state", "answered", timeout=60_000)
+            citations = page.locator("#citations a.citation")
+            expect(citations).to_have_count(1)
+            expect(citations.first).to_have_attribute("title", SEEDED[0].text)
+            page.wait_for_function(
+                "() => { const i = document.querySelector('#citations img'); return i.complete && i.naturalWidth > 0; }"
+            )
+            assert page.eval_on_selector("#citations img", "i => [i.naturalWidth, i.naturalHeight]") == [
+                SEEDED[0].width,
+                SEEDED[0].height,
+            ]
+            href = citations.first.get_attribute("href")
+            assert href is not None and href.startswith("blob:")  # the full image, fetched with the key
+            with context.expect_page() as opened:
+                citations.first.click()
+            assert opened.value.url == href
+            assert page.locator("#answer").inner_text().strip()  # the VLM's (random) words arrived
+            ASK_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(ASK_SCREENSHOT), full_page=True)
+        finally:
+            context.close()
+    assert ASK_SCREENSHOT.stat().st_size > 0

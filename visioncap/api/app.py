@@ -19,7 +19,7 @@ from starlette.staticfiles import StaticFiles
 from visioncap.api.auth import AuthMiddleware, KeyRing
 from visioncap.api.errors import install_handlers
 from visioncap.api.metrics import ApiMetrics, MetricsMiddleware
-from visioncap.api.routers import alerts, cameras, captions, health, page, stream
+from visioncap.api.routers import alerts, ask, cameras, captions, health, page, stream
 from visioncap.api.security import SecurityHeadersMiddleware
 from visioncap.api.serving import ApiService, static_dir
 from visioncap.config.alerts import load_alerts_config
@@ -35,10 +35,12 @@ log = logging.getLogger(__name__)
 DOCS_URL = "/docs"
 DOCS_ASSETS_URL = "/static/docs"  # mounted before /static (the page's own files), so it takes these paths
 
-DESCRIPTION = """Captions of the visioncap camera pipeline: search, images, cameras, live updates.
+DESCRIPTION = """Captions of the visioncap camera pipeline: search, images, cameras, live updates, and
+Ask: questions answered from them by the VLM (OpenAI chat completions).
 
 Every route but `/healthz` needs an API key (`Authorization: Bearer KEY` or `X-Api-Key: KEY`): GET routes the
-`read` scope, others `write`. Errors share one shape, `{"error": {"message", "type", "param", "code"}}`.
+`read` scope, and so does Ask (`POST /v1/chat/completions`: it only reads); others `write`. Errors share one
+shape, `{"error": {"message", "type", "param", "code"}}`.
 """
 
 
@@ -109,7 +111,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.api = api
     # Alerts: the rules of the alerts file, shown read-only (the `visioncap alerts` process applies them).
     app.state.alerts_config = load_alerts_config(settings.alerts_config) if settings.alerts_config else None
-    for module in (captions, cameras, stream, health, page, alerts):
+    for module in (captions, cameras, stream, health, page, alerts, ask):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")
     _document_configured_limits(app, settings)

@@ -1,7 +1,8 @@
 """API keys: every request but /healthz (and, by default, the data-free page and docs) needs one.
 
 Keys come as `Authorization: Bearer KEY` or `X-Api-Key: KEY` and are looked up by SHA-256. GET and HEAD
-need the `read` scope, every other method `write`. Enforced in one ASGI middleware, so that no route,
+need the `read` scope, and so does Ask (POST /v1/chat/completions, which only reads captions); every other
+method needs `write`. Enforced in one ASGI middleware, so that no route,
 present or future, can be left open by forgetting a dependency; the routers only declare the schemes for
 the OpenAPI document.
 """
@@ -23,6 +24,8 @@ bearer_scheme = HTTPBearer(auto_error=False, description="Authorization: Bearer 
 header_scheme = APIKeyHeader(name="X-Api-Key", auto_error=False, description="X-Api-Key: KEY")
 
 ALWAYS_PUBLIC = frozenset({"/healthz"})
+# POST routes that change nothing: a key that may read may use them.
+READ_POSTS = frozenset({"/v1/chat/completions"})
 UI_PATHS = frozenset({"/", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/favicon.ico"})
 
 
@@ -74,7 +77,8 @@ class AuthMiddleware:
             )
             await response(scope, receive, send)
             return
-        needed = "read" if scope["method"] in ("GET", "HEAD") else "write"
+        reads = scope["method"] in ("GET", "HEAD") or (scope["method"] == "POST" and scope["path"] in READ_POSTS)
+        needed = "read" if reads else "write"
         if needed not in principal.scopes:
             await error_response(403, f"this API key lacks the {needed!r} scope")(scope, receive, send)
             return

@@ -350,3 +350,119 @@ class AlertPage(_Model):
 
     items: list[Alert] = Field(description="The alerts of this page.")
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last page.")
+
+
+# -- Ask: POST /v1/chat/completions (a subset of OpenAI's chat completions, and the `visioncap` field) ----------
+
+
+class _ChatIn(BaseModel):
+    # Fields of OpenAI's request this API does not use (top_p, user, stream_options, ...) are ignored, not refused:
+    # chat UIs send them.
+    model_config = ConfigDict(extra="ignore")
+
+
+class ChatTextPart(_ChatIn):
+    """A text part of a message's content (image parts are refused: questions are text)."""
+
+    type: Literal["text"] = Field(description="Only `text`.")
+    text: str = Field(description="The text.")
+
+
+class ChatMessage(_ChatIn):
+    """One turn of the conversation."""
+
+    role: Literal["system", "user", "assistant"] = Field(
+        description="`user` and `assistant` turns are kept (the last must be `user`: the question); `system` "
+        "messages are dropped, the API writes its own."
+    )
+    content: str | list[ChatTextPart] = Field(description="Text, or a list of text parts (joined by newlines).")
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+
+
+class ChatRequest(_ChatIn):
+    """An OpenAI chat completions request, of which these fields are used."""
+
+    model: str = Field(max_length=200, description="Echoed in the answer; the VLM asked is the configured one.")
+    messages: list[ChatMessage] = Field(
+        min_length=1, description="The conversation; the last `user` message is the question."
+    )
+    stream: bool = Field(default=False, description="Server-sent events of `chat.completion.chunk` objects.")
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="Longest answer in tokens; at most VISIONCAP_ASK_MAX_TOKENS (its default)."
+    )
+    max_completion_tokens: int | None = Field(default=None, ge=1, description="Same as `max_tokens` (newer name).")
+    temperature: float | None = Field(
+        default=None, ge=0, le=2, description="Sampling temperature; the VLM's default when left out."
+    )
+
+
+class Citation(_Model):
+    """A caption the answer was given (and may cite by its id in square brackets)."""
+
+    caption_id: int = Field(description="Caption id (`GET /v1/captions/{id}`).")
+    camera: str = Field(description="Camera id.")
+    captured_at: datetime = Field(description="When the frame was captured (UTC).")
+    caption: str = Field(description="The caption text as the VLM was given it.")
+    image_url: str | None = Field(description="Path of the caption's image route; null when no image is stored.")
+
+
+class AskContext(_Model):
+    """What the answer was built from: the `visioncap` field of a completion, and of a stream's first chunk."""
+
+    retrieved: list[int] = Field(description="Ids of the captions retrieved for the question, best first.")
+    citations: list[Citation] = Field(
+        description="The retrieved captions the prompt held (all of `retrieved` unless the model's context cut "
+        "some), best first: always a subset of `retrieved`. Empty when nothing matched."
+    )
+    cameras: list[str] = Field(description="Cameras the question named (empty: all cameras).")
+    since: datetime | None = Field(description="Start of the time range the question named (UTC); null: none.")
+    until: datetime | None = Field(description="End of that range, exclusive (UTC); null: none.")
+    search: Literal["hybrid", "words", "newest"] = Field(
+        description="How captions were ranked: `hybrid` (meaning and words, VISIONCAP_API_SEMANTIC_SEARCH), "
+        "`words` (full-text, any word), `newest` (the question had no words to search: newest first)."
+    )
+
+
+class ChatAnswerMessage(_Model):
+    role: Literal["assistant"] = Field(description="Always `assistant`.")
+    content: str = Field(description="The answer.")
+
+
+class ChatChoice(_Model):
+    index: int = Field(description="Always 0.")
+    message: ChatAnswerMessage = Field(description="The answer.")
+    finish_reason: str | None = Field(description="`stop`, `length`, ... as the VLM said.")
+
+
+class ChatUsage(_Model):
+    prompt_tokens: int = Field(description="Prompt tokens as the VLM counted them (0 when it was not asked).")
+    completion_tokens: int = Field(description="Answer tokens.")
+    total_tokens: int = Field(description="Their sum.")
+
+
+class ChatCompletion(_Model):
+    """OpenAI's `chat.completion`, plus `visioncap`."""
+
+    id: str = Field(description="An id of this answer.")
+    object: Literal["chat.completion"] = Field(description="Always `chat.completion`.")
+    created: int = Field(description="Unix seconds.")
+    model: str = Field(description="The request's `model`.")
+    choices: list[ChatChoice] = Field(description="One choice.")
+    usage: ChatUsage = Field(description="Tokens.")
+    visioncap: AskContext = Field(description="The retrieved captions and the citations.")
+
+
+class ChatModel(_Model):
+    id: str = Field(description="A model name to send as `model`.")
+    object: Literal["model"] = Field(description="Always `model`.")
+    created: int = Field(description="Unix seconds (the API's start).")
+    owned_by: str = Field(description="Always `visioncap`.")
+
+
+class ChatModelList(_Model):
+    """OpenAI's model list, so that clients and chat UIs that list models first find one."""
+
+    object: Literal["list"] = Field(description="Always `list`.")
+    data: list[ChatModel] = Field(description="The one model: Ask.")

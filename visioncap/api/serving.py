@@ -19,6 +19,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
+from visioncap.api.ask import Asker
 from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param, validation_problem
 from visioncap.api.metrics import ApiMetrics
 from visioncap.api.protocol import (
@@ -169,6 +170,7 @@ class ApiService:
         self.retention: RetentionJob | None = None  # set while the app runs
         self.embedder = TextEmbedder() if settings.api_semantic_search else None
         self.background_embedder: BackgroundEmbedder | None = None  # set while the app runs
+        self.asker = Asker(settings, engine, self.embedder)
 
     # -- captions --------------------------------------------------------------------------------
 

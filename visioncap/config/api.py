@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from visioncap.config.settings import Settings
 from visioncap.store.search import DEFAULT_SCAN_ROWS
@@ -22,7 +23,8 @@ class ApiKey(BaseModel):
     sha256: str = Field(pattern=r"^[0-9a-fA-F]{64}$", description="Hex SHA-256 of the key as the caller sends it.")
     scopes: set[Scope] = Field(
         default={"read"},
-        description="`read`: every GET route; `write`: routes that change data (POST .../regenerate).",
+        description="`read`: every GET route and Ask (POST /v1/chat/completions, which reads captions); "
+        "`write`: routes that change data (POST .../regenerate, cameras, alert rules).",
     )
 
 
@@ -88,6 +90,39 @@ class ApiSettings(Settings):
     api_max_streams: int = Field(default=100, ge=1, description="Concurrent /v1/stream connections; more get 503.")
     api_ready_check_vlm: bool = Field(default=True, description="Whether /readyz also requires the VLM's /models.")
     api_image_max_age_s: int = Field(default=86400, ge=0, description="Cache-Control max-age of caption images.")
+    # -- Ask: POST /v1/chat/completions (visioncap/ask/) --
+    ask_vlm_api_key: SecretStr = Field(
+        default=SecretStr("EMPTY"),
+        description="Key Ask sends to VISIONCAP_VLM_BASE_URL. Behind the gateway: a key of the interactive class, "
+        "so that questions go ahead of camera captions (VISIONCAP_VLM_API_KEY is the captions' background key).",
+    )
+    ask_model: str | None = Field(
+        default=None,
+        description="Served model name Ask asks the VLM for; unset: the request's `model` is passed on.",
+    )
+    ask_time_zone: str = Field(
+        default="UTC",
+        description='IANA time zone in which questions\' times ("this morning", "after 6 pm") are read and '
+        "captions' times are shown to the VLM, e.g. Europe/Berlin.",
+    )
+    ask_top_k: int = Field(default=8, ge=1, le=100, description="Captions retrieved per question.")
+    ask_context_tokens: int = Field(
+        default=4096,
+        ge=256,
+        le=1_000_000,
+        description="The VLM's context length (its max_model_len): the prompt is kept under it less the answer's "
+        "max_tokens.",
+    )
+    ask_max_tokens: int = Field(
+        default=512, ge=1, le=100_000, description="Longest answer (tokens): the default and the cap of max_tokens."
+    )
+    ask_max_messages: int = Field(default=32, ge=1, le=1000, description="Most messages a request may hold (422).")
+    ask_max_message_chars: int = Field(
+        default=4000, ge=1, le=1_000_000, description="Longest message (characters; 422 beyond)."
+    )
+    ask_timeout_s: float = Field(
+        default=120, gt=0, le=3600, description="How long Ask waits for the VLM's answer (each read while streaming)."
+    )
     # Alerts: the API shows the file's rules (read-only) beside those it makes.
     alerts_config: Path | None = Field(
         default=None,
@@ -95,3 +130,12 @@ class ApiSettings(Settings):
         "/v1/alerts/rules as read-only, and new rules may notify only its destinations. Unset: only rules made "
         "through the API are listed.",
     )
+
+    @field_validator("ask_time_zone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"not an IANA time zone: {value!r}") from exc
+        return value

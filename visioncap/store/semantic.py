@@ -59,7 +59,7 @@ from visioncap.store.search import (
 
 RRF_K = 60
 # Words that say nothing about a scene: the words list needs every word, and captions seldom have "someone".
-_STOP_WORDS = (
+STOP_WORDS = (
     frozenset({"a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "by", "for", "with", "from", "into"})
     | {"onto", "over", "past", "off", "up", "down", "is", "are", "was", "were", "be", "been", "being", "it", "its"}
     | {"this", "that", "these", "those", "there", "here", "some", "someone", "somebody", "something"}
@@ -151,7 +151,7 @@ def semantic_search(
     page's cursor (None on the last page). `query.text` must be None: the search text is `search_text`."""
     query = replace(query, text=None)
     vector = embedder.encode([search_text])[0]
-    words = [word for word in WORD.findall(search_text) if word.lower() not in _STOP_WORDS]
+    words = [word for word in WORD.findall(search_text) if word.lower() not in STOP_WORDS]
     limits = limits or SearchLimits()
     with limited(engine, limits.timeout_s) as conn:
         top = after.top if after is not None else nth(conn, walk_conditions(query), 0)
@@ -173,3 +173,26 @@ def semantic_search(
         return rows, page_scores, None
     last_score, last_id = page[limit - 1]
     return rows, page_scores, RankedPosition(top, last_score, last_id)
+
+
+def any_word_search(
+    engine: Engine, query: CaptionFilter, words: list[str], limit: int, limits: SearchLimits | None = None
+) -> list[CaptionRow]:
+    """Up to `limit` rows of the window (as `semantic_search`'s) with any of `words`, the rows with more of them
+    first: one full-text ranking per word, fused by reciprocal rank. For questions (visioncap/ask/), whose words
+    a caption seldom has all of, as `q` and hybrid's words list need."""
+    query = replace(query, text=None)
+    limits = limits or SearchLimits()
+    with limited(engine, limits.timeout_s) as conn:
+        top = nth(conn, walk_conditions(query), 0)
+        if top is None:
+            return []
+        window = _window(conn, engine, query, top, limits.scan_rows)
+        scores: dict[int, float] = {}
+        for word in words:
+            for row_id, score in _fused({}, _word_ranks(conn, window, [word])).items():
+                scores[row_id] = scores.get(row_id, 0.0) + score
+        ranked = sorted(((score, row_id) for row_id, score in scores.items()), reverse=True)
+        ids = [row_id for _, row_id in ranked[:limit]]
+        found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
+    return [found[row_id] for row_id in ids if row_id in found]

@@ -56,7 +56,10 @@ SECURED = [Security(bearer_scheme), Security(header_scheme), Depends(one_value_e
 
 ERRORS = {
     401: {"model": ErrorResponse, "description": "Missing or unknown API key."},
-    403: {"model": ErrorResponse, "description": "The key lacks the scope (read for GET, write otherwise)."},
+    403: {
+        "model": ErrorResponse,
+        "description": "The key lacks the scope (read for GET and POST /v1/chat/completions, write otherwise).",
+    },
     422: {
         "model": ErrorResponse,
         "description": "A malformed parameter; `param` names it. Besides each parameter's schema: a parameter "

@@ -203,6 +203,81 @@ async function follow(resume = false) {
   if (state.stream === controller) setTimeout(() => follow(true), 3000); // reconnect where it stopped
 }
 
+// -- Ask: POST /v1/chat/completions, streamed; the citations come on the first chunk, before the answer's text --
+
+let asking = null;
+
+function citationLink(citation) {
+  const link = document.createElement("a");
+  link.className = "citation";
+  link.dataset.id = citation.caption_id;
+  link.target = "_blank";
+  link.rel = "noopener";
+  link.title = citation.caption;
+  const img = document.createElement("img");
+  img.alt = citation.caption;
+  const label = document.createElement("span");
+  label.textContent = `[${citation.caption_id}] ${citation.camera} · ${new Date(citation.captured_at).toLocaleString()}`;
+  link.append(img, label);
+  if (citation.image_url) {
+    // The thumbnail opens the full image (fetched with the key: a plain link could not send it).
+    api(citation.image_url).then((response) => response.blob()).then((blob) => {
+      const url = URL.createObjectURL(blob);
+      img.src = url;
+      link.href = url;
+    }).catch(() => { img.alt = "image not available"; });
+  }
+  return link;
+}
+
+async function askQuestion(question) {
+  if (asking) asking.abort(); // a new question ends the previous answer (and its request to the VLM)
+  const controller = new AbortController();
+  asking = controller;
+  const answer = $("answer");
+  answer.textContent = "";
+  answer.className = "";
+  answer.hidden = false;
+  $("citations").replaceChildren();
+  $("ask").dataset.state = "asking";
+  try {
+    const response = await fetch(new URL("/v1/chat/completions", location.origin), {
+      method: "POST",
+      headers: { ...headers(), "Content-Type": "application/json" },
+      body: JSON.stringify({ model: "visioncap-ask", messages: [{ role: "user", content: question }], stream: true }),
+      signal: controller.signal,
+    });
+    if (!response.ok) {
+      let message = `HTTP ${response.status}`;
+      try { message = (await response.json()).error.message; } catch (_) { /* not JSON */ }
+      throw new Error(message);
+    }
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      buffer += value;
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const data = buffer.slice(0, end).split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
+        buffer = buffer.slice(end + 2);
+        if (!data || data === "[DONE]") continue;
+        const chunk = JSON.parse(data);
+        if (chunk.error) throw new Error(chunk.error.message);
+        if (chunk.visioncap) $("citations").replaceChildren(...chunk.visioncap.citations.map(citationLink));
+        answer.textContent += chunk.choices[0].delta.content || "";
+      }
+    }
+    $("ask").dataset.state = "answered";
+  } catch (error) {
+    if (error.name === "AbortError") return;
+    answer.textContent = error.message;
+    answer.className = "error";
+    $("ask").dataset.state = "failed";
+  }
+}
+
 function refresh() {
   camerasLoadedAt = Date.now();
   loadCameras();
@@ -212,6 +287,11 @@ function refresh() {
 
 $("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
 $("live").addEventListener("change", () => follow());
+$("askform").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const question = $("question").value.trim();
+  if (question && state.key) askQuestion(question);
+});
 $("mode").addEventListener("change", () => { if ($("q").value.trim()) refresh(); });
 $("more").addEventListener("click", () => loadPage(false));
 $("keyform").addEventListener("submit", (event) => {

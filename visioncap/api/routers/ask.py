@@ -1,0 +1,66 @@
+"""Ask: OpenAI-compatible chat completions answered from the stored captions (see visioncap/api/ask.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import anyio
+from fastapi import APIRouter, Depends
+from starlette.responses import Response, StreamingResponse
+
+from visioncap.api.errors import ApiError
+from visioncap.api.protocol import ChatCompletion, ChatModelList, ChatRequest, ErrorResponse
+from visioncap.api.routers.common import ERRORS, SECURED, service
+from visioncap.api.serving import ApiService
+
+router = APIRouter(prefix="/v1", tags=["ask"], dependencies=SECURED, responses=ERRORS)
+
+ASK_MODEL = "visioncap-ask"
+_STARTED = int(time.time())
+
+
+@router.post(
+    "/chat/completions",
+    response_model=ChatCompletion,
+    summary="Ask about what the cameras saw (OpenAI chat completions)",
+    description="Point any OpenAI client or chat UI here (base URL `.../v1`, an API key with the `read` scope). "
+    "The last `user` message is the question: cameras it names (by id, or with spaces for - and _) and times "
+    '("today", "this morning/afternoon/evening", "tonight", "yesterday [morning|...]", "last N hours", '
+    '"after 6 pm", "before 9:30 am"; in VISIONCAP_ASK_TIME_ZONE) filter the captions; the best '
+    "VISIONCAP_ASK_TOP_K captioned rows (hybrid search when VISIONCAP_API_SEMANTIC_SEARCH is on, any-word "
+    "full-text otherwise) go into the prompt, as many as the model's context holds, and the VLM answers through "
+    "VISIONCAP_VLM_BASE_URL with VISIONCAP_ASK_VLM_API_KEY. The `visioncap` field (`AskContext`) lists the "
+    "retrieved ids and the citations (the captions the prompt held, with image links); with `stream: true` it "
+    "is on the first `chat.completion.chunk`, before any text. When nothing matches, the VLM is not asked: the "
+    'answer says "No stored captions match ..." with empty citations.',
+    responses={
+        422: {
+            "model": ErrorResponse,
+            "description": "A malformed body, too many or too long messages, "
+            "`max_tokens` above VISIONCAP_ASK_MAX_TOKENS, or a question longer than the model's context.",
+        },
+        502: {"model": ErrorResponse, "description": "The VLM refused the request."},
+        503: {"model": ErrorResponse, "description": "The VLM is unreachable or busy, or the database is away."},
+    },
+)
+async def chat_completions(api: Annotated[ApiService, Depends(service)], request: ChatRequest) -> Response:
+    plan = await anyio.to_thread.run_sync(api.asker.plan, request)
+    if api.http is None:
+        raise ApiError(503, "the API is starting", headers={"Retry-After": "1"})
+    if not request.stream:
+        answer = await api.asker.complete(api.http, plan)
+        return Response(answer.model_dump_json(), media_type="application/json")
+    upstream = await api.asker.open_stream(api.http, plan)
+    return StreamingResponse(
+        api.asker.stream(plan, upstream),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/models", response_model=ChatModelList, summary="The model name Ask answers to (OpenAI model list)")
+def models() -> ChatModelList:
+    return ChatModelList.model_validate(
+        {"object": "list", "data": [{"id": ASK_MODEL, "object": "model", "created": _STARTED, "owned_by": "visioncap"}]}
+    )
