@@ -29,7 +29,7 @@ from visioncap.pipeline.lease_keeper import LeaseKeeper
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
-from visioncap.store.camera_configs import add_camera
+from visioncap.store.camera_configs import add_camera, update_camera
 from visioncap.store.leases import FencedOut
 
 LEASE_S = 1.5
@@ -102,6 +102,18 @@ def test_a_joining_worker_gets_its_share_from_one_that_holds_too_many(engine: En
     a.step()
     b.step()
     assert len(b.cameras()) == 2 and not a.cameras() & b.cameras()
+
+
+def test_a_camera_moved_to_another_pipeline_is_not_renewed_by_the_old_pipelines_worker(
+    engine: Engine, tmp_path: Path
+) -> None:
+    a = keeper(engine, capacity=4)
+    a.step()
+    assert "cam-0" in a.cameras()
+    moved = CameraConfig(pipeline="q", source=FileSourceConfig(camera="cam-0", path=tmp_path / "x.mp4"))
+    assert update_camera(engine, moved) is not None
+    a.step()
+    assert a.cameras() == set(CAMERAS) - {"cam-0"}
 
 
 def test_a_worker_that_stops_renewing_loses_its_cameras_to_a_live_one_within_the_lease(engine: Engine) -> None:

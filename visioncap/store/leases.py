@@ -57,16 +57,18 @@ def heartbeat(conn: Connection, worker: str, pipeline: str, capacity: int) -> No
     )
 
 
-def renew(conn: Connection, worker: str, held: dict[str, int], lease_s: float) -> dict[str, int]:
-    """Extend the leases still held with their tokens; returns those (a lapsed or taken one is gone)."""
+def renew(conn: Connection, worker: str, pipeline: str, held: dict[str, int], lease_s: float) -> dict[str, int]:
+    """Extend the leases still held with their tokens; returns those (a lapsed or taken one is gone, and so is a
+    camera removed or moved to another pipeline: its lease is left to lapse)."""
     if not held:
         return {}
     rows = conn.execute(
         text(
             "UPDATE camera_leases SET expires_at = now() + make_interval(secs => :lease), renewed_at = now() "
-            "WHERE owner = :me AND expires_at > now() AND camera = ANY(:cameras) RETURNING camera, token"
+            "WHERE owner = :me AND expires_at > now() AND camera = ANY(:cameras) "
+            "AND camera IN (SELECT camera FROM camera_configs WHERE pipeline = :p) RETURNING camera, token"
         ),
-        {"me": worker, "lease": lease_s, "cameras": list(held)},
+        {"me": worker, "lease": lease_s, "cameras": list(held), "p": pipeline},
     )
     return {camera: token for camera, token in rows if held.get(camera) == token}
 
@@ -133,7 +135,7 @@ def keep_leases(
     it. The renewal commits on its own, so that a failed claim never costs the leases already held."""
     with engine.begin() as conn:
         heartbeat(conn, worker, pipeline, capacity)
-        held = renew(conn, worker, held, lease_s)
+        held = renew(conn, worker, pipeline, held, lease_s)
     with engine.begin() as conn:
         share = fair_share(conn, pipeline, capacity, live_s=lease_s)
         if len(held) < share:
