@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,6 +16,9 @@ from visioncap.bench.tune.cli import tune_command
 from visioncap.cameras_cli import cameras_app
 from visioncap.config.settings import load_settings
 from visioncap.errors import ConfigError, VisioncapError
+
+if TYPE_CHECKING:
+    from visioncap.config.worker import WorkerConfig
 
 app = typer.Typer(help="Turns camera streams into searchable captions.", no_args_is_help=True, add_completion=False)
 app.add_typer(bench_app, name="bench")
@@ -56,6 +59,49 @@ def run(
 ) -> None:
     """Run a pipeline until its sources end (files) or until Ctrl-C/SIGTERM (live cameras)."""
     _setup_logging(log_level)
+    _run_pipeline(pipeline, progress, serve=serve, metrics_port=metrics_port)
+
+
+@app.command()
+def worker(
+    pipeline: Annotated[
+        Path, typer.Option(help="Pipeline YAML file: its models and settings, and cameras to seed.", readable=False)
+    ],
+    capacity: Annotated[int, typer.Option(help="Most cameras this worker runs.")] = 4,
+    lease_s: Annotated[
+        float, typer.Option(help="Seconds a camera lease holds unrenewed: how soon live workers take a dead one's.")
+    ] = 15.0,
+    renew_s: Annotated[float, typer.Option(help="Seconds between lease renewals.")] = 3.0,
+    progress: Annotated[str, typer.Option(help="`rich`, `log` or `none`; default by terminal.")] = "auto",
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve Prometheus metrics on this port (127.0.0.1) while running.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+) -> None:
+    """Run the cameras of a pipeline shared with other workers (PostgreSQL leases) until Ctrl-C/SIGTERM."""
+    _setup_logging(log_level)
+    from pydantic import ValidationError
+
+    from visioncap.config.worker import WorkerConfig
+
+    try:
+        # The margin stays below the lease, so that short leases (tests, small fleets) are valid too.
+        worker_config = WorkerConfig(
+            capacity=capacity, lease_s=lease_s, renew_s=renew_s, stop_margin_s=min(2.0, lease_s / 5)
+        )
+    except ValidationError as exc:
+        raise ConfigError(f"visioncap worker: {exc.errors()[0]['msg']}") from None
+    _run_pipeline(pipeline, progress, metrics_port=metrics_port, worker=worker_config)
+
+
+def _run_pipeline(
+    pipeline: Path,
+    progress: str,
+    *,
+    serve: str | None = None,
+    metrics_port: int | None = None,
+    worker: WorkerConfig | None = None,
+) -> None:
     from visioncap.config.pipeline import load_pipeline
 
     # A bad file or setting is reported before the slow imports (the model client, YOLO, SQLAlchemy).
@@ -67,7 +113,9 @@ def run(
     from visioncap.pipeline.compose import build_pipeline, stop_on_signals
     from visioncap.pipeline.progress import Progress
 
-    with build_pipeline(config, settings, base_dir=pipeline.parent, serve=serve, metrics_port=metrics_port) as running:
+    with build_pipeline(
+        config, settings, base_dir=pipeline.parent, serve=serve, metrics_port=metrics_port, worker=worker
+    ) as running:
         stop_on_signals(running)
         with Progress(mode, running.summary, lambda: running.outbox_depth):
             summary = running.run()

@@ -14,15 +14,21 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
 from visioncap.caption.client import VlmCaptioner, check_vlm_ready
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.settings import Settings
+from visioncap.config.worker import WorkerConfig
 from visioncap.detect.yolo import PersonDetector
-from visioncap.errors import ConfigError
+from visioncap.errors import ConfigError, VisioncapError
 from visioncap.pipeline.health import HealthServer
+from visioncap.pipeline.lease_keeper import LeaseKeeper
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.runner import PipelineRunner, RunSummary
 from visioncap.store import CaptionStore, create_db_engine
+from visioncap.store.camera_configs import seed_cameras
 from visioncap.store.retention import RetentionJob
 
 if TYPE_CHECKING:
@@ -79,6 +85,7 @@ def build_pipeline(
     metrics_port: int | None = None,
     check_vlm: bool = True,
     metrics: PipelineMetrics | None = None,
+    worker: WorkerConfig | None = None,
 ) -> Pipeline:
     """Wires and starts everything `config` needs around its runner; nothing reads frames before `run()`.
 
@@ -88,6 +95,8 @@ def build_pipeline(
     here, before the detector loads, when the VLM endpoint is down or does not serve `vlm.model`; without it
     the run starts anyway and its captions wait in the outbox until the endpoint answers. `metrics` is the
     registry the pipeline records into (a new one by default: each pipeline in a process keeps its own series).
+    `worker` makes this one of several workers sharing the pipeline's cameras by leases (PostgreSQL only): it
+    runs the cameras it holds a lease on, and every caption write is fenced by the lease's token.
 
     Raises ConfigError or VlmUnavailableError (naming the configuration field or setting at fault); whatever
     was started by then is stopped again.
@@ -105,8 +114,13 @@ def build_pipeline(
             log.info("starting vLLM (profile %s) on %s; log in %s", serve, server.base_url, server.log_file)
             stack.enter_context(server)
             base_url = server.base_url
-        store = CaptionStore(create_db_engine(settings.resolved_database_url()))
-        stack.callback(store.engine.dispose)
+        engine = create_db_engine(settings.resolved_database_url())
+        stack.callback(engine.dispose)
+        leases = None
+        if worker is not None:
+            leases = _lease_keeper(engine, config, worker)
+            stack.callback(leases.stop)  # after the runner has stopped its cameras (the stack unwinds backwards)
+        store = CaptionStore(engine, fence=leases)
         store.create_schema()
         # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
         retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, metrics.retention))
@@ -117,11 +131,32 @@ def build_pipeline(
         detector = PersonDetector(config.detector, base_dir=base_dir)
         # A frame that cannot be saved for lack of space wakes retention (VISIONCAP_RETENTION_MIN_FREE_MB).
         runner = PipelineRunner(
-            config, detector, captioner, store, settings.data_dir, metrics, on_disk_full=retention.wake
+            config, detector, captioner, store, settings.data_dir, metrics, on_disk_full=retention.wake, leases=leases
         )
         if metrics_port is not None:
             stack.enter_context(HealthServer(runner.readiness, metrics, port=metrics_port))
         return Pipeline(runner, metrics, stack.pop_all())
+
+
+def _lease_keeper(engine: Engine, config: PipelineConfig, worker: WorkerConfig) -> LeaseKeeper:
+    """Started, with a first round done, so that the runner starts with the cameras this worker holds."""
+    if engine.dialect.name != "postgresql":
+        raise ConfigError(
+            f"visioncap worker shares cameras between several workers through leases in PostgreSQL, and "
+            f"VISIONCAP_DATABASE_URL points at {engine.dialect.name}: use a PostgreSQL database, or `visioncap run` "
+            "for the one worker of a single box"
+        )
+    CaptionStore(engine).create_schema()  # the lease tables, before the first round
+    # The file's cameras must be rows before the first claim, or the first round finds nothing to take.
+    seed_cameras(engine, config.name, list(config.sources))
+    keeper = LeaseKeeper(engine, config.name, worker)
+    try:
+        keeper.step()
+    except SQLAlchemyError as exc:
+        raise VisioncapError(f"worker: cannot take camera leases: {exc}") from exc
+    keeper.start()
+    log.info("worker %s: %d cameras leased (capacity %d)", keeper.owner, len(keeper.cameras()), worker.capacity)
+    return keeper
 
 
 def stop_on_signals(pipeline: Pipeline) -> None:

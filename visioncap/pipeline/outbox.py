@@ -33,6 +33,7 @@ from visioncap.frames import Caption
 from visioncap.pipeline.journal import Journal, JournalEntry, Outcome
 from visioncap.pipeline.metrics import FailureKind, PipelineMetrics
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption
+from visioncap.store.leases import FencedOut
 from visioncap.store.records import SkipReason
 from visioncap.store.safety import describe, is_unavailable
 
@@ -53,6 +54,7 @@ class PutResult(StrEnum):
     JOURNAL_FULL = "journal_full"  # neither the database nor the journal could take it; counted and logged
     UNSTORABLE = "unstorable"  # the database refuses its row for good; counted as failed and logged
     DUPLICATE = "duplicate"  # this camera already has a row for this instant (a re-run of a file)
+    FENCED = "fenced"  # this worker lost the camera's lease: the write was refused and the work discarded
 
 
 CAPTIONING = (PutResult.QUEUED, PutResult.JOURNALED, PutResult.REPLACED)
@@ -115,8 +117,11 @@ class Outbox:
         clock: Callable[[], float] = time.monotonic,
         pipeline: str | None = None,
         on_disk_full: Callable[[], None] | None = None,
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
         self._store = store
+        # A worker sharing cameras by leases takes pending rows of the cameras it holds only.
+        self._owns = owns
         self._pipeline = pipeline
         self._data_dir = data_dir
         self._config = config
@@ -172,6 +177,8 @@ class Outbox:
             held = self._queued.keys() | self._in_flight.keys() | settled | (self._finished_during_read or set())
             self._finished_during_read = None
             rows = [r for r in rows if (r.image_path or f"#{r.id}") not in held]
+            if self._owns is not None:
+                rows = [r for r in rows if self._owns(r.camera)]
             for row in rows:
                 self._enqueue(
                     OutboxItem(
@@ -225,7 +232,7 @@ class Outbox:
                 else (SkipReason.QUEUE_FULL, f"{self._config.capacity} frames already waiting")
             )
             result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=_skip_error(reason, detail)))
-            if result in (PutResult.DUPLICATE, PutResult.UNSTORABLE):
+            if result in (PutResult.DUPLICATE, PutResult.UNSTORABLE, PutResult.FENCED):
                 return result, None
             self._skipped(new.camera, reason)
             return (PutResult.COALESCED if rival is not None else PutResult.QUEUE_FULL), row_id
@@ -239,7 +246,7 @@ class Outbox:
         if result is PutResult.DUPLICATE:
             (self._data_dir / relative).unlink(missing_ok=True)
             return result, None
-        if result in (PutResult.JOURNAL_FULL, PutResult.UNSTORABLE):
+        if result in (PutResult.JOURNAL_FULL, PutResult.UNSTORABLE, PutResult.FENCED):
             (self._data_dir / relative).unlink(missing_ok=True)
             if result is PutResult.JOURNAL_FULL:
                 self._skipped(new.camera, SkipReason.JOURNAL_FULL)
@@ -285,6 +292,9 @@ class Outbox:
             status = outcome.status if outcome is not None else CaptionStatus.PENDING
             try:
                 row_id = self._store.add(new, status=status, error=outcome.error if outcome else None)
+            except FencedOut:
+                self._count(PutResult.FENCED)
+                return PutResult.FENCED, None
             except Exception as exc:
                 if not is_unavailable(exc):
                     # Refused for good (a value this database cannot hold): it costs this frame, not the pipeline.
@@ -315,7 +325,7 @@ class Outbox:
         full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
         reason = SkipReason.DISK_FULL if full else SkipReason.IMAGE_WRITE_FAILED
         result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=_skip_error(reason, str(exc))))
-        if result not in (PutResult.DUPLICATE, PutResult.UNSTORABLE):
+        if result not in (PutResult.DUPLICATE, PutResult.UNSTORABLE, PutResult.FENCED):
             self._skipped(new.camera, reason)
         if full:
             with self._lock:
@@ -410,34 +420,47 @@ class Outbox:
                 self._lock.wait(wait)
 
     def complete(self, item: OutboxItem, caption: Caption) -> None:
-        self._settle(item, Outcome(CaptionStatus.CAPTIONED, item.attempts + 1, caption=caption))
-        self._count(CaptionStatus.CAPTIONED)
+        if self._settle(item, Outcome(CaptionStatus.CAPTIONED, item.attempts + 1, caption=caption)):
+            self._count(CaptionStatus.CAPTIONED)
         self._finish(item)
 
     def fail(self, item: OutboxItem, error: str) -> None:
-        self._settle(item, Outcome(CaptionStatus.FAILED, item.attempts + 1, error=error))
-        self._count(CaptionStatus.FAILED)
-        self._metrics.caption_failures.labels(item.camera, FailureKind.PERMANENT).inc()
+        if self._settle(item, Outcome(CaptionStatus.FAILED, item.attempts + 1, error=error)):
+            self._count(CaptionStatus.FAILED)
+            self._metrics.caption_failures.labels(item.camera, FailureKind.PERMANENT).inc()
         self._finish(item)
 
     def skip(self, item: OutboxItem, reason: SkipReason, detail: str) -> None:
         """Never captioned, on purpose (e.g. too old by the time the VLM had room): recorded with the reason."""
-        self._settle(item, Outcome(CaptionStatus.SKIPPED, item.attempts, error=_skip_error(reason, detail)))
-        self._skipped(item.camera, reason)
+        if self._settle(item, Outcome(CaptionStatus.SKIPPED, item.attempts, error=_skip_error(reason, detail))):
+            self._skipped(item.camera, reason)
         self._finish(item)
 
     def retry(self, item: OutboxItem, error: str) -> float:
         """Back into the queue after a transient failure; returns the backoff in seconds."""
         attempts = item.attempts + 1
-        self._settle(item, Outcome(CaptionStatus.PENDING, attempts, error=error))
-        self._metrics.caption_failures.labels(item.camera, FailureKind.TRANSIENT).inc()
         delay = min(self._config.retry_max_s, self._config.retry_initial_s * 2 ** (attempts - 1))
+        if not self._settle(item, Outcome(CaptionStatus.PENDING, attempts, error=error)):
+            self._finish(item)  # the camera's new owner takes the frame
+            return delay
+        self._metrics.caption_failures.labels(item.camera, FailureKind.TRANSIENT).inc()
         with self._lock:
             self._in_flight.pop(item.key, None)
             again = replace(item, due=self._clock() + delay, seq=next(self._seq), attempts=attempts)
             self._enqueue(again)
             self._lock.notify_all()
         return delay
+
+    def forget(self, cameras: set[str]) -> int:
+        """Drop the waiting frames of cameras this worker no longer holds: their rows stay pending in the
+        database for the new owner. Frames in flight finish, and their writes are fenced out."""
+        with self._lock:
+            keys = [key for key, item in self._queued.items() if item.camera in cameras]
+            for key in keys:
+                self._dequeue(key)
+            self._metrics.outbox_depth.set(len(self._queued) + len(self._in_flight))
+            self._lock.notify_all()
+        return len(keys)
 
     def _finish(self, item: OutboxItem) -> None:
         with self._lock:
@@ -499,29 +522,40 @@ class Outbox:
                 self._lock.wait(remaining)
             return True
 
-    def _settle(self, item: OutboxItem, outcome: Outcome) -> None:
+    def _settle(self, item: OutboxItem, outcome: Outcome) -> bool:
         """Record what became of a frame: in its row now, or in the journal until the database is back. Never
         raises for the database's sake: the worker that calls it holds an answer that must not be asked for again.
+        False when the write was fenced out (another worker owns the camera now): the outcome is discarded.
         """
         with self._lock:
             entry = self._journaled.get(item.key)
             if entry is not None or self._down_since is not None:
                 self._journal_outcome(item, outcome, entry)
-                return
+                return True
             row_id = item.id
         if row_id is None:
-            return  # its journaled row turned out to be a duplicate of a stored instant: nothing to record
+            return True  # its journaled row turned out to be a duplicate of a stored instant: nothing to record
         try:
             self._apply(row_id, outcome)
+        except FencedOut:
+            self._fenced(item.key, row_id, outcome)
+            return False
         except Exception as exc:
             if is_unavailable(exc):
                 self._store_failed(exc)
                 with self._lock:
                     self._journal_outcome(item, outcome, self._journaled.get(item.key))
-                return
+                return True
             self._unstorable(row_id, outcome, exc)
         else:
             self._store_ok()
+        return True
+
+    def _fenced(self, key: str, row_id: int | None, outcome: Outcome | None) -> None:
+        self._count(PutResult.FENCED)
+        status = outcome.status.value if outcome is not None else "new"
+        log.warning("frame %s: %s outcome discarded, the camera's lease is held by another worker now",
+                    f"#{row_id}" if row_id is not None else key, status)  # fmt: skip
 
     def _journal_outcome(self, item: OutboxItem, outcome: Outcome, entry: JournalEntry | None) -> None:
         """(Under the lock.) The newest outcome replaces any older one: the row needs only its last state."""
@@ -634,6 +668,18 @@ class Outbox:
                     outcome = None
             if outcome is not None:
                 self._apply(row_id, outcome)
+        except FencedOut:
+            # Not this worker's to write any more: the new owner captions the row (a row not yet inserted is lost
+            # with the lease, as it would be had the worker died before selecting it).
+            self._fenced(entry.key, row_id, outcome)
+            with self._lock:
+                del self._journaled[entry.key]
+                self._journal.remove(entry.key)
+                if entry.key in self._queued:
+                    self._dequeue(entry.key)
+                self._publish()
+                self._lock.notify_all()
+            return True
         except Exception as exc:
             if is_unavailable(exc):
                 self._store_failed(exc)

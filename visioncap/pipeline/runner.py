@@ -24,6 +24,7 @@ from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError
 from visioncap.frames import Detection, Frame, SelectedFrame
 from visioncap.pipeline.hub import FrameHub
+from visioncap.pipeline.lease_keeper import LeaseKeeper
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import CAPTIONING, Outbox, PutResult
 from visioncap.pipeline.watcher import CameraWatcher
@@ -139,8 +140,12 @@ class PipelineRunner:
         data_dir: Path,
         metrics: PipelineMetrics,
         on_disk_full: Callable[[], None] | None = None,
+        leases: LeaseKeeper | None = None,
     ) -> None:
         self._config = config
+        # A worker sharing cameras (`visioncap worker`) runs those it holds a lease on; without, all of them.
+        self._leases = leases
+        self._held: frozenset[str] = leases.cameras() if leases is not None else frozenset()
         self._detector = detector
         self._captioner = captioner
         self._store = store
@@ -149,7 +154,15 @@ class PipelineRunner:
         # Made before any source: a source holds `_on_state` from its creation, and `stop()` may come at any time.
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.outbox = Outbox(store, data_dir, config.outbox, metrics, pipeline=config.name, on_disk_full=on_disk_full)
+        self.outbox = Outbox(
+            store,
+            data_dir,
+            config.outbox,
+            metrics,
+            pipeline=config.name,
+            on_disk_full=on_disk_full,
+            owns=None if leases is None else self._holds,
+        )
         # The pipeline file's cameras go into the database; from there on its rows say what runs (see _apply).
         seed_cameras(store.engine, config.name, list(config.sources))
         # A file's inline credentials are stored masked; the worker alone keeps them, by their masked URL.
@@ -169,7 +182,8 @@ class PipelineRunner:
         self._watcher = CameraWatcher(store.engine, config.name)
         self._hub = FrameHub([], on_finished=self._on_finished)
         # Made here, read in run(): their rates and descriptions are needed now, their frames only then.
-        self._apply(self._watcher.load())
+        self._desired = self._watcher.load()
+        self._apply(self._owned())
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
         """For `/readyz`: not ready while captions cannot reach the database or frames cannot be saved."""
@@ -212,8 +226,14 @@ class PipelineRunner:
         self._watcher.start()
         try:
             while not self._stop.is_set():
+                changed = False
                 if (desired := self._watcher.take()) is not None:
-                    self._apply(desired)
+                    self._desired, changed = desired, True
+                if self._leases is not None and (held := self._leases.cameras()) != self._held:
+                    self._follow_leases(held)
+                    changed = True
+                if changed:
+                    self._apply(self._owned())
                 if time.monotonic() >= next_requeue_check:
                     # Rows put back to pending from outside (the API's regenerate) join the queue while we run.
                     if added := self.outbox.recover():
@@ -222,7 +242,7 @@ class PipelineRunner:
                 batch = hub.next_batch(timeout=0.5)
                 if not batch:
                     # A paused camera may be resumed: the run waits for it as for a live stream.
-                    if hub.finished and not self._paused:
+                    if hub.finished and not self._paused and self._leases is None:
                         break
                     continue
                 for detection in self._detector.detect(batch):
@@ -252,6 +272,24 @@ class PipelineRunner:
         summary.stopped = self._stop.is_set()
         summary.elapsed_s = time.perf_counter() - started
         return summary
+
+    def _holds(self, camera: str) -> bool:
+        return self._leases is None or camera in self._leases.cameras()
+
+    def _owned(self) -> dict[str, StoredCamera]:
+        """The stored cameras this process runs: those it holds a lease on, when it shares them."""
+        if self._leases is None:
+            return self._desired
+        return {camera: stored for camera, stored in self._desired.items() if camera in self._held}
+
+    def _follow_leases(self, held: frozenset[str]) -> None:
+        """Lost cameras' waiting frames go (their new owner takes the rows); gained cameras' pending rows come."""
+        lost, gained = self._held - held, held - self._held
+        self._held = held
+        if lost and (dropped := self.outbox.forget(set(lost))):
+            log.info("outbox: %d waiting frames of cameras now held elsewhere left to their new owner", dropped)
+        if gained and (added := self.outbox.recover()):
+            log.info("outbox: %d pending frames of cameras taken over", added)
 
     def _apply(self, desired: dict[str, StoredCamera]) -> None:
         """Make the running cameras what the stored configs say (on the detection thread, between batches): start

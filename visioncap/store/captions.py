@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
 from visioncap.frames import Caption, SelectionReason
+from visioncap.store.leases import Fence, camera_of, check_lease
 from visioncap.store.records import CaptionRecord, CaptionStatus
 from visioncap.store.safety import MAX_ERROR_CHARS, clean_json, clean_text
 
@@ -60,10 +61,14 @@ class CaptionStore:
 
     Text that came from a model or an exception is made storable here, on the way in, whatever wrote it: a NUL
     byte in a caption is refused by PostgreSQL, and a write that can never succeed must not be retried forever.
+
+    With a `fence` (a worker holding camera leases), every insert and status write checks, in its transaction,
+    that the worker still holds the camera's lease with its token, and raises FencedOut otherwise.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, fence: Fence | None = None) -> None:
         self._engine = engine
+        self._fence = fence
         self._sessions = sessionmaker(engine, expire_on_commit=False)
 
     @property
@@ -88,6 +93,8 @@ class CaptionStore:
         )
         try:
             with self._sessions.begin() as session:
+                if self._fence is not None:
+                    check_lease(session.connection(), self._fence, new.camera)
                 session.add(record)
         except IntegrityError:
             return None
@@ -119,7 +126,12 @@ class CaptionStore:
         if values.get("structured") is not None:
             values["structured"] = clean_json(values["structured"])
         with self._sessions.begin() as session:
-            session.execute(update(CaptionRecord).where(CaptionRecord.id == caption_id).values(**values))
+            statement = update(CaptionRecord).where(CaptionRecord.id == caption_id)
+            if self._fence is not None and (camera := camera_of(session.connection(), caption_id)) is not None:
+                check_lease(session.connection(), self._fence, camera)
+                # Only a pending row takes an outcome: a stale answer must not overwrite another owner's caption.
+                statement = statement.where(CaptionRecord.status == CaptionStatus.PENDING)
+            session.execute(statement.values(**values))
 
     def mark_captioned(self, caption_id: int, caption: Caption, attempts: int) -> None:
         self._update(

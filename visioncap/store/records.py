@@ -218,6 +218,32 @@ class CameraConfigRecord(Base):
     __table_args__ = (Index("ix_camera_configs_pipeline", "pipeline"),)
 
 
+class WorkerRecord(Base):
+    """A live `visioncap worker` (schema step 13, used on PostgreSQL): its capacity, read by the others to share
+    the cameras out, and a heartbeat in the database's clock; a worker whose heartbeat is older than a lease counts
+    as gone."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(128))
+    capacity: Mapped[int] = mapped_column(Integer)
+    heartbeat_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
+class CameraLeaseRecord(Base):
+    """Which worker runs a camera (schema step 13): its owner until `expires_at` (the database's clock), and a
+    fencing token raised on every new claim, which each of the owner's caption writes must still match."""
+
+    __tablename__ = "camera_leases"
+
+    camera: Mapped[str] = mapped_column(String(64), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    token: Mapped[int] = mapped_column(BigInteger, default=0)
+    expires_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    renewed_at: Mapped[datetime] = mapped_column(UtcDateTime())
+
+
 class CaptionCountRecord(Base):
     """Rows of `captions` per camera and status, kept by triggers (schema step 8) so no request counts rows."""
 

@@ -21,11 +21,13 @@ from visioncap.store.records import (
     AlertRuleRecord,
     Base,
     CameraConfigRecord,
+    CameraLeaseRecord,
     CameraRecord,
     CaptionCountRecord,
     CaptionEventCountRecord,
     CaptionEventRecord,
     CaptionRecord,
+    WorkerRecord,
 )
 
 # The text-search configuration of PostgreSQL.
@@ -398,6 +400,12 @@ def _camera_configs_table(conn: Connection) -> None:
     CameraConfigRecord.__table__.create(conn, checkfirst=True)
 
 
+def _worker_leases_tables(conn: Connection) -> None:
+    # Several workers share the cameras by leases (PostgreSQL); made on SQLite too, where they stay empty.
+    WorkerRecord.__table__.create(conn, checkfirst=True)
+    CameraLeaseRecord.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -411,6 +419,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _alerts_tables,  # 10
     _caption_vectors,  # 11
     _camera_configs_table,  # 12
+    _worker_leases_tables,  # 13
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,0 +1,211 @@
+"""Camera leases between workers on a real PostgreSQL: claims up to the fair share, hand-over when a worker joins,
+takeover when one stops renewing, and fencing of a stale owner's caption writes.
+
+Each worker is a LeaseKeeper driven round by round with `step()` (its thread is not started), so the tests decide
+who renews when; only lease expiry, which is the database's clock, is waited for. A worker that was paused is a
+keeper whose clock stands still: its process never saw time pass, which is what a paused process sees.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from helpers import wait_for
+from pg import fresh_database
+from sqlalchemy import Engine
+
+from visioncap.config.cameras import CameraConfig
+from visioncap.config.outbox import OutboxConfig
+from visioncap.config.settings import Settings
+from visioncap.config.sources import FileSourceConfig
+from visioncap.config.worker import WorkerConfig
+from visioncap.errors import ConfigError
+from visioncap.frames import Caption
+from visioncap.pipeline.lease_keeper import LeaseKeeper
+from visioncap.pipeline.metrics import PipelineMetrics
+from visioncap.pipeline.outbox import Outbox, PutResult
+from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
+from visioncap.store.camera_configs import add_camera, update_camera
+from visioncap.store.leases import FencedOut
+
+LEASE_S = 1.5
+CAMERAS = ["cam-0", "cam-1", "cam-2", "cam-3"]
+CAPTION = Caption("a person", "tiny", 300, 8, 0.1)
+WAIT_S = 30.0  # a bound on a broken test, never a measurement
+
+
+class StoppedClock:
+    """The clock of a paused process: it does not move while the process is stopped."""
+
+    def __call__(self) -> float:
+        return 0.0
+
+
+@pytest.fixture
+def engine(postgres: str, tmp_path: Path) -> Engine:
+    engine = create_db_engine(fresh_database(postgres))
+    CaptionStore(engine).create_schema()
+    for camera in CAMERAS:
+        add_camera(engine, CameraConfig(pipeline="p", source=FileSourceConfig(camera=camera, path=tmp_path / "x.mp4")))
+    return engine
+
+
+def keeper(engine: Engine, capacity: int, clock: StoppedClock | None = None) -> LeaseKeeper:
+    config = WorkerConfig(capacity=capacity, lease_s=LEASE_S, renew_s=0.5, stop_margin_s=0.3)
+    return LeaseKeeper(engine, "p", config, **({"clock": clock} if clock else {}))
+
+
+def holds(keeper: LeaseKeeper) -> Callable[[str], bool]:
+    return lambda camera: camera in keeper.cameras()
+
+
+def frame(camera: str, index: int) -> NewCaption:
+    return NewCaption(
+        pipeline="p",
+        camera=camera,
+        source="x.mp4",
+        frame_index=index,
+        offset_s=index / 10,
+        captured_at=datetime(2026, 12, 1, 12, 0, index, tzinfo=UTC),
+        reason="new-event",
+        people=[],
+        image_width=64,
+        image_height=48,
+        model="tiny",
+        event_key=f"{camera}:e{index}",
+        image_path=f"frames/{camera}/{index}.jpg",
+    )
+
+
+def test_two_workers_share_the_cameras_by_capacity_and_never_hold_the_same_one(engine: Engine) -> None:
+    a, b = keeper(engine, capacity=3), keeper(engine, capacity=1)
+    a.step()  # alone so far: up to its capacity
+    assert len(a.cameras()) == 3
+    b.step()  # a's 3 of 4 capacity: b's share is ceil(4 * 1 / 4) = 1, the one camera left
+    a.step()
+    assert len(a.cameras()) == 3 and len(b.cameras()) == 1
+    assert a.cameras() | b.cameras() == set(CAMERAS)
+
+
+def test_a_joining_worker_gets_its_share_from_one_that_holds_too_many(engine: Engine) -> None:
+    a, b = keeper(engine, capacity=4), keeper(engine, capacity=4)
+    a.step()
+    assert a.cameras() == set(CAMERAS)
+    b.step()  # nothing free yet: its heartbeat now makes a's share 2
+    assert b.cameras() == set()
+    a.step()  # a stops two cameras at once and gives their leases back in its next round
+    assert len(a.cameras()) == 2
+    a.step()
+    b.step()
+    assert len(b.cameras()) == 2 and not a.cameras() & b.cameras()
+
+
+def test_a_camera_moved_to_another_pipeline_is_not_renewed_by_the_old_pipelines_worker(
+    engine: Engine, tmp_path: Path
+) -> None:
+    a = keeper(engine, capacity=4)
+    a.step()
+    assert "cam-0" in a.cameras()
+    moved = CameraConfig(pipeline="q", source=FileSourceConfig(camera="cam-0", path=tmp_path / "x.mp4"))
+    assert update_camera(engine, moved) is not None
+    a.step()
+    assert a.cameras() == set(CAMERAS) - {"cam-0"}
+
+
+def test_a_worker_that_stops_renewing_loses_its_cameras_to_a_live_one_within_the_lease(engine: Engine) -> None:
+    a, b = keeper(engine, capacity=2), keeper(engine, capacity=4)
+    a.step()
+    b.step()
+    assert len(a.cameras()) == 2 and len(b.cameras()) == 2
+    tokens = {camera: a.token(camera) for camera in a.cameras()}
+    last_renewal = time.monotonic()
+    a.step()  # its last round: from here on it is as good as killed
+    wait_for(lambda: not a.cameras(), WAIT_S, "the silent worker to stop its own cameras")
+    stopped_after = time.monotonic() - last_renewal
+    assert stopped_after < LEASE_S, f"a stopped its cameras {stopped_after:.1f} s after its last renewal"
+
+    def b_has_all() -> bool:
+        b.step()
+        return b.cameras() == set(CAMERAS)
+
+    wait_for(b_has_all, WAIT_S, "the live worker to take the silent one's cameras", poll_s=0.1)
+    took = time.monotonic() - last_renewal
+    assert took < LEASE_S + 1.0, f"takeover took {took:.1f} s"
+    assert all(b.token(camera) == token + 1 for camera, token in tokens.items() if token is not None)
+
+
+def test_a_paused_then_resumed_worker_cannot_write_as_owner(engine: Engine, tmp_path: Path) -> None:
+    paused = keeper(engine, capacity=4, clock=StoppedClock())
+    paused.step()
+    assert paused.cameras() == set(CAMERAS)
+    stale, stale_tokens = CaptionStore(engine, fence=paused), {c: paused.token(c) for c in CAMERAS}
+    row = stale.add(frame("cam-0", 1))  # pending, as the paused worker left it
+    assert row is not None
+
+    live = keeper(engine, capacity=4)
+
+    def live_has_all() -> bool:
+        live.step()
+        return live.cameras() == set(CAMERAS)
+
+    wait_for(live_has_all, WAIT_S, "the live worker to take the cameras of the paused one", poll_s=0.1)
+    # Resumed: its own clock says its leases still hold, and its tokens are unchanged.
+    assert paused.cameras() == set(CAMERAS) and {c: paused.token(c) for c in CAMERAS} == stale_tokens
+    owner = CaptionStore(engine, fence=live)
+    with pytest.raises(FencedOut):
+        stale.mark_captioned(row, CAPTION, attempts=1)
+    assert "cam-0" not in paused.cameras(), "a fenced-out camera stops at once"
+    with pytest.raises(FencedOut):
+        stale.add(frame("cam-1", 2))
+    assert paused.refusals == 2
+
+    # The new owner's outbox takes the pending row over and its caption lands, once.
+    outbox = Outbox(owner, tmp_path, OutboxConfig(), PipelineMetrics(), pipeline="p", owns=holds(live))
+    assert outbox.recover() == 1
+    item = outbox.take(timeout=0)
+    assert item is not None and item.id == row
+    outbox.complete(item, CAPTION)
+    record = owner.get(row)
+    assert record is not None and record.status is CaptionStatus.CAPTIONED
+    assert owner.count(CaptionStatus.CAPTIONED) == 1
+    assert owner.count() == 1  # the stale insert left no row
+
+
+def test_the_old_owners_outbox_discards_its_answer_when_fenced_out(engine: Engine, tmp_path: Path) -> None:
+    paused = keeper(engine, capacity=4, clock=StoppedClock())
+    paused.step()
+    stale = CaptionStore(engine, fence=paused)
+    outbox = Outbox(stale, tmp_path, OutboxConfig(), PipelineMetrics(), pipeline="p", owns=holds(paused))
+    (tmp_path / "frames" / "cam-2").mkdir(parents=True)
+    result, row = outbox.put(frame("cam-2", 3), b"\xff\xd8 jpeg \xff\xd9")
+    assert result is PutResult.QUEUED and row is not None
+    item = outbox.take(timeout=0)
+    assert item is not None
+
+    live = keeper(engine, capacity=4)
+
+    def live_has_it() -> bool:
+        live.step()
+        return "cam-2" in live.cameras()
+
+    wait_for(live_has_it, WAIT_S, "the live worker to take cam-2", poll_s=0.1)
+    outbox.complete(item, CAPTION)  # the paused worker's VLM answered after all: too late
+    assert outbox.counts[PutResult.FENCED] == 1 and outbox.counts[CaptionStatus.CAPTIONED] == 0
+    record = stale.get(row)
+    assert record is not None and record.status is CaptionStatus.PENDING  # the new owner's to caption
+
+
+def test_a_worker_on_sqlite_says_several_workers_need_postgresql(tmp_path: Path) -> None:
+    from visioncap.config.pipeline import PipelineConfig
+    from visioncap.pipeline.compose import build_pipeline
+
+    settings = Settings(database_url=f"sqlite:///{tmp_path / 'one.db'}", data_dir=tmp_path)
+    config = PipelineConfig.model_validate(
+        {"name": "p", "sources": [{"camera": "c", "path": str(tmp_path / "x.mp4")}], "vlm": {"model": "m"}}
+    )
+    with pytest.raises(ConfigError, match="several workers through leases in PostgreSQL"):
+        build_pipeline(config, settings, check_vlm=False, worker=WorkerConfig())
