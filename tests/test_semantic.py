@@ -4,6 +4,7 @@ embedder, the backfill, and vectors leaving with their captions."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -217,3 +218,13 @@ def test_semantic_search_is_refused_when_off(tmp_path: Path) -> None:
     with TestClient(create_app(settings), headers={"Authorization": f"Bearer {READ_KEY}"}) as client:
         refused = client.get("/v1/captions", params={"semantic": "a dog"})
         assert refused.status_code == 422 and "VISIONCAP_API_SEMANTIC_SEARCH" in refused.json()["error"]["message"]
+
+
+def test_loading_the_model_leaves_the_process_environment_alone() -> None:
+    """Offline is said to the loader, not to the process: HF_HUB_OFFLINE set here would reach every child process
+    (vLLM's own argument checks then fail on model names they would otherwise leave alone)."""
+    before = {name: value for name, value in os.environ.items() if name.startswith(("HF_", "TRANSFORMERS_"))}
+    vectors = TextEmbedder().encode(["a cyclist carries a bicycle"])
+    after = {name: value for name, value in os.environ.items() if name.startswith(("HF_", "TRANSFORMERS_"))}
+    assert vectors.shape == (1, 384)
+    assert after == before

