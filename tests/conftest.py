@@ -58,16 +58,43 @@ def silent_vlm() -> Iterator[str]:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
 
 
+def new_vllm_server() -> VllmServer:
+    profile = load_profile("tiny", REPO / "models")
+    port = free_port()
+    return VllmServer(profile, python=Settings().server_python, port=port, log_file=ARTIFACTS / f"vllm-{port}.log")
+
+
+# The session's vLLM takes about a minute to start on this CPU: it starts as soon as collection shows that some
+# test will use it, so that the tests ordered before its first user run during that minute instead of after it.
+_started_early: list[VllmServer] = []
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any("vllm_server" in getattr(item, "fixturenames", ()) for item in session.items):
+        server = new_vllm_server()
+        server.start()
+        _started_early.append(server)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    # Only when no test took it (all deselected or the run stopped early): the fixture stops the one it took.
+    while _started_early:
+        _started_early.pop().stop()
+
+
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VllmServer]:
     """The real vLLM server, started once per test session through `visioncap.serve`."""
-    profile = load_profile("tiny", REPO / "models")
-    port = free_port()
-    server = VllmServer(profile, python=Settings().server_python, port=port, log_file=ARTIFACTS / f"vllm-{port}.log")
-    with server:
-        group = server.pid
-        assert group is not None
+    server = _started_early.pop() if _started_early else new_vllm_server()
+    if server.pid is None:
+        server.start()
+    group = server.pid
+    assert group is not None
+    try:
+        server.wait_ready()
         yield server
+    finally:
+        server.stop()
     # stop() must take vLLM's engine and worker processes with it.
     assert group_members(group) == []
 
