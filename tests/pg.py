@@ -27,7 +27,9 @@ class PostgresCluster:
     """A throwaway cluster on a free loopback port; `stop()` and `start()` take it down and back on the same port
     (what a database restart or outage looks like to its clients)."""
 
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, listen: str = "127.0.0.1", trusted: tuple[str, ...] = ()) -> None:
+        """`listen`: PostgreSQL's listen_addresses ("*" also takes addresses made later, such as a network
+        namespace's link); `trusted`: further subnets whose clients may connect (loopback always may)."""
         self.bin_dir = bin_dir
         # Not under pytest's tmp dir: the server user must be able to reach it.
         self.root = Path(tempfile.mkdtemp(prefix="visioncap-pg-"))
@@ -41,8 +43,14 @@ class PostgresCluster:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
-        self._options = f"-p {self.port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._options = f"-p {self.port} -k {sock} -c listen_addresses='{listen}' -c fsync=off"
         self._run(str(bin_dir / "initdb"), "-D", str(self.cluster), "-U", "visioncap", "--auth=trust", "-E", "UTF8")
+        if trusted:
+            hba = self.cluster / "pg_hba.conf"
+            lines = "".join(f"host all all {subnet} trust\n" for subnet in trusted)
+            subprocess.run(
+                [*self._prefix, "tee", "-a", str(hba)], input=lines.encode(), check=True, capture_output=True
+            )
         self.base_url = f"postgresql+psycopg://visioncap@127.0.0.1:{self.port}"
 
     def _run(self, *args: str) -> None:

@@ -66,8 +66,17 @@ def skip_unless_gstreamer() -> None:
 class RtspServer:
     """tests/servers/rtsp_server.py in a child process; kill, restart on the same port, freeze and thaw it."""
 
-    def __init__(self, video: Path, *, port: int = 0, mount: str = "/stream", ready_timeout_s: float = 20.0) -> None:
+    def __init__(
+        self,
+        video: Path,
+        *,
+        port: int = 0,
+        mount: str = "/stream",
+        ready_timeout_s: float = 20.0,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.video = video
+        self.host = host
         self.port = port
         self.mount = mount
         self.ready_timeout_s = ready_timeout_s
@@ -92,6 +101,8 @@ class RtspServer:
                 str(self.port),
                 "--mount",
                 self.mount,
+                "--host",
+                self.host,
             ],
             stdout=subprocess.PIPE,
             stderr=self._stderr,

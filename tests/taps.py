@@ -124,15 +124,19 @@ class Tap:
             self._client = httpx.AsyncClient(timeout=TIMEOUT)
         if body.get("stream") and body.get("user", "") in self.paused:
             return await self._paused_stream(path, raw, body["user"])
+        # The caller's key and camera go on (a gateway behind the tap needs them); nothing else of its headers.
+        headers = {name: request.headers[name] for name in FORWARDED_HEADERS if name in request.headers}
+        if raw:
+            headers["content-type"] = "application/json"
         upstream = await self._client.request(
-            request.method,
-            self.target_root + path,
-            content=raw or None,
-            headers={"content-type": "application/json"} if raw else None,
+            request.method, self.target_root + path, content=raw or None, headers=headers
         )
         return Response(
             upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type")
         )
+
+
+FORWARDED_HEADERS = ("authorization", "x-visioncap-camera")
 
 
 class AsgiThread:

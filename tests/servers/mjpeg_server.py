@@ -41,14 +41,31 @@ def _jpeg_frames(video: Path) -> tuple[list[bytes], float]:
 class MjpegServer:
     """Serves `video` as MJPEG at its own frame rate (or `fps`) on 127.0.0.1; every client gets the loop."""
 
-    def __init__(self, video: Path, *, fps: float | None = None, path: str = "/stream.mjpg") -> None:
+    def __init__(
+        self, video: Path, *, fps: float | None = None, path: str = "/stream.mjpg", host: str = "127.0.0.1"
+    ) -> None:
         self._frames, video_fps = _jpeg_frames(video)
+        self._host = host
+        # None: every client gets the loop from its first frame. A wall-clock time (time.time()): one scene for
+        # all clients, as a real camera shows, frame k of the loop at origin + k periods and the first frame
+        # before origin; what a client sees at a time is then known without asking it.
+        self.origin: float | None = None
         self._period = 1.0 / (fps or video_fps)
         self._path = path
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.frames_sent = 0
+
+    @property
+    def period_s(self) -> float:
+        return self._period
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("MjpegServer is not started")
+        return int(self._httpd.server_address[1])
 
     @property
     def url(self) -> str:
@@ -59,7 +76,7 @@ class MjpegServer:
 
     def start(self) -> MjpegServer:
         self._stopping.clear()
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._httpd = ThreadingHTTPServer((self._host, 0), self._handler_class())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="mjpeg-server", daemon=True)
         self._thread.start()
@@ -101,12 +118,18 @@ class MjpegServer:
 
         return Handler
 
+    def _frame_at(self, sent: int) -> int:
+        if self.origin is None:
+            return sent % len(self._frames)
+        elapsed = time.time() - self.origin
+        return int(elapsed / self._period) % len(self._frames) if elapsed >= 0 else 0
+
     def _stream(self, handler: BaseHTTPRequestHandler) -> None:
         next_at = time.monotonic()
         index = 0
         try:
             while not self._stopping.is_set():
-                jpeg = self._frames[index % len(self._frames)]
+                jpeg = self._frames[self._frame_at(index)]
                 handler.wfile.write(
                     f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\n\r\n".encode()
                 )

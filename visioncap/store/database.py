@@ -14,6 +14,10 @@ from sqlalchemy.engine import make_url
 from visioncap.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 5
+# libpq's: data unacknowledged this long (ms) breaks the connection; an idle one is probed after 10 s, every 5 s,
+# and dropped after 3 unanswered probes.
+TCP_OPTIONS = {"tcp_user_timeout": 10_000, "keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5,
+               "keepalives_count": 3}  # fmt: skip
 
 
 def create_db_engine(url: str) -> Engine:
@@ -25,10 +29,14 @@ def create_db_engine(url: str) -> Engine:
     # JSON columns (boxes, track ids) are decoded on every read of a page: pydantic-core's parser is several
     # times faster than the json module's, and it is already installed.
     json_options: dict[str, Any] = {"json_deserializer": from_json}
-    if parsed.get_backend_name() == "postgresql" and "connect_timeout" not in parsed.query:
-        # libpq waits for the operating system's TCP timeout (minutes) on a host that does not answer; the
-        # pipeline must learn within seconds that its database is away and keep its frames on local disk meanwhile.
-        json_options["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT_S}
+    if parsed.get_backend_name() == "postgresql":
+        # libpq waits for the operating system's TCP timeout (minutes) on a host that does not answer, and a query
+        # on a connection whose path was cut waits for TCP's retransmissions to give up (~15 min): the pipeline
+        # must learn within seconds that its database is away (keeping its frames on local disk meanwhile) and a
+        # worker cut off must get its connections back within seconds of the network's return, not after TCP's
+        # backoff. Options given in the URL win.
+        defaults = {"connect_timeout": CONNECT_TIMEOUT_S, **TCP_OPTIONS}
+        json_options["connect_args"] = {k: v for k, v in defaults.items() if k not in parsed.query}
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **json_options)
     if parsed.database and parsed.database != ":memory:":

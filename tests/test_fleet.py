@@ -1,0 +1,368 @@
+"""The fleet, for real: three `visioncap worker` processes on one PostgreSQL, one of them on a host of its own (a
+network namespace), two vLLM servers behind one gateway, six live cameras. One worker is killed, the other host
+is cut off for 30 s, one vLLM is killed; every event the cameras showed is captioned exactly once, and every chat
+is answered or refused before its first byte.
+
+Real parts: PostgreSQL (listening on the namespace's link too), the gateway process, two tiny vLLM servers, the
+detector, five MJPEG cameras looping one video on a shared clock (all show the same scene at the same time, so
+what each showed when is known) and one GStreamer RTSP camera. The namespace's link is taken down for the cut:
+its packets go nowhere, as with a pulled cable.
+
+The timeline is the video's: nobody for 4 s, a person for 3 s, nobody for 3 s, over and over. Faults are made in
+the empty part of a loop, so a camera moves between workers while it shows nobody and an event is never half
+seen by two owners (which would rightly get a caption from each: the new owner cannot know it saw the same
+person). The killed worker reaches the gateway through a tap that holds its caption requests, so its selected
+frames are certainly pending when it dies and must be captioned by the live workers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from helpers import ARTIFACTS, REPO, TINY_MODEL, pipeline_dict, wait_for, write_pipeline
+from pg import PostgresCluster, fresh_database, postgres_bin
+from servers.mjpeg_server import MjpegServer
+from sqlalchemy import Engine, text
+from streams import RtspServer, skip_unless_gstreamer
+from taps import AsgiThread, Tap
+from videos import make_event_video
+
+from visioncap.bench.netns import Host, netns_problem
+from visioncap.config.keys import hash_key
+from visioncap.config.profiles import load_profile
+from visioncap.config.settings import Settings
+from visioncap.serve import VllmServer, free_port
+from visioncap.store import CaptionStatus, CaptionStore, create_db_engine
+
+pytestmark = [pytest.mark.detector, pytest.mark.rtsp, pytest.mark.postgres, pytest.mark.fleet]
+
+LOOP = [(None, 4.0), ("zidane-right", 3.0), (None, 3.0)]
+PERIOD_S = 10.0
+PERSON_S = (4.0, 7.0)  # when the person shows, within a loop
+QUIET_S = (8.5, 12.5)  # faults happen in here (mod PERIOD_S): after the event's captions, before the next person
+LEASE_S, RENEW_S = 3.0, 0.5
+CUT_S = 30.0
+LOOPS = 10
+WAIT_S = 300.0  # a bound on a broken test, never a measurement
+MJPEG_CAMERAS = ["cam-a", "cam-b", "cam-c", "cam-d", "cam-e"]
+CHAT_KEY, FRAMES_A, FRAMES_B = "fleet-chat-key", "fleet-frames-a", "fleet-frames-b"
+REFUSALS = {429, 503}  # refused before any byte of an answer: the caller may try again
+
+
+@pytest.fixture
+def netns() -> Iterator[Host]:
+    problem = netns_problem()
+    if problem is not None:
+        pytest.fail(f"the fleet test needs a network namespace: {problem}")
+    with Host(index=7) as host:
+        yield host
+
+
+@pytest.fixture
+def fleet_postgres(netns: Host) -> Iterator[PostgresCluster]:
+    """A cluster of this test's own that the namespace can reach (the session's listens on loopback only)."""
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        pytest.fail("PostgreSQL is not installed (make system-deps)")
+    cluster = PostgresCluster(bin_dir, listen="*", trusted=(netns.subnet,))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+class Chats:
+    """Chat users through the gateway for the whole run, one question at a time: each answer's status or error."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.results: list[tuple[float, int | str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chats", daemon=True)
+
+    def _run(self) -> None:
+        body = {"model": TINY_MODEL, "messages": [{"role": "user", "content": "what is happening?"}],
+                "max_tokens": 4, "temperature": 0, "ignore_eos": True}  # fmt: skip
+        headers = {"Authorization": f"Bearer {CHAT_KEY}"}
+        with httpx.Client(timeout=120) as client:
+            while not self._stop.wait(0.5):
+                try:
+                    response = client.post(self.url, json=body, headers=headers)
+                    outcome: int | str = response.status_code
+                    if response.status_code == 200:
+                        response.json()["choices"][0]["message"]["content"]  # a whole answer, not a torn one
+                except (httpx.HTTPError, KeyError, ValueError) as exc:
+                    outcome = f"{type(exc).__name__}: {exc}"
+                self.results.append((time.time(), outcome))
+
+    def __enter__(self) -> Chats:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(150)
+
+
+class Leases:
+    """Who held each camera, polled every 0.1 s: [(time, owner or None)] per camera, changes only."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.history: dict[str, list[tuple[float, str | None]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
+
+    def owners(self) -> dict[str, str]:
+        with self.engine.connect() as conn:
+            found = conn.execute(text("SELECT camera, owner FROM camera_leases WHERE expires_at > now()"))
+            return {camera: owner for camera, owner in found}
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            now, owners = time.time(), self.owners()
+            for camera in {*owners, *self.history}:
+                changes = self.history.setdefault(camera, [])
+                if not changes or changes[-1][1] != owners.get(camera):
+                    changes.append((now, owners.get(camera)))
+
+    def __enter__(self) -> Leases:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def start_worker(argv_prefix: list[str], pipeline: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [*argv_prefix, sys.executable, "-m", "visioncap", "worker", "--pipeline", str(pipeline),
+             "--capacity", "6", "--lease-s", str(LEASE_S), "--renew-s", str(RENEW_S), "--progress", "none"],
+            stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env}, cwd=REPO,
+        )  # fmt: skip
+
+
+def held_by(leases: Leases, process: subprocess.Popen[bytes]) -> set[str]:
+    return {camera for camera, owner in leases.owners().items() if f"/{process.pid}/" in owner}
+
+
+def pending(engine: Engine, cameras: set[str]) -> int:
+    if not cameras:
+        return 0
+    with engine.connect() as conn:
+        query = text("SELECT count(*) FROM captions WHERE status = 'pending' AND camera = ANY(:c)")
+        return int(conn.scalar(query, {"c": sorted(cameras)}) or 0)
+
+
+def test_workers_and_replicas_fail_and_every_event_is_captioned_exactly_once(
+    tmp_path: Path, netns: Host, fleet_postgres: PostgresCluster, vllm_server: VllmServer
+) -> None:
+    skip_unless_gstreamer()
+    host_ip = netns.gateway_ip  # this machine as every worker sees it, the namespaced one included
+    video = tmp_path / "loop.mp4"
+    make_event_video(video, LOOP)
+
+    # The second replica, started first: it takes the longest.
+    replica_b = VllmServer(load_profile("tiny", REPO / "models"), python=Settings().server_python, port=free_port(),
+                           log_file=ARTIFACTS / "fleet-vllm-b.log")  # fmt: skip
+    replica_b.start()
+    url = fresh_database(fleet_postgres.base_url).replace("@127.0.0.1:", f"@{host_ip}:")
+    engine = create_db_engine(url)
+    CaptionStore(engine).create_schema()
+
+    gateway_port = free_port()
+    gateway_file = tmp_path / "gateway.yaml"
+    gateway_file.write_text(yaml.safe_dump({
+        "upstreams": [{"name": "a", "base_url": vllm_server.base_url},
+                      {"name": "b", "base_url": replica_b.base_url}],
+        "keys": [{"name": "chat", "sha256": hash_key(CHAT_KEY), "traffic_class": "interactive"},
+                 {"name": "frames-a", "sha256": hash_key(FRAMES_A), "traffic_class": "background", "upstream": "a"},
+                 {"name": "frames-b", "sha256": hash_key(FRAMES_B), "traffic_class": "background", "upstream": "b"}],
+        # Frames wait as long as they must: this test is about who captions them, not about admission.
+        "background": {"deadline_s": 600},
+    }))  # fmt: skip
+    gateway_log = (tmp_path / "gateway.log").open("wb")
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "visioncap", "gateway", "--config", str(gateway_file), "--host", "0.0.0.0",
+         "--port", str(gateway_port)],
+        stdout=gateway_log, stderr=subprocess.STDOUT, cwd=REPO,
+    )  # fmt: skip
+    gateway_url = f"http://{host_ip}:{gateway_port}/v1"
+
+    mjpeg = [MjpegServer(video, host="0.0.0.0").start() for _ in MJPEG_CAMERAS]
+    rtsp = RtspServer(video, host="0.0.0.0")
+    sources: list[dict[str, Any]] = [
+        {"camera": name, "kind": "http", "url": f"http://{host_ip}:{server.port}/stream.mjpg", "analyze_fps": 3}
+        for name, server in zip(MJPEG_CAMERAS, mjpeg, strict=True)
+    ]
+    data = pipeline_dict(video, selection={"stable_frames": 2, "best_frame_window_s": 0.6, "recaption_interval_s": 60,
+                                           "min_interval_s": 1, "event_end_s": 2})  # fmt: skip
+    tap = Tap(f"http://127.0.0.1:{gateway_port}")
+    answers = tap.hold("")  # every caption request of the worker to be killed waits here
+    workers: list[subprocess.Popen[bytes]] = []
+    logs = [tmp_path / f"worker-{n}.log" for n in (1, 2, 3)]
+    try:
+        rtsp.start()
+        port = rtsp.url.rsplit(":", 1)[1].split("/", 1)[0]
+        sources.append({"camera": "yard", "kind": "rtsp", "url": f"rtsp://{host_ip}:{port}/stream", "analyze_fps": 3})
+        pipeline = write_pipeline(tmp_path, {**data, "sources": sources})
+        replica_b.wait_ready()
+
+        def gateway_ready() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{gateway_port}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(gateway_ready, WAIT_S, "the gateway to see both replicas")
+        env = {"VISIONCAP_DATABASE_URL": url, "VISIONCAP_DATA_DIR": str(tmp_path / "data"),
+               "VISIONCAP_VLM_BASE_URL": gateway_url}  # fmt: skip
+        with AsgiThread(tap.app) as tapped, Leases(engine) as leases, Chats(f"{gateway_url}/chat/completions") as chats:
+            tap.root_url = tapped.root_url
+            # Worker 1 (to be killed) and worker 2 here, worker 3 on the other host; 1 and 3 frame to replica a.
+            workers.append(start_worker([], pipeline, {**env, "VISIONCAP_VLM_BASE_URL": f"{tap.root_url}/v1",
+                                                       "VISIONCAP_VLM_API_KEY": FRAMES_A}, logs[0]))  # fmt: skip
+            wait_for(lambda: len(leases.owners()) == 6, WAIT_S, "the first worker to seed and claim the cameras")
+            workers.append(start_worker([], pipeline, {**env, "VISIONCAP_VLM_API_KEY": FRAMES_B}, logs[1]))
+            workers.append(start_worker(netns.command([]), pipeline, {**env, "VISIONCAP_VLM_API_KEY": FRAMES_A},
+                                        logs[2]))  # fmt: skip
+            first, second, third = workers
+
+            def balanced() -> bool:
+                return all(len(held_by(leases, worker)) == 2 for worker in workers)
+
+            wait_for(balanced, WAIT_S, "two cameras on each worker")
+            # The scene starts now, on every MJPEG camera at once: until the origin they show the empty first frame.
+            origin = time.time() + 1.0
+            for server in mjpeg:
+                server.origin = origin
+
+            def in_quiet_phase(condition: Callable[[], bool] = lambda: True) -> Callable[[], bool]:
+                def check() -> bool:
+                    phase = (time.time() - origin) % PERIOD_S
+                    in_quiet = QUIET_S[0] <= phase < QUIET_S[1] or QUIET_S[0] <= phase + PERIOD_S < QUIET_S[1]
+                    return time.time() > origin + PERIOD_S and in_quiet and condition()
+
+                return check
+
+            # Fault 1: kill worker 1 while frames it selected wait for their captions.
+            wait_for(in_quiet_phase(lambda: pending(engine, held_by(leases, first)) > 0), WAIT_S,
+                     "the first worker to have pending frames, between two events", poll_s=0.05)  # fmt: skip
+            orphaned = pending(engine, held_by(leases, first))
+            first.send_signal(signal.SIGKILL)
+            first.wait()
+            wait_for(lambda: not held_by(leases, first) and len(leases.owners()) == 6, WAIT_S,
+                     "the live workers to take the killed worker's cameras", poll_s=0.05)  # fmt: skip
+
+            # Fault 2: cut worker 3's host off for 30 s, between two events and with its captions written.
+            def third_settled() -> bool:
+                cameras = held_by(leases, third)
+                return bool(cameras) and pending(engine, cameras) == 0
+
+            wait_for(in_quiet_phase(third_settled), WAIT_S,
+                     "the namespaced worker to hold cameras with nothing pending, between two events",
+                     poll_s=0.05)  # fmt: skip
+            cut_at = time.time()
+            netns.cut()
+            wait_for(lambda: not held_by(leases, third) and len(held_by(leases, second)) == 6, WAIT_S,
+                     "worker 2 to take the cut-off worker's cameras", poll_s=0.05)  # fmt: skip
+            taken_s = time.time() - cut_at
+            # The cut lasts 30 s by the issue's scenario: this wait is the fault, not a synchronisation.
+            time.sleep(max(0.0, cut_at + CUT_S - time.time()))
+            netns.join()
+            wait_for(lambda: len(held_by(leases, third)) == 3, WAIT_S, "the returned worker to get its share back")
+
+            # Fault 3: kill replica b while frames are being captioned (worker 2's go there).
+            wait_for(lambda: PERSON_S[1] <= (time.time() - origin) % PERIOD_S < QUIET_S[0], WAIT_S,
+                     "an event's captions to be under way", poll_s=0.05)  # fmt: skip
+            b_killed_at = time.time()
+            replica_b.send_signal(signal.SIGKILL)
+            wait_for(lambda: time.time() > origin + LOOPS * PERIOD_S, WAIT_S, "the last loop to end")
+            # The scene ends: the MJPEG cameras show nobody from now on and the RTSP camera goes away.
+            for server in mjpeg:
+                server.origin = math.inf
+            rtsp.kill()
+
+            def all_captioned() -> bool:
+                found = rows_of(engine)
+                return bool(found) and all(status == CaptionStatus.CAPTIONED for status, _, _ in found.values())
+
+            wait_for(all_captioned, WAIT_S, "every selected frame to be captioned")
+            final = rows_of(engine)
+            history = {camera: list(changes) for camera, changes in leases.history.items()}
+        chat_results = list(chats.results)
+    finally:
+        answers.set()
+        for worker in workers:
+            if worker.poll() is None:
+                worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            if worker.poll() is None:
+                worker.wait(60)
+        gateway.send_signal(signal.SIGTERM)
+        gateway.wait(60)
+        gateway_log.close()
+        for server in mjpeg:
+            server.stop()
+        rtsp.kill()
+        replica_b.stop()
+
+    # Every selected frame was captioned once: one answer logged for it across all workers (the killed worker's
+    # requests were held, so it never had one; a fenced-out late answer would show here as a second).
+    assert orphaned > 0
+    text_of_logs = "".join(log.read_text(errors="replace") for log in logs)
+    for row_id, (_, camera, _) in final.items():
+        count = len(re.findall(rf"camera {re.escape(camera)} frame {row_id}: ", text_of_logs))
+        assert count == 1, f"frame #{row_id} of {camera} captioned {count} times"
+    assert any(camera == "yard" for _, camera, _ in final.values()), "the RTSP camera's events were captioned"
+
+    # Every event each MJPEG camera showed: exactly one caption, taken while the person was in view.
+    def moved_near(camera: str, start: float, end: float) -> bool:
+        return any(start - 2 <= at <= end + 3 for at, _ in history.get(camera, [])[1:])
+
+    for camera in MJPEG_CAMERAS:
+        taken = sorted(at for _, cam, at in final.values() if cam == camera)
+        counted = 0
+        for k in range(LOOPS):
+            start, end = origin + k * PERIOD_S + PERSON_S[0], origin + k * PERIOD_S + PERSON_S[1]
+            inside = [at for at in taken if start - 0.3 <= at <= end + 0.3]
+            counted += len(inside)
+            if moved_near(camera, start, end):
+                # Seen in part by two owners (only a rebalance at an arbitrary time can do this): one each at most.
+                assert len(inside) <= 2, (camera, k, inside, history.get(camera))
+            else:
+                assert len(inside) == 1, f"{camera} event {k}: {len(inside)} captions ({history.get(camera)})"
+        assert counted == len(taken), f"{camera}: captions outside any event: {taken}"
+
+    # Takeover within the lease (plus a renewal round and the poll).
+    assert taken_s <= LEASE_S + RENEW_S + 2.0, f"the cut-off worker's cameras were taken after {taken_s:.1f} s"
+    # Chat: answered or refused before any byte, through every fault; answered after replica b died.
+    assert chat_results, "chats ran"
+    torn = [(at - origin, outcome) for at, outcome in chat_results if outcome != 200 and outcome not in REFUSALS]
+    assert not torn, torn
+    assert any(outcome == 200 for at, outcome in chat_results if at > b_killed_at + 5)
+    assert any(outcome == 200 for at, outcome in chat_results if cut_at < at < cut_at + CUT_S)
+
+
+def rows_of(engine: Engine) -> dict[int, tuple[str, str, float]]:
+    with engine.connect() as conn:
+        found = conn.execute(text("SELECT id, status, camera, captured_at FROM captions"))
+        return {row_id: (status, camera, captured.replace(tzinfo=UTC).timestamp()) for row_id, status, camera, captured
+                in found}  # fmt: skip
