@@ -9,7 +9,6 @@ claims, and every Secret, ConfigMap, volume claim and Service target a pod names
 
 from __future__ import annotations
 
-import ast
 import copy
 import itertools
 import json
@@ -17,6 +16,8 @@ import re
 import shutil
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import yaml
 from fastapi.testclient import TestClient
 from helpers import REPO, missing
 from test_deploy import deploy_tool, help_run
+from test_health_host import outside_address
 
 from visioncap.api.app import build_api
 from visioncap.config.api import ApiSettings
@@ -300,29 +302,32 @@ def test_vllm_probes_use_its_open_health_route(rendered: dict[str, list[Obj]]) -
             assert http_paths(container) == {"/health"}
 
 
-def test_pipeline_exec_probes_pass_against_its_real_health_server(rendered: dict[str, list[Obj]]) -> None:
-    """The pipeline's health port listens on loopback, so its probes run in the container: the same Python, here,
-    against a real HealthServer on the port the command opens."""
+def test_pipeline_probes_reach_its_real_health_server_from_outside_the_pod(rendered: dict[str, list[Obj]]) -> None:
+    """The kubelet sends probes to the pod's IP, so the pipeline's health port must listen beyond loopback: a real
+    HealthServer on the address and port the command opens answers them over this machine's own interface."""
     pipelines = [c for overlay in GPU_PODS for _, c in containers(rendered[overlay]) if runs(c, "run")]
     assert len(pipelines) == sum(GPU_PODS.values())
-    port = free_port()
-    with HealthServer(lambda: (False, {"database": "down"}), PipelineMetrics(), port=port):
-        for container in pipelines:
-            metrics_port = dict(itertools.pairwise(container["command"]))["--metrics-port"]
-            assert "readinessProbe" not in container  # it takes no traffic; unready would drop its gateway
-            assert {"startupProbe", "livenessProbe"} <= set(probes(container))
-            for probe in probes(container).values():
-                argv = probe["exec"]["command"]
-                assert argv[:2] == ["python", "-c"]
-                ast.parse(argv[2])
-                url = re.search(r"http://127\.0\.0\.1:(\d+)(/\w+)", argv[2])
-                assert url and url.group(1) == metrics_port, argv
-                code = argv[2].replace(f":{metrics_port}/", f":{port}/")
-                result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30, check=False)
-                assert result.returncode == 0, result.stderr
-        # And the check can fail: the same probe on /readyz of a pipeline whose database is down.
-        code = f"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{port}/readyz', timeout=4)"
-        assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30).returncode != 0
+    outside = outside_address()
+    for container in pipelines:
+        options = dict(itertools.pairwise(container["command"]))
+        assert "readinessProbe" not in container  # it takes no traffic; unready would drop its gateway
+        assert set(probes(container)) == {"startupProbe", "livenessProbe"}
+        paths = http_paths(container)
+        assert paths == {"/healthz"}
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert {probe["httpGet"]["port"] for probe in probes(container).values()} == {"health"}
+        assert str(ports["health"]) == options["--metrics-port"]
+        port = free_port()
+        with HealthServer(
+            lambda: (False, {"database": "down"}), PipelineMetrics(), port=port, host=options["--metrics-host"]
+        ):
+            for path in paths:
+                with urllib.request.urlopen(f"http://{outside}:{port}{path}", timeout=10) as response:
+                    assert response.status == 200
+            # And the check can fail: /readyz of a pipeline whose database is down.
+            with pytest.raises(urllib.error.HTTPError) as unready:
+                urllib.request.urlopen(f"http://{outside}:{port}/readyz", timeout=10)
+            assert unready.value.code == 503
 
 
 # --- network policies ------------------------------------------------------------------------------------------------

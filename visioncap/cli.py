@@ -26,6 +26,11 @@ app.add_typer(cameras_app, name="cameras")
 app.command("tune")(tune_command)
 err = Console(stderr=True)
 log = logging.getLogger("visioncap")
+# Loopback by default: /metrics tells whoever reaches it the cameras' names and the pipeline's state.
+METRICS_HOST_HELP = (
+    "Address the metrics port listens on: 0.0.0.0 in a container or pod, so that probes and scrapers from outside "
+    "it reach /healthz, /readyz and /metrics."
+)
 
 
 def _setup_logging(level: str) -> None:
@@ -53,13 +58,15 @@ def run(
         str, typer.Option(help="`rich` live table, `log` lines every 10 s (services), or `none`; default by terminal.")
     ] = "auto",
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on this port (127.0.0.1) while running.")
+        int | None,
+        typer.Option(help="Serve Prometheus metrics, /healthz and /readyz on this port while running."),
     ] = None,
+    metrics_host: Annotated[str, typer.Option(help=METRICS_HOST_HELP)] = "127.0.0.1",
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run a pipeline until its sources end (files) or until Ctrl-C/SIGTERM (live cameras)."""
     _setup_logging(log_level)
-    _run_pipeline(pipeline, progress, serve=serve, metrics_port=metrics_port)
+    _run_pipeline(pipeline, progress, serve=serve, metrics_port=metrics_port, metrics_host=metrics_host)
 
 
 @app.command()
@@ -74,8 +81,10 @@ def worker(
     renew_s: Annotated[float, typer.Option(help="Seconds between lease renewals.")] = 3.0,
     progress: Annotated[str, typer.Option(help="`rich`, `log` or `none`; default by terminal.")] = "auto",
     metrics_port: Annotated[
-        int | None, typer.Option(help="Serve Prometheus metrics on this port (127.0.0.1) while running.")
+        int | None,
+        typer.Option(help="Serve Prometheus metrics, /healthz and /readyz on this port while running."),
     ] = None,
+    metrics_host: Annotated[str, typer.Option(help=METRICS_HOST_HELP)] = "127.0.0.1",
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
 ) -> None:
     """Run the cameras of a pipeline shared with other workers (PostgreSQL leases) until Ctrl-C/SIGTERM."""
@@ -91,7 +100,7 @@ def worker(
         )
     except ValidationError as exc:
         raise ConfigError(f"visioncap worker: {exc.errors()[0]['msg']}") from None
-    _run_pipeline(pipeline, progress, metrics_port=metrics_port, worker=worker_config)
+    _run_pipeline(pipeline, progress, metrics_port=metrics_port, metrics_host=metrics_host, worker=worker_config)
 
 
 def _run_pipeline(
@@ -100,6 +109,7 @@ def _run_pipeline(
     *,
     serve: str | None = None,
     metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
     worker: WorkerConfig | None = None,
 ) -> None:
     from visioncap.config.pipeline import load_pipeline
@@ -114,7 +124,13 @@ def _run_pipeline(
     from visioncap.pipeline.progress import Progress
 
     with build_pipeline(
-        config, settings, base_dir=pipeline.parent, serve=serve, metrics_port=metrics_port, worker=worker
+        config,
+        settings,
+        base_dir=pipeline.parent,
+        serve=serve,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
+        worker=worker,
     ) as running:
         stop_on_signals(running)
         with Progress(mode, running.summary, lambda: running.outbox_depth):

@@ -83,6 +83,7 @@ def build_pipeline(
     base_dir: Path | None = None,
     serve: str | None = None,
     metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
     check_vlm: bool = True,
     metrics: PipelineMetrics | None = None,
     worker: WorkerConfig | None = None,
@@ -91,7 +92,7 @@ def build_pipeline(
 
     `base_dir` is where relative detector weights are looked up (the pipeline file's folder). `serve` names a
     model profile whose vLLM server is started for the pipeline's lifetime (on a free port) and captions instead
-    of `vlm.base_url`. `metrics_port` serves /metrics, /healthz and /readyz on 127.0.0.1. `check_vlm` fails
+    of `vlm.base_url`. `metrics_port` serves /metrics, /healthz and /readyz on `metrics_host`. `check_vlm` fails
     here, before the detector loads, when the VLM endpoint is down or does not serve `vlm.model`; without it
     the run starts anyway and its captions wait in the outbox until the endpoint answers. `metrics` is the
     registry the pipeline records into (a new one by default: each pipeline in a process keeps its own series).
@@ -134,7 +135,7 @@ def build_pipeline(
             config, detector, captioner, store, settings.data_dir, metrics, on_disk_full=retention.wake, leases=leases
         )
         if metrics_port is not None:
-            stack.enter_context(HealthServer(runner.readiness, metrics, port=metrics_port))
+            stack.enter_context(HealthServer(runner.readiness, metrics, port=metrics_port, host=metrics_host))
         return Pipeline(runner, metrics, stack.pop_all())
 
 

@@ -1,4 +1,5 @@
-"""A running pipeline's own HTTP port: Prometheus metrics, liveness and readiness (`--metrics-port`)."""
+"""A running pipeline's own HTTP port: Prometheus metrics, liveness and readiness (`--metrics-port`, on the
+address `--metrics-host` names)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ Readiness = Callable[[], tuple[bool, dict[str, Any]]]
 
 
 class HealthServer:
-    """`/metrics`, `/healthz` and `/readyz` (200 ready, 503 degraded, JSON details) on one loopback port."""
+    """`/metrics`, `/healthz` and `/readyz` (200 ready, 503 degraded, JSON details) on one port, loopback unless
+    `host` says otherwise (0.0.0.0 in a container, for probes from outside it)."""
 
     def __init__(self, readiness: Readiness, metrics: PipelineMetrics, port: int = 0, host: str = "127.0.0.1") -> None:
         handler = type("Handler", (_Handler,), {"readiness": staticmethod(readiness), "metrics": metrics})

@@ -1,0 +1,73 @@
+"""The pipeline's health port (`--metrics-port`) on the address `--metrics-host` names: loopback unless told, and
+reachable from other machines (a probe from another container or pod) once bound to 0.0.0.0.
+
+Real parts: the composition root with the real detector and SQLite, and a client that connects over the machine's
+own network interface, as a kubelet or a compose healthcheck from outside the container would.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import pipeline_dict
+from videos import make_event_video
+
+from visioncap.config.pipeline import PipelineConfig
+from visioncap.config.settings import Settings
+from visioncap.pipeline.compose import build_pipeline
+from visioncap.serve import free_port
+
+pytestmark = pytest.mark.detector
+
+
+def outside_address() -> str:
+    """This machine's address on its network interface (never loopback): the one the kernel would send from."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            # A UDP connect only asks the routing table; nothing is sent. 192.0.2.1 is TEST-NET-1.
+            probe.connect(("192.0.2.1", 9))
+        except OSError as exc:
+            pytest.fail(f"this machine has no route off loopback, so nothing can call it from outside: {exc}")
+        address = str(probe.getsockname()[0])
+    assert not address.startswith("127."), address
+    return address
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> PipelineConfig:
+    video = tmp_path / "empty.mp4"
+    make_event_video(video, [(None, 1)])
+    dead_vlm = f"http://127.0.0.1:{free_port()}/v1"  # never called: no frame is read before run()
+    return PipelineConfig.model_validate(pipeline_dict(video, vlm={"base_url": dead_vlm, "timeout_s": 2}))
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(database_url=f"sqlite:///{tmp_path / 'h.db'}", data_dir=tmp_path / "data")
+
+
+def healthz(host: str, port: int) -> dict[str, object]:
+    with urllib.request.urlopen(f"http://{host}:{port}/healthz", timeout=10) as response:
+        assert response.status == 200
+        return dict(json.loads(response.read()))
+
+
+def test_the_health_port_answers_from_outside_the_machine_when_bound_to_every_address(
+    config: PipelineConfig, settings: Settings
+) -> None:
+    address, port = outside_address(), free_port()
+    with build_pipeline(config, settings, check_vlm=False, metrics_port=port, metrics_host="0.0.0.0"):
+        assert healthz(address, port) == {"status": "ok"}
+        assert healthz("127.0.0.1", port) == {"status": "ok"}  # the in-container healthcheck still works
+
+
+def test_the_health_port_stays_on_loopback_by_default(config: PipelineConfig, settings: Settings) -> None:
+    address, port = outside_address(), free_port()
+    with build_pipeline(config, settings, check_vlm=False, metrics_port=port):
+        assert healthz("127.0.0.1", port) == {"status": "ok"}
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((address, port), timeout=10).close()
