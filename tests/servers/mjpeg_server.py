@@ -44,22 +44,19 @@ class MjpegServer:
     def __init__(
         self, video: Path, *, fps: float | None = None, path: str = "/stream.mjpg", host: str = "127.0.0.1"
     ) -> None:
-        self._frames, video_fps = _jpeg_frames(video)
+        self._frames, self._video_fps = _jpeg_frames(video)
         self._host = host
-        # None: every client gets the loop from its first frame. A wall-clock time (time.time()): one scene for
-        # all clients, as a real camera shows, frame k of the loop at origin + k periods and the first frame
-        # before origin; what a client sees at a time is then known without asking it.
+        # None: every client gets the loop from its first frame, one frame per send. A wall-clock time
+        # (time.time()): one scene for all clients, as a real camera shows, the video's frame k at origin + k /
+        # its own frame rate (whatever the sending rate) and the first frame before origin; what a client sees at
+        # a time is then known without asking it.
         self.origin: float | None = None
-        self._period = 1.0 / (fps or video_fps)
+        self._period = 1.0 / (fps or self._video_fps)
         self._path = path
         self._stopping = threading.Event()
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.frames_sent = 0
-
-    @property
-    def period_s(self) -> float:
-        return self._period
 
     @property
     def port(self) -> int:
@@ -122,7 +119,7 @@ class MjpegServer:
         if self.origin is None:
             return sent % len(self._frames)
         elapsed = time.time() - self.origin
-        return int(elapsed / self._period) % len(self._frames) if elapsed >= 0 else 0
+        return int(elapsed * self._video_fps) % len(self._frames) if elapsed >= 0 else 0
 
     def _stream(self, handler: BaseHTTPRequestHandler) -> None:
         next_at = time.monotonic()
