@@ -10,7 +10,8 @@ import json
 import socket
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -171,75 +172,74 @@ def test_a_chat_refused_by_its_replica_is_retried_on_another(vllm_server: VllmSe
         assert gw.call_soon(lambda: gw.gateway.replica("a").controller.interactive_in_flight) == 0
 
 
+@contextmanager
+def scripted_replica(pool: ThreadPoolExecutor, answer: bytes) -> Iterator[tuple[dict[str, Any], Future[None]]]:
+    """Replica `a`: its config entry, and a future done once its socket has answered one connection (the chat's)
+    with `answer` and hung up."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(TIMEOUT)  # a broken test's accept gives up instead of holding the pool
+
+        def answer_one() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(answer)
+
+        upstream: dict[str, Any] = {
+            "name": "a",
+            "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+            "health_interval_s": 0,  # it answers one connection: the chat's
+        }
+        yield upstream, pool.submit(answer_one)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_chat_answered_5xx_before_its_first_byte_is_retried_on_another(
     vllm_server: VllmServer, pool: ThreadPoolExecutor, stream: bool
 ) -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        failing = {
-            "name": "a",
-            "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
-            "health_interval_s": 0,  # it answers one connection: the chat's
-        }
-
-        def answer_503() -> None:
-            connection, _ = listener.accept()
-            with connection:
-                connection.recv(65536)
-                body = b'{"error":{"message":"engine overloaded","code":503}}'
-                head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-                connection.sendall(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
-
-        with GatewayThread(config_for([failing, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
-            wait_until(gw, "b", up=True)
-            served = pool.submit(answer_503)
-            answer = post_chat(gw, CHAT_KEY, chat_body("overloaded", stream=stream))
-            served.result(TIMEOUT)
-            assert answer.status_code == 200, answer.text
-            if stream:
-                assert answer.text.rstrip().endswith("data: [DONE]")
-            else:
-                assert answer.json()["usage"]["completion_tokens"] == 4
-            assert metric(gw, "visioncap_gateway_retries_total", upstream="a") == 1
-            for name in ("a", "b"):
-                assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream=name) == 1, name
+    body = b'{"error":{"message":"engine overloaded","code":503}}'
+    head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    answer_503 = head + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    with (
+        scripted_replica(pool, answer_503) as (failing, served),
+        GatewayThread(config_for([failing, {"name": "b", "base_url": vllm_server.base_url}])) as gw,
+    ):
+        wait_until(gw, "b", up=True)
+        answer = post_chat(gw, CHAT_KEY, chat_body("overloaded", stream=stream))
+        served.result(TIMEOUT)
+        assert answer.status_code == 200, answer.text
+        if stream:
+            assert answer.text.rstrip().endswith("data: [DONE]")
+        else:
+            assert answer.json()["usage"]["completion_tokens"] == 4
+        assert metric(gw, "visioncap_gateway_retries_total", upstream="a") == 1
+        for name in ("a", "b"):
+            assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream=name) == 1, name
 
 
 def test_a_chat_is_never_retried_once_its_answer_has_begun(vllm_server: VllmServer, pool: ThreadPoolExecutor) -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        scripted = {
-            "name": "a",
-            "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
-            "health_interval_s": 0,  # it answers one connection: the chat's
-        }
-
-        def one_chunk_then_hang_up() -> None:
-            connection, _ = listener.accept()
-            with connection:
-                connection.recv(65536)
-                event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
-                head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                connection.sendall(head + b"%x\r\n%s\r\n" % (len(event), event))
-
-        with GatewayThread(config_for([scripted, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
-            wait_until(gw, "b", up=True)  # so there is a replica to retry on
-            served = pool.submit(one_chunk_then_hang_up)
-            url = f"{gw.base_url}/chat/completions"
-            headers = {"Authorization": f"Bearer {CHAT_KEY}"}
-            with httpx.stream(
-                "POST", url, json=chat_body("cut", stream=True), headers=headers, timeout=TIMEOUT
-            ) as response:
-                assert response.status_code == 200
-                lines = [line for line in response.iter_lines() if line.startswith("data: ")]
-            served.result(TIMEOUT)
-            # It ends with the error, from this replica: the caller learns the answer broke off.
-            assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == 502 and "data: [DONE]" not in lines
-            assert metric(gw, "visioncap_gateway_retries_total") == 0
-            assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream="b") == 0
+    event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    one_chunk_then_hang_up = head + b"%x\r\n%s\r\n" % (len(event), event)
+    with (
+        scripted_replica(pool, one_chunk_then_hang_up) as (scripted, served),
+        GatewayThread(config_for([scripted, {"name": "b", "base_url": vllm_server.base_url}])) as gw,
+    ):
+        wait_until(gw, "b", up=True)  # so there is a replica to retry on
+        url = f"{gw.base_url}/chat/completions"
+        headers = {"Authorization": f"Bearer {CHAT_KEY}"}
+        with httpx.stream(
+            "POST", url, json=chat_body("cut", stream=True), headers=headers, timeout=TIMEOUT
+        ) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        served.result(TIMEOUT)
+        # It ends with the error, from this replica: the caller learns the answer broke off.
+        assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == 502 and "data: [DONE]" not in lines
+        assert metric(gw, "visioncap_gateway_retries_total") == 0
+        assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream="b") == 0
 
 
 def test_readyz_is_503_while_no_upstream_is_in() -> None:
