@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from helpers import TINY_MODEL
+from gateway_calls import auth, chat_body, post_chat
 from taps import AsgiThread, Tap
 
 from visioncap.config.gateway import GatewayConfig
@@ -41,23 +41,6 @@ def config_for(upstreams: list[dict[str, Any]], frames_upstream: str | None = No
             ],
         }
     )
-
-
-def chat_body(user: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": TINY_MODEL,
-        "messages": [{"role": "user", "content": "describe the scene"}],
-        "max_tokens": 4,
-        "temperature": 0,
-        "ignore_eos": True,
-        "user": user,
-        **extra,
-    }
-
-
-def post_chat(gw: GatewayThread, key: str, body: dict[str, Any]) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"}
-    return httpx.post(f"{gw.base_url}/chat/completions", json=body, headers=headers, timeout=TIMEOUT)
 
 
 def metric(gw: GatewayThread, name: str, **labels: str) -> float:
@@ -103,9 +86,9 @@ def test_a_chat_goes_to_the_replica_with_fewer_requests_ahead(
         wait_until(gw, "a", up=True)
         wait_until(gw, "b", up=True)
         release = tap.hold("first")
-        first = pool.submit(post_chat, gw, CHAT_KEY, chat_body("first"))
+        first = pool.submit(post_chat, gw, CHAT_KEY, chat_body(max_tokens=4, user="first"))
         tap.wait_for_user("first")  # equal replicas: the first listed got it, and holds it before any token
-        second = post_chat(gw, CHAT_KEY, chat_body("second"))
+        second = post_chat(gw, CHAT_KEY, chat_body(max_tokens=4, user="second"))
         assert second.status_code == 200
         assert "second" not in tap.users_seen()  # it went to b, where nothing was ahead of it
         release.set()
@@ -132,7 +115,7 @@ def test_frames_stay_on_their_replica_spill_while_it_is_out_and_return_when_it_i
             wait_until(gw, "b", up=True)
             assert httpx.get(f"{gw.root_url}/readyz", timeout=TIMEOUT).json()["upstreams"] == {"a": "in", "b": "in"}
             # Its own replica although the first listed is just as idle.
-            assert post_chat(gw, FRAMES_KEY, chat_body("f1")).status_code == 200
+            assert post_chat(gw, FRAMES_KEY, chat_body(max_tokens=4, user="f1")).status_code == 200
             assert tap.users_seen() == ["f1"]
 
             stopped_at = time.monotonic()
@@ -141,7 +124,7 @@ def test_frames_stay_on_their_replica_spill_while_it_is_out_and_return_when_it_i
             ready = httpx.get(f"{gw.root_url}/readyz", timeout=TIMEOUT)
             assert ready.status_code == 200 and ready.json()["upstreams"] == {"a": "in", "b": "out"}
             assert metric(gw, "visioncap_gateway_upstream_up", upstream="b") == 0
-            assert post_chat(gw, FRAMES_KEY, chat_body("f2")).status_code == 200  # spilled to a
+            assert post_chat(gw, FRAMES_KEY, chat_body(max_tokens=4, user="f2")).status_code == 200  # spilled to a
             assert (
                 metric(gw, "visioncap_gateway_upstream_requests_total", upstream="a", traffic_class="background") == 1
             )
@@ -150,7 +133,7 @@ def test_frames_stay_on_their_replica_spill_while_it_is_out_and_return_when_it_i
             with AsgiThread(back.app, port=port):  # the replica is back where it was
                 wait_until(gw, "b", up=True)
                 assert metric(gw, "visioncap_gateway_upstream_up", upstream="b") == 1
-                assert post_chat(gw, FRAMES_KEY, chat_body("f3")).status_code == 200
+                assert post_chat(gw, FRAMES_KEY, chat_body(max_tokens=4, user="f3")).status_code == 200
                 assert back.users_seen() == ["f3"]
             assert (
                 metric(gw, "visioncap_gateway_upstream_requests_total", upstream="b", traffic_class="background") == 2
@@ -164,7 +147,7 @@ def test_a_chat_refused_by_its_replica_is_retried_on_another(vllm_server: VllmSe
     dead = {"name": "a", "base_url": f"http://127.0.0.1:{free_port()}/v1", "health_interval_s": 0}
     with GatewayThread(config_for([dead, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
         wait_until(gw, "b", up=True)
-        answer = post_chat(gw, CHAT_KEY, chat_body("retried"))
+        answer = post_chat(gw, CHAT_KEY, chat_body(max_tokens=4, user="retried"))
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
         assert metric(gw, "visioncap_gateway_retries_total", upstream="a") == 1
         for name in ("a", "b"):
@@ -207,7 +190,7 @@ def test_a_chat_answered_5xx_before_its_first_byte_is_retried_on_another(
         GatewayThread(config_for([failing, {"name": "b", "base_url": vllm_server.base_url}])) as gw,
     ):
         wait_until(gw, "b", up=True)
-        answer = post_chat(gw, CHAT_KEY, chat_body("overloaded", stream=stream))
+        answer = post_chat(gw, CHAT_KEY, chat_body(max_tokens=4, user="overloaded", stream=stream))
         served.result(TIMEOUT)
         assert answer.status_code == 200, answer.text
         if stream:
@@ -229,9 +212,9 @@ def test_a_chat_is_never_retried_once_its_answer_has_begun(vllm_server: VllmServ
     ):
         wait_until(gw, "b", up=True)  # so there is a replica to retry on
         url = f"{gw.base_url}/chat/completions"
-        headers = {"Authorization": f"Bearer {CHAT_KEY}"}
+        headers = auth(CHAT_KEY)
         with httpx.stream(
-            "POST", url, json=chat_body("cut", stream=True), headers=headers, timeout=TIMEOUT
+            "POST", url, json=chat_body(max_tokens=4, user="cut", stream=True), headers=headers, timeout=TIMEOUT
         ) as response:
             assert response.status_code == 200
             lines = [line for line in response.iter_lines() if line.startswith("data: ")]
