@@ -156,9 +156,11 @@ def test_a_chat_refused_by_its_replica_is_retried_on_another(vllm_server: VllmSe
 
 
 @contextmanager
-def scripted_replica(pool: ThreadPoolExecutor, answer: bytes) -> Iterator[tuple[dict[str, Any], Future[None]]]:
-    """Replica `a`: its config entry, and a future done once its socket has answered one connection (the chat's)
-    with `answer` and hung up."""
+def scripted_replica(
+    vllm_server: VllmServer, pool: ThreadPoolExecutor, answer: bytes
+) -> Iterator[tuple[GatewayThread, Future[None]]]:
+    """A gateway whose replica `a` is a socket that answers one connection (the chat's) with `answer` and hangs up,
+    and `b` the real vLLM, in; the gateway and a future done once `a` has answered."""
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(8)
@@ -170,12 +172,14 @@ def scripted_replica(pool: ThreadPoolExecutor, answer: bytes) -> Iterator[tuple[
                 connection.recv(65536)
                 connection.sendall(answer)
 
-        upstream: dict[str, Any] = {
+        scripted: dict[str, Any] = {
             "name": "a",
             "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
             "health_interval_s": 0,  # it answers one connection: the chat's
         }
-        yield upstream, pool.submit(answer_one)
+        with GatewayThread(config_for([scripted, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
+            wait_until(gw, "b", up=True)  # so there is a replica to retry on
+            yield gw, pool.submit(answer_one)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -185,11 +189,7 @@ def test_a_chat_answered_5xx_before_its_first_byte_is_retried_on_another(
     body = b'{"error":{"message":"engine overloaded","code":503}}'
     head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
     answer_503 = head + b"content-length: %d\r\n\r\n%s" % (len(body), body)
-    with (
-        scripted_replica(pool, answer_503) as (failing, served),
-        GatewayThread(config_for([failing, {"name": "b", "base_url": vllm_server.base_url}])) as gw,
-    ):
-        wait_until(gw, "b", up=True)
+    with scripted_replica(vllm_server, pool, answer_503) as (gw, served):
         answer = post_chat(gw, CHAT_KEY, chat_body(max_tokens=4, user="overloaded", stream=stream))
         served.result(TIMEOUT)
         assert answer.status_code == 200, answer.text
@@ -206,11 +206,7 @@ def test_a_chat_is_never_retried_once_its_answer_has_begun(vllm_server: VllmServ
     event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
     head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
     one_chunk_then_hang_up = head + b"%x\r\n%s\r\n" % (len(event), event)
-    with (
-        scripted_replica(pool, one_chunk_then_hang_up) as (scripted, served),
-        GatewayThread(config_for([scripted, {"name": "b", "base_url": vllm_server.base_url}])) as gw,
-    ):
-        wait_until(gw, "b", up=True)  # so there is a replica to retry on
+    with scripted_replica(vllm_server, pool, one_chunk_then_hang_up) as (gw, served):
         url = f"{gw.base_url}/chat/completions"
         headers = auth(CHAT_KEY)
         with httpx.stream(
