@@ -7,7 +7,8 @@ import io
 import json
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -178,3 +179,13 @@ class AsgiThread:
         self._server.should_exit = True
         self._thread.join(30)
         self._socket.close()
+
+
+@contextmanager
+def serving(tap: Tap) -> Iterator[Tap]:
+    """`tap` served in a thread, its root_url set; what it still holds is let go before it stops."""
+    with AsgiThread(tap.app) as served:
+        tap.root_url = served.root_url
+        yield tap
+        for gate in tap.held.values():  # never leave a request hanging in the tap
+            gate.set()

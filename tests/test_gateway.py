@@ -29,7 +29,7 @@ import yaml
 from gateway_calls import auth, chat_body, post_chat
 from helpers import REPO, TINY_MODEL
 from PIL import Image
-from taps import AsgiThread, Tap
+from taps import Tap, serving
 
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig
 from visioncap.config.keys import hash_key
@@ -117,12 +117,8 @@ def gateway(vllm_server: VllmServer) -> Iterator[GatewayThread]:
 
 @pytest.fixture
 def tap(vllm_server: VllmServer) -> Iterator[Tap]:
-    tap = Tap(vllm_server.root_url)
-    with AsgiThread(tap.app) as served:
-        tap.root_url = served.root_url
+    with serving(Tap(vllm_server.root_url)) as tap:
         yield tap
-        for gate in tap.held.values():  # never leave a request hanging in the tap
-            gate.set()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from gateway_calls import auth, chat_body, post_chat
-from taps import AsgiThread, Tap
+from taps import AsgiThread, Tap, serving
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
@@ -68,12 +68,8 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 
 @pytest.fixture
 def tap(vllm_server: VllmServer) -> Iterator[Tap]:
-    tap = Tap(vllm_server.root_url)
-    with AsgiThread(tap.app) as served:
-        tap.root_url = served.root_url
+    with serving(Tap(vllm_server.root_url)) as tap:
         yield tap
-        for gate in tap.held.values():  # never leave a request hanging in the tap
-            gate.set()
 
 
 def test_a_chat_goes_to_the_replica_with_fewer_requests_ahead(
