@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -306,16 +307,21 @@ def sse_data(response: httpx.Response) -> list[Any]:
     return events
 
 
-def test_streaming_answer_is_openai_sse_with_citations_first(api: AsgiThread, seeded: Seeded) -> None:
+def ask_streamed(api: AsgiThread, max_tokens: int) -> AbstractContextManager[httpx.Response]:
+    """A streamed Ask about yesterday's courier, with the read key."""
     body = {
         "model": "visioncap-ask",
         "messages": [{"role": "user", "content": "Was there a courier yesterday?"}],
         "stream": True,
-        "max_tokens": 12,
+        "max_tokens": max_tokens,
     }
-    with httpx.stream(
+    return httpx.stream(
         "POST", f"{api.root_url}/v1/chat/completions", json=body, headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT
-    ) as response:
+    )
+
+
+def test_streaming_answer_is_openai_sse_with_citations_first(api: AsgiThread, seeded: Seeded) -> None:
+    with ask_streamed(api, max_tokens=12) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_data(response)
@@ -346,15 +352,7 @@ def test_a_client_that_leaves_mid_answer_ends_the_request_to_the_vlm(api: AsgiTh
     as ended by its caller (`caller_gone`), long before the 512 tokens asked for could have been generated."""
     gone = gateway_metric(gateway, ENDED, traffic_class="interactive", how="caller_gone")
     completed = gateway_metric(gateway, ENDED, traffic_class="interactive", how="completed")
-    body = {
-        "model": "visioncap-ask",
-        "messages": [{"role": "user", "content": "Was there a courier yesterday?"}],
-        "stream": True,
-        "max_tokens": 512,
-    }
-    with httpx.stream(
-        "POST", f"{api.root_url}/v1/chat/completions", json=body, headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT
-    ) as response:
+    with ask_streamed(api, max_tokens=512) as response:
         for line in response.iter_lines():
             if line.startswith("data: ") and '"content":"' in line and '"role"' not in line:
                 break  # the VLM's first words: leave now
