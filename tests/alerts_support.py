@@ -1,5 +1,5 @@
-"""Real parts for the alerts tests: captions written through the real store, a Mosquitto broker, an HTTP
-receiver, and waiting on conditions with a deadline."""
+"""Real parts for the alerts tests: captions written through the real store, a Mosquitto broker and an HTTP
+receiver."""
 
 from __future__ import annotations
 
@@ -10,14 +10,17 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from helpers import wait_for
+
 from visioncap.frames import Caption, SelectionReason
+from visioncap.serve import free_port
 from visioncap.store import CaptionStore
 from visioncap.store.captions import NewCaption
 
@@ -55,20 +58,6 @@ def add_caption(
     return row
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)  # polling interval of the condition, not a synchronisation point
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 class Mosquitto:
     """A real broker on a loopback port; stop() and start() take it down and back on the same port."""
 
@@ -93,7 +82,7 @@ class Mosquitto:
             except OSError:
                 return False
 
-        wait_until(listening, 20, "mosquitto to listen")
+        wait_for(listening, 20, "mosquitto to listen")
 
     def stop(self) -> None:
         assert self.process is not None

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -18,12 +20,15 @@ import pytest
 import yaml
 from sqlalchemy import Engine, text
 
+from visioncap.config.keys import hash_key
+from visioncap.serve import free_port
 from visioncap.store.schema import MIGRATIONS
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / "test-artifacts"
 TINY_MODEL = "visioncap-tiny"
 PERSON_DETECTOR = "pkg:fall_detection/models/best.pt"
+API_START_S = 120  # a bound on a `visioncap api` that never answers or never stops, never a measurement
 
 
 def pipeline_dict(video: Path, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +94,36 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
         env={**os.environ, **(env or {})},
         cwd=REPO,
     )
+
+
+@contextmanager
+def serve_api(data_dir: Path, database_url: str, read_key: str, **env: str) -> Iterator[str]:
+    """`visioncap api` on `database_url` with one read key (`env` added to its environment) until the block ends;
+    its base URL once it answers /healthz."""
+    port = free_port()
+    env = {
+        "VISIONCAP_DATA_DIR": str(data_dir),
+        "VISIONCAP_DATABASE_URL": database_url,
+        "VISIONCAP_API_KEYS": json.dumps([{"name": "reader", "sha256": hash_key(read_key), "scopes": ["read"]}]),
+        "VISIONCAP_API_READY_CHECK_VLM": "false",
+        **env,
+    }
+    process = start_cli("api", "--port", str(port), "--log-level", "WARNING", env=env)
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert process.poll() is None, f"visioncap api exited: {process.communicate()[1]}"
+        try:
+            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(healthy, API_START_S, "visioncap api to answer /healthz")
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=API_START_S)
 
 
 def database_at_version(engine: Engine, version: int) -> None:

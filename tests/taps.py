@@ -7,7 +7,8 @@ import io
 import json
 import socket
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from functools import partial
 from typing import Any
 
@@ -139,24 +140,56 @@ class Tap:
 FORWARDED_HEADERS = ("authorization", "x-visioncap-camera")
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server with an event for the end of its startup (uvicorn offers only a flag to poll)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.done_starting = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        finally:  # a failed lifespan startup exits the thread: let __enter__ see that at once
+            self.done_starting.set()
+
+
 class AsgiThread:
     """Any ASGI app served by uvicorn in a thread on a free port (or `port`: a server back where a stopped one
-    was), ready before __enter__ returns."""
+    was), started before __enter__ returns; `lifespan` runs the app's (an API opens its HTTP client there)."""
 
-    def __init__(self, app: Any, port: int = 0) -> None:
+    def __init__(self, app: Any, port: int = 0, lifespan: bool = False) -> None:
         self._socket = socket.socket()
         self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the stopped one's connections linger
         self._socket.bind(("127.0.0.1", port))
         self._socket.listen(256)  # connections wait in the backlog until uvicorn serves them
-        self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+        config = uvicorn.Config(app, log_level="warning", lifespan="on" if lifespan else "off")
+        self._server = _Server(config)
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self.root_url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    def _run(self) -> None:
+        try:
+            self._server.run(sockets=[self._socket])
+        finally:  # one that died before its startup (a bad config) is not waited on for the whole TIMEOUT
+            self._server.done_starting.set()
 
     def __enter__(self) -> AsgiThread:
         self._thread.start()
+        assert self._server.done_starting.wait(TIMEOUT) and self._server.started, "the server did not start"
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._server.should_exit = True
         self._thread.join(30)
         self._socket.close()
+
+
+@contextmanager
+def serving(tap: Tap) -> Iterator[Tap]:
+    """`tap` served in a thread, its root_url set; what it still holds is let go before it stops."""
+    with AsgiThread(tap.app) as served:
+        tap.root_url = served.root_url
+        yield tap
+        for gate in tap.held.values():  # never leave a request hanging in the tap
+            gate.set()

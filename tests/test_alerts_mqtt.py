@@ -12,7 +12,8 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from alerts_support import Mosquitto, add_caption, mosquitto, wait_until
+from alerts_support import Mosquitto, add_caption, mosquitto
+from helpers import wait_for
 from paho.mqtt.enums import CallbackAPIVersion
 from sqlalchemy import select
 
@@ -83,7 +84,7 @@ def test_broker_restart_mid_run_loses_nothing(broker: Mosquitto, tmp_path: Path)
     try:
         service.start()
         ids += [add_caption(store, "dock", T0 + timedelta(minutes=m), f"caption {m}", people=m % 3) for m in range(3)]
-        wait_until(lambda: subscriber.ids("visioncap/dock/captions", "caption_id") == ids, 30, "the first captions")
+        wait_for(lambda: subscriber.ids("visioncap/dock/captions", "caption_id") == ids, 30, "the first captions")
 
         broker.stop()
         ids += [
@@ -97,7 +98,7 @@ def test_broker_restart_mid_run_loses_nothing(broker: Mosquitto, tmp_path: Path)
                     is not None
                 )
 
-        wait_until(failing, 30, "deliveries to fail while the broker is down")
+        wait_for(failing, 30, "deliveries to fail while the broker is down")
         broker.start()
 
         def all_delivered() -> bool:
@@ -105,8 +106,8 @@ def test_broker_restart_mid_run_loses_nothing(broker: Mosquitto, tmp_path: Path)
                 states = set(conn.scalars(select(AlertDeliveryRecord.state)))
             return states == {DeliveryState.DELIVERED}
 
-        wait_until(all_delivered, 60, "every delivery to be acknowledged after the restart")
-        wait_until(lambda: len(set(subscriber.ids("visioncap/dock/captions", "caption_id"))) == 6, 30, "captions")
+        wait_for(all_delivered, 60, "every delivery to be acknowledged after the restart")
+        wait_for(lambda: len(set(subscriber.ids("visioncap/dock/captions", "caption_id"))) == 6, 30, "captions")
     finally:
         service.stop()
         subscriber.close()
@@ -119,8 +120,8 @@ def test_broker_restart_mid_run_loses_nothing(broker: Mosquitto, tmp_path: Path)
     # A newcomer gets the retained state (the newest caption) and the Home Assistant config at once.
     newcomer = Subscriber(broker.port, client_id="newcomer", clean=True, topics=("visioncap/#", "homeassistant/#"))
     try:
-        wait_until(lambda: newcomer.ids("visioncap/dock/state", "caption_id") == [ids[-1]], 20, "retained state")
-        wait_until(
+        wait_for(lambda: newcomer.ids("visioncap/dock/state", "caption_id") == [ids[-1]], 20, "retained state")
+        wait_for(
             lambda: any(topic.startswith("homeassistant/sensor/") for topic, _, _ in newcomer.messages), 20, "discovery"
         )
     finally:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from alerts_support import Receiver, add_caption, wait_until
-from helpers import start_cli
+from alerts_support import Receiver, add_caption
+from helpers import start_cli, wait_for
 from sqlalchemy import select, update
 
 from visioncap.alerts.delivery import DeliveryWorker
@@ -67,11 +67,11 @@ def test_500s_then_200_delivers_each_alert_once_with_backoff(
         service_of.append(service)
         service.start()
         first = add_caption(sqlite_store, "dock", T0, "a crowd", people=3)
-        wait_until(lambda: any(d.state == DeliveryState.DELIVERED for d in deliveries(sqlite_store)), 30, "delivery")
+        wait_for(lambda: any(d.state == DeliveryState.DELIVERED for d in deliveries(sqlite_store)), 30, "delivery")
         # Acknowledged: later alerts go out, the first is never sent again.
         second = add_caption(sqlite_store, "dock", T0 + timedelta(minutes=1), "a bigger crowd", people=5)
         add_caption(sqlite_store, "dock", T0 + timedelta(minutes=2), "one person", people=1)  # fires nothing
-        wait_until(lambda: len(receiver.requests) == 5, 30, "the second alert")
+        wait_for(lambda: len(receiver.requests) == 5, 30, "the second alert")
         service.stop()
 
     times = [at for at, _, _ in receiver.requests]
@@ -100,7 +100,7 @@ def test_a_refusal_fails_at_once_and_repeated_errors_give_up(
         service_of.append(service)
         service.start()
         add_caption(sqlite_store, "dock", T0, "a crowd", people=3)
-        wait_until(
+        wait_for(
             lambda: (
                 all(d.state == DeliveryState.FAILED for d in deliveries(sqlite_store))
                 and len(deliveries(sqlite_store)) == 2
@@ -138,9 +138,9 @@ def test_the_alerts_command_delivers_and_stops_on_sigterm(sqlite_store: CaptionS
         }
         process = start_cli("alerts", "--config", str(path), env=env)
         try:
-            wait_until(lambda: len(receiver.requests) >= 1 or process.poll() is not None, 60, "the alert")
+            wait_for(lambda: len(receiver.requests) >= 1 or process.poll() is not None, 60, "the alert")
             assert process.poll() is None, process.communicate()[1]
-            wait_until(lambda: [d.state for d in deliveries(sqlite_store)] == [DeliveryState.DELIVERED], 30, "its mark")
+            wait_for(lambda: [d.state for d in deliveries(sqlite_store)] == [DeliveryState.DELIVERED], 30, "its mark")
             process.send_signal(signal.SIGTERM)
             _, stderr = process.communicate(timeout=30)
         finally:

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import io
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
@@ -26,11 +24,10 @@ from zoneinfo import ZoneInfo
 import httpx
 import openai
 import pytest
-import uvicorn
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from helpers import TINY_MODEL, wait_for
 from PIL import Image
+from taps import AsgiThread
 
 from visioncap.api import create_app
 from visioncap.ask.question import read_question
@@ -209,29 +206,6 @@ def settings_for(seeded: Seeded, vlm_base_url: str, **changes: Any) -> ApiSettin
     return ApiSettings(**values)
 
 
-class ApiThread:
-    """The API on a real socket (uvicorn in a thread, lifespan on: it opens the API's HTTP client)."""
-
-    def __init__(self, app: FastAPI) -> None:
-        self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
-
-    def __enter__(self) -> ApiThread:
-        self._thread.start()
-        deadline = time.monotonic() + TIMEOUT
-        while not self.server.started:  # uvicorn offers no event to wait on
-            assert time.monotonic() < deadline and self._thread.is_alive(), "API did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.server.should_exit = True
-        self._thread.join(TIMEOUT)
-
-
 @pytest.fixture(scope="module")
 def gateway(vllm_server: VllmServer) -> Iterator[GatewayThread]:
     config = GatewayConfig.model_validate(
@@ -248,8 +222,8 @@ def gateway(vllm_server: VllmServer) -> Iterator[GatewayThread]:
 
 
 @pytest.fixture(scope="module")
-def api(seeded: Seeded, gateway: GatewayThread) -> Iterator[ApiThread]:
-    with ApiThread(create_app(settings_for(seeded, gateway.base_url))) as served:
+def api(seeded: Seeded, gateway: GatewayThread) -> Iterator[AsgiThread]:
+    with AsgiThread(create_app(settings_for(seeded, gateway.base_url)), lifespan=True) as served:
         yield served
 
 
@@ -265,8 +239,8 @@ def requests_by_class(gw: GatewayThread, traffic_class: str) -> float:
     return gateway_metric(gw, "visioncap_gateway_requests_total", traffic_class=traffic_class)
 
 
-def client(api: ApiThread, key: str = READ_KEY) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{api.url}/v1", api_key=key, timeout=TIMEOUT, max_retries=0)
+def client(api: AsgiThread, key: str = READ_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{api.root_url}/v1", api_key=key, timeout=TIMEOUT, max_retries=0)
 
 
 # question -> the names of the captions that must be retrieved (the oracle: camera, time and words by hand)
@@ -296,7 +270,7 @@ def test_retrieval_matches_the_oracle_on_both_databases(database_url: str, tmp_p
 
 @pytest.mark.parametrize("question", list(ORACLE))
 def test_retrieved_and_cited_ids_match_the_oracle_and_vllm_answers_as_interactive(
-    api: ApiThread, gateway: GatewayThread, seeded: Seeded, question: str
+    api: AsgiThread, gateway: GatewayThread, seeded: Seeded, question: str
 ) -> None:
     interactive, background = requests_by_class(gateway, "interactive"), requests_by_class(gateway, "background")
     answer = client(api).chat.completions.create(
@@ -309,7 +283,7 @@ def test_retrieved_and_cited_ids_match_the_oracle_and_vllm_answers_as_interactiv
     assert cited == context["retrieved"]  # the whole of a short list fits the default context
     for citation in context["citations"]:
         assert citation["image_url"] == f"/v1/captions/{citation['caption_id']}/image"
-        assert httpx.get(api.url + citation["image_url"], headers={"X-Api-Key": READ_KEY}).status_code == 200
+        assert httpx.get(api.root_url + citation["image_url"], headers={"X-Api-Key": READ_KEY}).status_code == 200
     assert answer.object == "chat.completion" and answer.choices[0].message.role == "assistant"
     if expected:
         # vLLM answered (it counted the prompt), reached through the gateway's interactive class.
@@ -333,16 +307,21 @@ def sse_data(response: httpx.Response) -> list[Any]:
     return events
 
 
-def test_streaming_answer_is_openai_sse_with_citations_first(api: ApiThread, seeded: Seeded) -> None:
+def ask_streamed(api: AsgiThread, max_tokens: int) -> AbstractContextManager[httpx.Response]:
+    """A streamed Ask about yesterday's courier, with the read key."""
     body = {
         "model": "visioncap-ask",
         "messages": [{"role": "user", "content": "Was there a courier yesterday?"}],
         "stream": True,
-        "max_tokens": 12,
+        "max_tokens": max_tokens,
     }
-    with httpx.stream(
-        "POST", f"{api.url}/v1/chat/completions", json=body, headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT
-    ) as response:
+    return httpx.stream(
+        "POST", f"{api.root_url}/v1/chat/completions", json=body, headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT
+    )
+
+
+def test_streaming_answer_is_openai_sse_with_citations_first(api: AsgiThread, seeded: Seeded) -> None:
+    with ask_streamed(api, max_tokens=12) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = sse_data(response)
@@ -368,20 +347,12 @@ def test_streaming_answer_is_openai_sse_with_citations_first(api: ApiThread, see
     assert parts[-1].choices[0].finish_reason in ("stop", "length")
 
 
-def test_a_client_that_leaves_mid_answer_ends_the_request_to_the_vlm(api: ApiThread, gateway: GatewayThread) -> None:
+def test_a_client_that_leaves_mid_answer_ends_the_request_to_the_vlm(api: AsgiThread, gateway: GatewayThread) -> None:
     """The API closes its request to the gateway when its client goes: the gateway counts the interactive answer
     as ended by its caller (`caller_gone`), long before the 512 tokens asked for could have been generated."""
     gone = gateway_metric(gateway, ENDED, traffic_class="interactive", how="caller_gone")
     completed = gateway_metric(gateway, ENDED, traffic_class="interactive", how="completed")
-    body = {
-        "model": "visioncap-ask",
-        "messages": [{"role": "user", "content": "Was there a courier yesterday?"}],
-        "stream": True,
-        "max_tokens": 512,
-    }
-    with httpx.stream(
-        "POST", f"{api.url}/v1/chat/completions", json=body, headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT
-    ) as response:
+    with ask_streamed(api, max_tokens=512) as response:
         for line in response.iter_lines():
             if line.startswith("data: ") and '"content":"' in line and '"role"' not in line:
                 break  # the VLM's first words: leave now
@@ -398,7 +369,7 @@ def test_the_prompt_keeps_within_the_models_context(seeded: Seeded, gateway: Gat
     and the prompt vLLM counted is within the context less the answer's tokens."""
     context_tokens, max_tokens = 380, 8
     settings = settings_for(seeded, gateway.base_url, ask_context_tokens=context_tokens)
-    with ApiThread(create_app(settings)) as served:
+    with AsgiThread(create_app(settings), lifespan=True) as served:
         answer = client(served).chat.completions.create(
             model="visioncap-ask",
             messages=[

@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,9 +26,9 @@ import httpx
 import hypothesis
 import pytest
 import schemathesis
-import uvicorn
 from PIL import Image
 from schemathesis.specs.openapi.checks import positive_data_acceptance
+from taps import AsgiThread
 
 from visioncap.api import create_app
 from visioncap.config.api import ApiKey, ApiSettings
@@ -105,30 +102,6 @@ def seed(database_url: str, data_dir: Path) -> None:
     store.engine.dispose()
 
 
-class Server:
-    """The app under uvicorn in a thread, on a real socket (lifespan on: the retention job and HTTP client run)."""
-
-    def __init__(self, app: Any) -> None:
-        self._socket = socket.socket()
-        self._socket.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self._socket]}, daemon=True)
-
-    def __enter__(self) -> Server:
-        self._thread.start()
-        deadline = time.monotonic() + TIMEOUT
-        while not self.server.started:
-            assert time.monotonic() < deadline and self._thread.is_alive(), "API did not start"
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.server.should_exit = True
-        self._thread.join(TIMEOUT)
-        self._socket.close()
-
-
 def settings(data_dir: Path, database_url: str) -> ApiSettings:
     return ApiSettings(  # type: ignore[call-arg]
         _env_file=None,
@@ -148,10 +121,10 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data_dir.mkdir()
     database_url = f"sqlite:///{data_dir / 'visioncap.db'}"
     seed(database_url, data_dir)
-    with Server(create_app(settings(data_dir, database_url))) as server:
-        first = httpx.get(f"{server.url}/v1/captions?limit=2", headers={"X-Api-Key": KEY}, timeout=TIMEOUT)
+    with AsgiThread(create_app(settings(data_dir, database_url)), lifespan=True) as server:
+        first = httpx.get(f"{server.root_url}/v1/captions?limit=2", headers={"X-Api-Key": KEY}, timeout=TIMEOUT)
         CURSORS.append(first.json()["next_cursor"])
-        yield server.url
+        yield server.root_url
 
 
 def openapi_document() -> dict[str, Any]:

@@ -26,9 +26,10 @@ import httpx
 import openai
 import pytest
 import yaml
+from gateway_calls import auth, chat_body, post_chat
 from helpers import REPO, TINY_MODEL
 from PIL import Image
-from taps import AsgiThread, Tap
+from taps import Tap, serving
 
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig
 from visioncap.config.keys import hash_key
@@ -66,21 +67,6 @@ def config_for(
     for name, section in sections.items():
         raw[name] = {**raw.get(name, {}), **section}
     return GatewayConfig.model_validate(raw)
-
-
-def auth(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-def chat_body(text: str = "describe the scene", max_tokens: int = 16, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": TINY_MODEL,
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        **extra,
-    }
 
 
 def jpeg_data_uri(width: int, height: int) -> str:
@@ -131,12 +117,8 @@ def gateway(vllm_server: VllmServer) -> Iterator[GatewayThread]:
 
 @pytest.fixture
 def tap(vllm_server: VllmServer) -> Iterator[Tap]:
-    tap = Tap(vllm_server.root_url)
-    with AsgiThread(tap.app) as served:
-        tap.root_url = served.root_url
+    with serving(Tap(vllm_server.root_url)) as tap:
         yield tap
-        for gate in tap.held.values():  # never leave a request hanging in the tap
-            gate.set()
 
 
 @pytest.fixture
@@ -166,10 +148,6 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 def wait_queue(gw: GatewayThread, predicate: Callable[[SchedulerState], bool]) -> SchedulerState:
     """Block until the gateway's background scheduler reaches a state (checked on every change)."""
     return gw.call(lambda: gw.gateway.replicas[0].scheduler.wait_until(predicate, timeout=TIMEOUT), timeout=TIMEOUT + 5)
-
-
-def post_chat(gw: GatewayThread, key: str, body: dict[str, Any], **headers: str) -> httpx.Response:
-    return httpx.post(f"{gw.base_url}/chat/completions", json=body, headers={**auth(key), **headers}, timeout=TIMEOUT)
 
 
 # -- run_gateway(): what `visioncap gateway` runs ----------------------------------------------------------------------

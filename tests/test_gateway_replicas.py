@@ -10,13 +10,14 @@ import json
 import socket
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import pytest
-from helpers import TINY_MODEL
-from taps import AsgiThread, Tap
+from gateway_calls import auth, chat_body, post_chat
+from taps import AsgiThread, Tap, serving
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
@@ -40,23 +41,6 @@ def config_for(upstreams: list[dict[str, Any]], frames_upstream: str | None = No
             ],
         }
     )
-
-
-def chat_body(user: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": TINY_MODEL,
-        "messages": [{"role": "user", "content": "describe the scene"}],
-        "max_tokens": 4,
-        "temperature": 0,
-        "ignore_eos": True,
-        "user": user,
-        **extra,
-    }
-
-
-def post_chat(gw: GatewayThread, key: str, body: dict[str, Any]) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"}
-    return httpx.post(f"{gw.base_url}/chat/completions", json=body, headers=headers, timeout=TIMEOUT)
 
 
 def metric(gw: GatewayThread, name: str, **labels: str) -> float:
@@ -84,12 +68,8 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 
 @pytest.fixture
 def tap(vllm_server: VllmServer) -> Iterator[Tap]:
-    tap = Tap(vllm_server.root_url)
-    with AsgiThread(tap.app) as served:
-        tap.root_url = served.root_url
+    with serving(Tap(vllm_server.root_url)) as tap:
         yield tap
-        for gate in tap.held.values():  # never leave a request hanging in the tap
-            gate.set()
 
 
 def test_a_chat_goes_to_the_replica_with_fewer_requests_ahead(
@@ -102,9 +82,9 @@ def test_a_chat_goes_to_the_replica_with_fewer_requests_ahead(
         wait_until(gw, "a", up=True)
         wait_until(gw, "b", up=True)
         release = tap.hold("first")
-        first = pool.submit(post_chat, gw, CHAT_KEY, chat_body("first"))
+        first = pool.submit(post_chat, gw, CHAT_KEY, chat_body(max_tokens=4, user="first"))
         tap.wait_for_user("first")  # equal replicas: the first listed got it, and holds it before any token
-        second = post_chat(gw, CHAT_KEY, chat_body("second"))
+        second = post_chat(gw, CHAT_KEY, chat_body(max_tokens=4, user="second"))
         assert second.status_code == 200
         assert "second" not in tap.users_seen()  # it went to b, where nothing was ahead of it
         release.set()
@@ -131,7 +111,7 @@ def test_frames_stay_on_their_replica_spill_while_it_is_out_and_return_when_it_i
             wait_until(gw, "b", up=True)
             assert httpx.get(f"{gw.root_url}/readyz", timeout=TIMEOUT).json()["upstreams"] == {"a": "in", "b": "in"}
             # Its own replica although the first listed is just as idle.
-            assert post_chat(gw, FRAMES_KEY, chat_body("f1")).status_code == 200
+            assert post_chat(gw, FRAMES_KEY, chat_body(max_tokens=4, user="f1")).status_code == 200
             assert tap.users_seen() == ["f1"]
 
             stopped_at = time.monotonic()
@@ -140,7 +120,7 @@ def test_frames_stay_on_their_replica_spill_while_it_is_out_and_return_when_it_i
             ready = httpx.get(f"{gw.root_url}/readyz", timeout=TIMEOUT)
             assert ready.status_code == 200 and ready.json()["upstreams"] == {"a": "in", "b": "out"}
             assert metric(gw, "visioncap_gateway_upstream_up", upstream="b") == 0
-            assert post_chat(gw, FRAMES_KEY, chat_body("f2")).status_code == 200  # spilled to a
+            assert post_chat(gw, FRAMES_KEY, chat_body(max_tokens=4, user="f2")).status_code == 200  # spilled to a
             assert (
                 metric(gw, "visioncap_gateway_upstream_requests_total", upstream="a", traffic_class="background") == 1
             )
@@ -149,7 +129,7 @@ def test_frames_stay_on_their_replica_spill_while_it_is_out_and_return_when_it_i
             with AsgiThread(back.app, port=port):  # the replica is back where it was
                 wait_until(gw, "b", up=True)
                 assert metric(gw, "visioncap_gateway_upstream_up", upstream="b") == 1
-                assert post_chat(gw, FRAMES_KEY, chat_body("f3")).status_code == 200
+                assert post_chat(gw, FRAMES_KEY, chat_body(max_tokens=4, user="f3")).status_code == 200
                 assert back.users_seen() == ["f3"]
             assert (
                 metric(gw, "visioncap_gateway_upstream_requests_total", upstream="b", traffic_class="background") == 2
@@ -163,7 +143,7 @@ def test_a_chat_refused_by_its_replica_is_retried_on_another(vllm_server: VllmSe
     dead = {"name": "a", "base_url": f"http://127.0.0.1:{free_port()}/v1", "health_interval_s": 0}
     with GatewayThread(config_for([dead, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
         wait_until(gw, "b", up=True)
-        answer = post_chat(gw, CHAT_KEY, chat_body("retried"))
+        answer = post_chat(gw, CHAT_KEY, chat_body(max_tokens=4, user="retried"))
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 4
         assert metric(gw, "visioncap_gateway_retries_total", upstream="a") == 1
         for name in ("a", "b"):
@@ -171,75 +151,70 @@ def test_a_chat_refused_by_its_replica_is_retried_on_another(vllm_server: VllmSe
         assert gw.call_soon(lambda: gw.gateway.replica("a").controller.interactive_in_flight) == 0
 
 
+@contextmanager
+def scripted_replica(
+    vllm_server: VllmServer, pool: ThreadPoolExecutor, answer: bytes
+) -> Iterator[tuple[GatewayThread, Future[None]]]:
+    """A gateway whose replica `a` is a socket that answers one connection (the chat's) with `answer` and hangs up,
+    and `b` the real vLLM, in; the gateway and a future done once `a` has answered."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(TIMEOUT)  # a broken test's accept gives up instead of holding the pool
+
+        def answer_one() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(65536)
+                connection.sendall(answer)
+
+        scripted: dict[str, Any] = {
+            "name": "a",
+            "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+            "health_interval_s": 0,  # it answers one connection: the chat's
+        }
+        with GatewayThread(config_for([scripted, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
+            wait_until(gw, "b", up=True)  # so there is a replica to retry on
+            yield gw, pool.submit(answer_one)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_chat_answered_5xx_before_its_first_byte_is_retried_on_another(
     vllm_server: VllmServer, pool: ThreadPoolExecutor, stream: bool
 ) -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        failing = {
-            "name": "a",
-            "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
-            "health_interval_s": 0,  # it answers one connection: the chat's
-        }
-
-        def answer_503() -> None:
-            connection, _ = listener.accept()
-            with connection:
-                connection.recv(65536)
-                body = b'{"error":{"message":"engine overloaded","code":503}}'
-                head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-                connection.sendall(head + b"content-length: %d\r\n\r\n%s" % (len(body), body))
-
-        with GatewayThread(config_for([failing, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
-            wait_until(gw, "b", up=True)
-            served = pool.submit(answer_503)
-            answer = post_chat(gw, CHAT_KEY, chat_body("overloaded", stream=stream))
-            served.result(TIMEOUT)
-            assert answer.status_code == 200, answer.text
-            if stream:
-                assert answer.text.rstrip().endswith("data: [DONE]")
-            else:
-                assert answer.json()["usage"]["completion_tokens"] == 4
-            assert metric(gw, "visioncap_gateway_retries_total", upstream="a") == 1
-            for name in ("a", "b"):
-                assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream=name) == 1, name
+    body = b'{"error":{"message":"engine overloaded","code":503}}'
+    head = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+    answer_503 = head + b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    with scripted_replica(vllm_server, pool, answer_503) as (gw, served):
+        answer = post_chat(gw, CHAT_KEY, chat_body(max_tokens=4, user="overloaded", stream=stream))
+        served.result(TIMEOUT)
+        assert answer.status_code == 200, answer.text
+        if stream:
+            assert answer.text.rstrip().endswith("data: [DONE]")
+        else:
+            assert answer.json()["usage"]["completion_tokens"] == 4
+        assert metric(gw, "visioncap_gateway_retries_total", upstream="a") == 1
+        for name in ("a", "b"):
+            assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream=name) == 1, name
 
 
 def test_a_chat_is_never_retried_once_its_answer_has_begun(vllm_server: VllmServer, pool: ThreadPoolExecutor) -> None:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen(8)
-        scripted = {
-            "name": "a",
-            "base_url": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
-            "health_interval_s": 0,  # it answers one connection: the chat's
-        }
-
-        def one_chunk_then_hang_up() -> None:
-            connection, _ = listener.accept()
-            with connection:
-                connection.recv(65536)
-                event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
-                head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
-                connection.sendall(head + b"%x\r\n%s\r\n" % (len(event), event))
-
-        with GatewayThread(config_for([scripted, {"name": "b", "base_url": vllm_server.base_url}])) as gw:
-            wait_until(gw, "b", up=True)  # so there is a replica to retry on
-            served = pool.submit(one_chunk_then_hang_up)
-            url = f"{gw.base_url}/chat/completions"
-            headers = {"Authorization": f"Bearer {CHAT_KEY}"}
-            with httpx.stream(
-                "POST", url, json=chat_body("cut", stream=True), headers=headers, timeout=TIMEOUT
-            ) as response:
-                assert response.status_code == 200
-                lines = [line for line in response.iter_lines() if line.startswith("data: ")]
-            served.result(TIMEOUT)
-            # It ends with the error, from this replica: the caller learns the answer broke off.
-            assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == 502 and "data: [DONE]" not in lines
-            assert metric(gw, "visioncap_gateway_retries_total") == 0
-            assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream="b") == 0
+    event = b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    one_chunk_then_hang_up = head + b"%x\r\n%s\r\n" % (len(event), event)
+    with scripted_replica(vllm_server, pool, one_chunk_then_hang_up) as (gw, served):
+        url = f"{gw.base_url}/chat/completions"
+        headers = auth(CHAT_KEY)
+        with httpx.stream(
+            "POST", url, json=chat_body(max_tokens=4, user="cut", stream=True), headers=headers, timeout=TIMEOUT
+        ) as response:
+            assert response.status_code == 200
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        served.result(TIMEOUT)
+        # It ends with the error, from this replica: the caller learns the answer broke off.
+        assert json.loads(lines[-1].removeprefix("data: "))["error"]["code"] == 502 and "data: [DONE]" not in lines
+        assert metric(gw, "visioncap_gateway_retries_total") == 0
+        assert metric(gw, "visioncap_gateway_upstream_requests_total", upstream="b") == 0
 
 
 def test_readyz_is_503_while_no_upstream_is_in() -> None:

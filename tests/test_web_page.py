@@ -10,26 +10,24 @@ needs nothing but the API's own origin (every other request is refused). Screens
 from __future__ import annotations
 
 import io
-import json
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ARTIFACTS, CHROMIUM_FLAGS, TINY_MODEL, chromium, start_cli, wait_for
+from helpers import ARTIFACTS, CHROMIUM_FLAGS, TINY_MODEL, chromium, serve_api, wait_for
 from PIL import Image, ImageDraw
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
-from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
-from visioncap.serve import VllmServer, free_port
+from visioncap.serve import VllmServer
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 
 KEY = "web-page-read-key"
@@ -99,34 +97,10 @@ class Writer:
         return row_id
 
 
-@contextmanager
-def serve_api(data_dir: Path, **env: str) -> Iterator[str]:
+def serve_data_dir(data_dir: Path, **env: str) -> AbstractContextManager[str]:
     """`visioncap api` over the SQLite file in `data_dir` (`env` added to its environment); its base URL."""
-    port = free_port()
-    env = {
-        "VISIONCAP_DATA_DIR": str(data_dir),
-        "VISIONCAP_DATABASE_URL": f"sqlite:///{data_dir / 'visioncap.db'}",
-        "VISIONCAP_API_KEYS": json.dumps([{"name": "browser", "sha256": hash_key(KEY), "scopes": ["read"]}]),
-        "VISIONCAP_API_STREAM_POLL_S": "0.2",
-        "VISIONCAP_API_READY_CHECK_VLM": "false",
-        **env,
-    }
-    process = start_cli("api", "--port", str(port), "--log-level", "WARNING", env=env)
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert process.poll() is None, f"visioncap api exited: {process.communicate()[1]}"
-        try:
-            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(healthy, TIMEOUT_S, "visioncap api to answer /healthz")
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=TIMEOUT_S)
+    database_url = f"sqlite:///{data_dir / 'visioncap.db'}"
+    return serve_api(data_dir, database_url, KEY, VISIONCAP_API_STREAM_POLL_S="0.2", **env)
 
 
 def seeded_writer(data_dir: Path) -> Writer:
@@ -141,7 +115,7 @@ def site(tmp_path: Path) -> Iterator[tuple[str, Writer]]:
     """`visioncap api` over a seeded SQLite file; its base URL and the writer (to store more while it runs)."""
     writer = seeded_writer(tmp_path / "data")
     # Its background embedder writes the vectors of the rows above.
-    with serve_api(tmp_path / "data", VISIONCAP_API_SEMANTIC_SEARCH="true") as url:
+    with serve_data_dir(tmp_path / "data", VISIONCAP_API_SEMANTIC_SEARCH="true") as url:
         yield url, writer
 
 
@@ -348,7 +322,7 @@ def test_ask_panel_streams_an_answer_with_the_cited_thumbnails(
         "VISIONCAP_ASK_MODEL": TINY_MODEL,
         "VISIONCAP_ASK_MAX_TOKENS": "24",
     }
-    with serve_api(tmp_path / "data", **env) as url:
+    with serve_data_dir(tmp_path / "data", **env) as url:
         context = browser.new_context(viewport={"width": 1100, "height": 800})
         try:
             page = context.new_page()
