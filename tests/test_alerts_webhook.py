@@ -18,7 +18,7 @@ from sqlalchemy import select, update
 from visioncap.alerts.delivery import DeliveryWorker
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.service import AlertService
-from visioncap.alerts.store import add_delivery, record_attempt
+from visioncap.alerts.store import add_delivery, due, record_attempt
 from visioncap.alerts.webhook import signature
 from visioncap.config.alerts import AlertsConfig
 from visioncap.store import CaptionStore, create_db_engine
@@ -177,3 +177,19 @@ def test_finished_deliveries_expire_and_pending_ones_never_do(sqlite_store: Capt
     assert worker.run_once() == 0, "nothing was due"
     assert [d.id for d in deliveries(sqlite_store)] == [recent, waiting], "the first pass purged the 8-day-old one"
     assert worker.purge() == 0
+
+
+def test_a_retained_message_sent_after_a_newer_one_of_its_topic_goes_out_unretained(
+    sqlite_store: CaptionStore,
+) -> None:
+    """Retries after a broker outage can send camera states out of order: the broker must keep the newest."""
+    engine = sqlite_store.engine
+    with engine.begin() as conn:
+        add_delivery(conn, "mqtt", "visioncap/dock/state", '{"caption_id": 1}', None, retain=True)
+        add_delivery(conn, "mqtt", "visioncap/dock/state", '{"caption_id": 2}', None, retain=True)
+        add_delivery(conn, "mqtt", "visioncap/yard/state", '{"caption_id": 3}', None, retain=True)
+    older, newer, other = (d.id for d in deliveries(sqlite_store))
+    # The newer one went out first (its backoff ended sooner); the older one is due now.
+    record_attempt(engine, newer, 2, DeliveryState.DELIVERED)
+    found = {d.id: d.retain for d in due(engine, datetime.now(UTC) + timedelta(seconds=1), 10)}
+    assert found == {older: False, other: True}

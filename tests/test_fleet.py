@@ -73,7 +73,7 @@ def netns() -> Iterator[Host]:
     problem = netns_problem()
     if problem is not None:
         pytest.fail(f"the fleet test needs a network namespace: {problem}")
-    with Host(index=7) as host:
+    with Host() as host:
         yield host
 
 

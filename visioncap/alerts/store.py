@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -147,7 +147,11 @@ class Due:
 
 
 def due(engine: Engine, now: datetime, limit: int) -> list[Due]:
-    """Oldest first, so that each destination gets its messages in the order they were made."""
+    """Oldest first, so that each destination gets its messages in the order they were made.
+
+    Retries can still send an older message after a newer one of the same topic (their backoffs differ). For a
+    retained topic (a camera's state) that would leave the broker holding the older one for every newcomer, so a
+    retained message with a newer one of its topic made since (sent or not) goes out unretained."""
     table = AlertDeliveryRecord
     query = (
         select(table.id, table.destination, table.topic, table.retain, table.body, table.attempts, table.created_at)
@@ -156,7 +160,24 @@ def due(engine: Engine, now: datetime, limit: int) -> list[Due]:
         .limit(limit)
     )
     with engine.connect() as conn:
-        return [Due(*row) for row in conn.execute(query)]
+        found = [Due(*row) for row in conn.execute(query)]
+        retained = [d for d in found if d.retain]
+        if not retained:
+            return found
+        # Only ids above the oldest retained one in the batch: a primary-key range, however long deliveries stay.
+        newest_query = (
+            select(table.destination, table.topic, func.max(table.id))
+            .where(
+                table.id > min(d.id for d in retained),
+                table.retain.is_(True),
+                table.topic.in_({d.topic for d in retained}),
+            )
+            .group_by(table.destination, table.topic)
+        )
+        newest = {(dest, topic): top for dest, topic, top in conn.execute(newest_query)}
+    return [
+        replace(d, retain=False) if d.retain and newest.get((d.destination, d.topic), d.id) > d.id else d for d in found
+    ]
 
 
 def record_attempt(

@@ -10,6 +10,7 @@ gateway for real. Services it must reach listen on `gateway_ip` or on all addres
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -40,10 +41,21 @@ def netns_problem() -> str | None:
     return None
 
 
+def _free_index() -> int:
+    found = subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True, timeout=30).stdout
+    taken = {int(m) for m in re.findall(rf"inet {re.escape(SUBNET_PREFIX)}\.(\d+)\.", found)}
+    for index in range(1, 255):
+        if index not in taken:
+            return index
+    raise NetnsError(f"every {SUBNET_PREFIX}.X.0/24 is in use here")
+
+
 class Host:
     """A namespace with one veth link to this machine; a context manager that removes both on exit."""
 
-    def __init__(self, index: int = 1) -> None:
+    def __init__(self, index: int | None = None) -> None:
+        """`index` picks the /24 (1-254); None: the first one no address of this machine is in yet."""
+        index = _free_index() if index is None else index
         if not 1 <= index <= 254:
             raise ValueError("index must be 1-254")
         tag = uuid.uuid4().hex[:6]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from visioncap.config.detector import DetectorConfig
 from visioncap.detect.weights import resolve_weights
 from visioncap.errors import ConfigError
@@ -36,6 +38,12 @@ class PersonDetector:
             raise ConfigError(
                 f"detector.person_classes: {unknown} are not classes of {config.weights!r} (it has {dict(names)})"
             )
+
+    def warm_up(self) -> None:
+        """One inference on a blank frame: the model's first call sets up its kernels and fuses layers (seconds on
+        a CPU), so that it is paid here rather than on a camera's first frame."""
+        size = self._config.image_size
+        self.detect([Frame(camera="warm-up", index=0, offset_s=0.0, image=np.zeros((size, size, 3), np.uint8))])
 
     def detect(self, frames: Sequence[Frame]) -> list[Detection]:
         """People in each frame, in frame order; one inference call for the whole batch."""

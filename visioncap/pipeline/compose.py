@@ -117,6 +117,13 @@ def build_pipeline(
             base_url = server.base_url
         engine = create_db_engine(settings.resolved_database_url())
         stack.callback(engine.dispose)
+        api_key = settings.vlm_api_key.get_secret_value()
+        if check_vlm:
+            check_vlm_ready(base_url, config.vlm.model, api_key)
+        detector = PersonDetector(config.detector, base_dir=base_dir)
+        # Before any camera lease: a worker that takes a camera over (its owner died) then analyses its first
+        # frame at once, instead of paying the model's first-call cost (seconds on a CPU) inside the takeover.
+        detector.warm_up()
         leases = None
         if worker is not None:
             leases = _lease_keeper(engine, config, worker)
@@ -125,11 +132,7 @@ def build_pipeline(
         store.create_schema()
         # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
         retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, metrics.retention))
-        api_key = settings.vlm_api_key.get_secret_value()
-        if check_vlm:
-            check_vlm_ready(base_url, config.vlm.model, api_key)
         captioner = VlmCaptioner(config.vlm, config.caption, base_url, api_key)
-        detector = PersonDetector(config.detector, base_dir=base_dir)
         # A frame that cannot be saved for lack of space wakes retention (VISIONCAP_RETENTION_MIN_FREE_MB).
         runner = PipelineRunner(
             config, detector, captioner, store, settings.data_dir, metrics, on_disk_full=retention.wake, leases=leases
