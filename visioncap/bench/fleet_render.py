@@ -122,6 +122,28 @@ def _model(part: dict[str, Any]) -> list[str]:
     return lines
 
 
+CARRIES_OVER = """## What carries over to a GPU box
+
+- **Cameras per worker** does not carry over as a number. Here the person detector runs on the CPU (PyTorch,
+  one thread: about 10 frames/s for the pipeline at image size 320, `benchmarks/results/detector_throughput.md`)
+  beside the tiny vLLM and other work on the same 2 cores, so the cameras share one detector's frames: analysed
+  fps per camera falls as cameras are added, and the worker's CPU is mostly the detector. On a GPU box the
+  detector runs on the GPU (`detector.device`), batched across cameras by the frame hub, and the worker's CPU
+  goes to decoding streams, tracking, selection and JPEG encoding; rerun this part there (`--cameras 1,2,4,8,16`).
+- **First-caption delay** carries over in its shape: most of it is the selection policy (`stable_frames` analysed
+  frames, then `best_frame_window_s`), paid in analysed frames, so it shrinks where each camera is analysed at its
+  full `analyze_fps`; the caption itself is a GPU VLM call there instead of the tiny CPU model here.
+- **Takeover** carries over: the lease time is set by `lease_s`/`renew_s` and PostgreSQL's clock, not by the
+  machine (expect between `lease_s - renew_s` and `lease_s + renew_s` after the last renewal). The gap from the
+  lease to the first analysed frame is the new owner's first detector call (its model is loaded at start but not
+  run until a camera arrives) and opening the stream: on a GPU the first call pays CUDA/cuDNN initialisation
+  instead; a worker that warmed its detector at start would close most of that gap.
+- **Cameras per GPU** is model output for the target GPU already; it holds only as far as the cost model does
+  (`visioncap serve --profile P --gpu G --dry-run`, README "Cost model"), and it counts the VLM only: the
+  detector on the same GPU takes some of its time, not modelled here.
+"""
+
+
 def render(data: dict[str, Any]) -> str:
     parts = data.get("parts", {})
     lines = ["# Fleet benchmarks", ""]
@@ -131,4 +153,4 @@ def render(data: dict[str, Any]) -> str:
         lines += _takeover(parts["takeover"])
     if "model" in parts:
         lines += _model(parts["model"])
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n" + CARRIES_OVER
