@@ -48,7 +48,9 @@ def _capacity(part: dict[str, Any]) -> list[str]:
         "the wall time the camera server wrote the first frame with people after nobody to that camera's first "
         "caption row whose frame was captured within the people stretch; `selected` = the row's `created_at` (the "
         "outbox row, before the VLM), `captioned` = its `updated_at` once `captioned` (the stored caption). Missed: "
-        "arrivals with no such row 8 s after the window. CPU: the worker process's user + system seconds (psutil) "
+        "arrivals with no such row 8 s after the window: a camera analysed too rarely for "
+        "`stable_frames` (3) analysed frames within the 4 s visit never makes an event of it. "
+        "CPU: the worker process's user + system seconds (psutil) "
         "over the window; 2.00 would be both cores of this machine.",
         "",
     ]
@@ -71,8 +73,9 @@ def _takeover(part: dict[str, Any]) -> list[str]:
         "renewal cycle; times from the fault to the other worker holding the camera's lease (`camera_leases` row) "
         "and to the new owner's first analysed frame (its own metrics).",
         "",
-        "| fault | trials | lease taken p50 / max (s) | first frame by the new owner p50 / max (s) |",
-        "| --- | ---: | --- | --- |",
+        "| fault | trials | lease taken p50 / max (s) | camera started by the new owner p50 / max (s) | first frame "
+        "analysed by the new owner p50 / max (s) |",
+        "| --- | ---: | --- | --- | --- |",
     ]
     for fault in ("kill", "cut"):
         f = part[fault]
@@ -85,11 +88,7 @@ def _takeover(part: dict[str, Any]) -> list[str]:
     lines += [
         "",
         "Per trial (lease, camera started, first frame; s): "
-        + "; ".join(
-            f"{fault}: "
-            + ", ".join(f"({_f(t['lease_s'], 1)}, {_f(t['first_frame_s'], 1)})" for t in part[fault]["trials"])
-            for fault in ("kill", "cut")
-        ),
+        + "; ".join(f"{fault}: {_trials(part[fault])}" for fault in ("kill", "cut")),
         "",
     ]
     return lines
