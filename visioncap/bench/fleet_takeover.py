@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import random
-import subprocess
 import time
 from datetime import datetime
 from pathlib import Path
@@ -32,7 +31,7 @@ from visioncap.bench.fleet_parts import (
     wait_until,
     write_pipeline,
 )
-from visioncap.bench.netns import SUBNET_PREFIX, Host
+from visioncap.bench.netns import Host
 from visioncap.bench.stats import percentile
 from visioncap.store import CaptionStore, create_db_engine
 
@@ -56,16 +55,6 @@ def _camera_started(log_file: Path, after: float) -> float | None:
             if stamp >= after:
                 return stamp - after
     return None
-
-
-def _free_subnet() -> int:
-    """A /24 of netns.SUBNET_PREFIX that no interface here has: two namespaces on one subnet (the fleet test's
-    runs beside this bench on a shared machine) would take each other's replies."""
-    used = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, check=True).stdout
-    for index in range(200, 255):
-        if f" {SUBNET_PREFIX}.{index}.1/" not in used:
-            return index
-    raise RuntimeError(f"every {SUBNET_PREFIX}.200-254.0/24 is in use")
 
 
 def _fault(trials: list[dict[str, float | None]]) -> dict[str, Any]:
@@ -150,7 +139,7 @@ class _Bench:
         folder.mkdir(parents=True, exist_ok=True)
         name, engine = self._database()
         results = []
-        with Host(index=_free_subnet()) as host, CameraFeeds(1, host="0.0.0.0") as feeds:
+        with Host() as host, CameraFeeds(1, host="0.0.0.0") as feeds:
             # One camera URL for both workers: the pipeline file seeds the camera's config, and a second file with
             # another URL would change it under the first worker. The host's end of the link stays reachable from
             # this side while the link is down (checked), so the standby reads the camera there too.
