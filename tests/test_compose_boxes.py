@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 from typing import Any
 
 import pytest
 from helpers import REPO
 from sqlalchemy.engine import make_url
-from test_deploy import ENV_EXAMPLE, compose, help_run
-
-from visioncap.config.api import ApiSettings
+from test_deploy import ENV_EXAMPLE, compose, help_run, settings_from
 
 pytestmark = pytest.mark.deploy
 
@@ -132,15 +129,3 @@ def test_the_central_api_uses_its_own_database_and_a_gpu_boxs_gateway(monkeypatc
     assert unset["environment"]["POSTGRES_PASSWORD"] == ""
     assert unset["ports"][0]["host_ip"] == "127.0.0.1"
     settings_from(env, monkeypatch)
-
-
-def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> ApiSettings:
-    """The app's settings from a service's environment alone: every VISIONCAP_* must be one it knows and accepts."""
-    known = {f"VISIONCAP_{field.upper()}" for field in ApiSettings.model_fields}
-    assert {key for key in env if key.startswith("VISIONCAP_")} <= known
-    for key in list(os.environ):
-        if key.startswith("VISIONCAP_"):
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    return ApiSettings(_env_file=None)  # type: ignore[call-arg]

@@ -198,15 +198,7 @@ def test_app_service_command_and_environment_are_accepted(
     if name == "pipeline":
         assert load_pipeline(Path(command[2])).vlm.model == "vlm"  # the alias the vllm service adds
     # Every VISIONCAP_* variable must be a setting the app knows, with a value it accepts.
-    env = service["environment"]
-    known = {f"VISIONCAP_{field.upper()}" for field in ApiSettings.model_fields}
-    assert {key for key in env if key.startswith("VISIONCAP_")} <= known
-    for key in list(os.environ):
-        if key.startswith("VISIONCAP_"):
-            monkeypatch.delenv(key)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    settings = ApiSettings(_env_file=None)  # type: ignore[call-arg]
+    settings = settings_from(service["environment"], monkeypatch)
     assert str(settings.data_dir) == "/data"
 
 
@@ -344,3 +336,15 @@ def test_dockerfile_is_slim_unprivileged_healthchecked_and_without_vllm() -> Non
     assert "vllm" not in " ".join(line for line in text.splitlines() if line.startswith("RUN")).lower()
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".venv*", "data", "models/build", ".env"} <= set(ignored)
+
+
+def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> ApiSettings:
+    """The app's settings from a service's environment alone: every VISIONCAP_* must be one it knows and accepts."""
+    known = {f"VISIONCAP_{field.upper()}" for field in ApiSettings.model_fields}
+    assert {key for key in env if key.startswith("VISIONCAP_")} <= known
+    for key in list(os.environ):
+        if key.startswith("VISIONCAP_"):
+            monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return ApiSettings(_env_file=None)  # type: ignore[call-arg]

@@ -36,7 +36,6 @@ import httpx
 import pytest
 import yaml
 from helpers import ARTIFACTS, REPO, TINY_MODEL, pipeline_dict, wait_for, write_pipeline
-from pg import PostgresCluster, fresh_database, postgres_bin
 from servers.mjpeg_server import MjpegServer
 from sqlalchemy import Engine, text
 from streams import RtspServer, skip_unless_gstreamer
@@ -44,6 +43,7 @@ from taps import AsgiThread, Tap
 from videos import make_event_video
 
 from visioncap.bench.netns import Host, netns_problem
+from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
 from visioncap.config.keys import hash_key
 from visioncap.config.profiles import load_profile
 from visioncap.config.settings import Settings
@@ -84,12 +84,8 @@ def fleet_postgres(netns: Host) -> Iterator[PostgresCluster]:
     bin_dir = postgres_bin()
     if bin_dir is None:
         pytest.fail("PostgreSQL is not installed (make system-deps)")
-    cluster = PostgresCluster(bin_dir, listen="*", trusted=(netns.subnet,))
-    cluster.start()
-    try:
+    with PostgresCluster(bin_dir, listen="*", trusted=(netns.subnet,)) as cluster:
         yield cluster
-    finally:
-        cluster.remove()
 
 
 class Chats:
@@ -189,7 +185,7 @@ def test_workers_and_replicas_fail_and_every_event_is_captioned_exactly_once(
     replica_b = VllmServer(load_profile("tiny", REPO / "models"), python=Settings().server_python, port=free_port(),
                            log_file=ARTIFACTS / "fleet-vllm-b.log")  # fmt: skip
     replica_b.start()
-    url = fresh_database(fleet_postgres.base_url).replace("@127.0.0.1:", f"@{host_ip}:")
+    url = fleet_postgres.url_for(fleet_postgres.new_database(), host_ip)
     engine = create_db_engine(url)
     CaptionStore(engine).create_schema()
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import missing, pipeline_dict, run_cli, scrape_metric, start_cli, wait_for, write_pipeline
-from pg import PostgresCluster, fresh_database, postgres_bin
+from pg import fresh_database
 from streams import RtspServer, skip_unless_gstreamer
 from videos import make_event_video
 
+from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics

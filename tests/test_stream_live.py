@@ -26,10 +26,11 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from helpers import missing
-from pg import PostgresCluster, fresh_database, postgres_bin
+from pg import fresh_database
 from sqlalchemy import text
 
 from visioncap.api import create_app
+from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.frames import Caption

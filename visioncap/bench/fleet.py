@@ -25,11 +25,12 @@ from typing import Annotated, Any
 import typer
 
 from visioncap.bench.detection import detector_machine_facts  # sets the YOLO_* defaults first
-from visioncap.bench.fleet_parts import Postgres, free_port, postgres_bin
+from visioncap.bench.fleet_parts import free_port
 from visioncap.bench.fleet_render import render
 from visioncap.bench.machine import REPO
 from visioncap.bench.netns import SUBNET_PREFIX, netns_problem
 from visioncap.bench.outputs import RESULTS_DIR, command_line
+from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
 from visioncap.serve import VllmServer
 
 log = logging.getLogger("visioncap.bench.fleet")
@@ -95,7 +96,8 @@ def _measure_live(
     work = REPO / "data" / "benchmarks" / "fleet"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    with Postgres(bin_dir, extra_subnet=f"{SUBNET_PREFIX}.0.0/16") as pg, _tiny_vllm(work) as vllm:
+    cluster = PostgresCluster(bin_dir, listen="*", trusted=(f"{SUBNET_PREFIX}.0.0/16",), max_connections=200)
+    with cluster as pg, _tiny_vllm(work) as vllm:
         vlm_url = f"http://127.0.0.1:{vllm.port}/v1"
         if "capacity" in chosen:
             from visioncap.bench.fleet_capacity import measure_point

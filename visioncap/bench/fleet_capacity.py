@@ -20,7 +20,8 @@ from typing import Any
 import psutil
 from sqlalchemy import Engine, text
 
-from visioncap.bench.fleet_parts import CameraFeeds, Postgres, start_worker, wait_until, workers_stopped, write_pipeline
+from visioncap.bench.fleet_parts import CameraFeeds, start_worker, wait_until, workers_stopped, write_pipeline
+from visioncap.bench.pgcluster import PostgresCluster
 from visioncap.bench.stats import percentile
 from visioncap.store import CaptionStore, create_db_engine
 
@@ -70,13 +71,13 @@ def first_caption_delays(
 
 
 def measure_point(
-    pg: Postgres, vlm_base_url: str, work: Path, cameras: int, duration_s: float, warmup_s: float,
+    pg: PostgresCluster, vlm_base_url: str, work: Path, cameras: int, duration_s: float, warmup_s: float,
     drain_s: float, analyze_fps: float, max_tokens: int,
 ) -> dict[str, Any]:  # fmt: skip
     """One worker with `cameras` cameras (capacity = cameras) for `duration_s` after everything runs."""
     folder = work / f"capacity-{cameras}"
     folder.mkdir(parents=True, exist_ok=True)
-    database = pg.database()
+    database = pg.new_database("fleet")
     url = pg.url_for(database)
     engine = create_db_engine(url)
     CaptionStore(engine).create_schema()

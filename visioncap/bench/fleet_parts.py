@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,7 +25,7 @@ import cv2
 import httpx
 import numpy as np
 import yaml
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 
 from visioncap.bench.detection import PERSON_CLASSES, WEIGHTS
 from visioncap.bench.machine import REPO
@@ -38,62 +35,6 @@ WIDTH, HEIGHT = 640, 480
 
 
 # --- PostgreSQL -------------------------------------------------------------------------------------------------
-
-
-def postgres_bin() -> Path | None:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return found[-1].parent if found else None
-
-
-class Postgres:
-    """A throwaway cluster (Debian's postgresql, as in tests/pg.py) listening on every address, with trust for
-    loopback and for `extra_subnet` (the namespaces of visioncap.bench.netns), so a cut-off worker can reach it."""
-
-    def __init__(self, bin_dir: Path, extra_subnet: str | None = None) -> None:
-        self.bin_dir = bin_dir
-        self.root = Path(tempfile.mkdtemp(prefix="visioncap-fleet-pg-"))
-        self.cluster, sock = self.root / "cluster", self.root / "sock"
-        sock.mkdir()
-        # initdb refuses root: the server runs as the package's `postgres` user.
-        self._prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if self._prefix:
-            shutil.chown(self.root, "postgres")
-            shutil.chown(sock, "postgres")
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        listen = "*" if extra_subnet else "127.0.0.1"
-        self._options = f"-p {self.port} -k {sock} -c listen_addresses='{listen}' -c fsync=off -c max_connections=200"
-        self._run(str(bin_dir / "initdb"), "-D", str(self.cluster), "-U", "visioncap", "--auth=trust", "-E", "UTF8")
-        if extra_subnet:
-            hba = self.cluster / "pg_hba.conf"
-            with hba.open("a", encoding="utf-8") as out:
-                out.write(f"host all all {extra_subnet} trust\n")
-
-    def _run(self, *args: str) -> None:
-        subprocess.run([*self._prefix, *args], check=True, capture_output=True, timeout=120)
-
-    def __enter__(self) -> Postgres:
-        pg_ctl = str(self.bin_dir / "pg_ctl")
-        self._run(pg_ctl, "-D", str(self.cluster), "-o", self._options, "-w", "-l", str(self.root / "log"), "start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        with contextlib.suppress(subprocess.CalledProcessError):
-            self._run(str(self.bin_dir / "pg_ctl"), "-D", str(self.cluster), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(self.root, ignore_errors=True)
-
-    def database(self, host: str = "127.0.0.1") -> str:
-        """A new, empty database; its URL as seen from `host`'s side (use `url_for` for other hosts)."""
-        name = f"fleet_{uuid.uuid4().hex[:10]}"
-        admin = create_engine(self.url_for("postgres", host), isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.exec_driver_sql(f"CREATE DATABASE {name}")
-        admin.dispose()
-        return name
-
-    def url_for(self, database: str, host: str = "127.0.0.1") -> str:
-        return f"postgresql+psycopg://visioncap@{host}:{self.port}/{database}"
 
 
 # --- cameras ----------------------------------------------------------------------------------------------------

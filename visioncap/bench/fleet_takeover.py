@@ -23,7 +23,6 @@ from sqlalchemy import Engine
 
 from visioncap.bench.fleet_parts import (
     CameraFeeds,
-    Postgres,
     Worker,
     has_heartbeat,
     owned_by,
@@ -32,6 +31,7 @@ from visioncap.bench.fleet_parts import (
     write_pipeline,
 )
 from visioncap.bench.netns import Host
+from visioncap.bench.pgcluster import PostgresCluster
 from visioncap.bench.stats import percentile
 from visioncap.store import CaptionStore, create_db_engine
 
@@ -65,14 +65,14 @@ def _fault(trials: list[dict[str, float | None]]) -> dict[str, Any]:
 
 
 class _Bench:
-    def __init__(self, pg: Postgres, work: Path, lease_s: float, renew_s: float, analyze_fps: float) -> None:
+    def __init__(self, pg: PostgresCluster, work: Path, lease_s: float, renew_s: float, analyze_fps: float) -> None:
         self.pg, self.work, self.lease_s, self.renew_s = pg, work, lease_s, renew_s
         self.analyze_fps = analyze_fps
         self.started = 0
         self.rng = random.Random(15)
 
     def _database(self) -> tuple[str, Engine]:
-        name = self.pg.database()
+        name = self.pg.new_database("fleet")
         engine = create_db_engine(self.pg.url_for(name))
         CaptionStore(engine).create_schema()
         return name, engine
@@ -184,7 +184,7 @@ class _Bench:
 
 
 def measure(
-    pg: Postgres, vlm_base_url: str, work: Path, trials: int, lease_s: float, renew_s: float, analyze_fps: float
+    pg: PostgresCluster, vlm_base_url: str, work: Path, trials: int, lease_s: float, renew_s: float, analyze_fps: float
 ) -> dict[str, Any]:
     bench = _Bench(pg, work, lease_s, renew_s, analyze_fps)
     kills = bench.kill_trials(trials, vlm_base_url)
