@@ -134,9 +134,9 @@ CARRIES_OVER = """## What carries over to a GPU box
   full `analyze_fps`; the caption itself is a GPU VLM call there instead of the tiny CPU model here.
 - **Takeover** carries over: the lease time is set by `lease_s`/`renew_s` and PostgreSQL's clock, not by the
   machine (expect between `lease_s - renew_s` and `lease_s + renew_s` after the last renewal). The gap from the
-  lease to the first analysed frame is the new owner's first detector call (its model is loaded at start but not
-  run until a camera arrives) and opening the stream: on a GPU the first call pays CUDA/cuDNN initialisation
-  instead; a worker that warmed its detector at start would close most of that gap.
+  lease to the first analysed frame is opening the stream and waiting for the detector's turn; a worker warms its
+  detector before its first lease (`PersonDetector.warm_up`, since commit 69a1bc4), so the model's first call
+  (seconds on a CPU, CUDA/cuDNN initialisation on a GPU) is no longer in it.
 - **Cameras per GPU** is model output for the target GPU already; it holds only as far as the cost model does
   (`visioncap serve --profile P --gpu G --dry-run`, README "Cost model"), and it counts the VLM only: the
   detector on the same GPU takes some of its time, not modelled here.
