@@ -209,6 +209,8 @@ def test_workers_and_replicas_fail_and_every_event_is_captioned_exactly_once(
     gateway_url = f"http://{host_ip}:{gateway_port}/v1"
 
     mjpeg = [MjpegServer(video, host="0.0.0.0", fps=5).start() for _ in MJPEG_CAMERAS]
+    for server in mjpeg:
+        server.origin = math.inf  # the empty first frame until the scene starts, however long the set-up takes
     rtsp = RtspServer(video, host="0.0.0.0")
     # One frame a second per camera: the detector takes ~0.1 CPU-s a frame here
     # (benchmarks/results/detector_throughput.md), so six cameras need ~0.6 of the two cores beside two vLLMs.
@@ -253,7 +255,7 @@ def test_workers_and_replicas_fail_and_every_event_is_captioned_exactly_once(
                 return all(len(held_by(leases, worker)) == 2 for worker in workers)
 
             wait_for(balanced, WAIT_S, "two cameras on each worker")
-            # The scene starts now, on every MJPEG camera at once: until the origin they show the empty first frame.
+            # The scene starts now, on every MJPEG camera at once.
             origin = time.time() + 1.0
             for server in mjpeg:
                 server.origin = origin

@@ -117,6 +117,8 @@ def build_pipeline(
             base_url = server.base_url
         engine = create_db_engine(settings.resolved_database_url())
         stack.callback(engine.dispose)
+        if worker is not None:
+            _check_shareable(engine)
         api_key = settings.vlm_api_key.get_secret_value()
         if check_vlm:
             check_vlm_ready(base_url, config.vlm.model, api_key)
@@ -142,14 +144,17 @@ def build_pipeline(
         return Pipeline(runner, metrics, stack.pop_all())
 
 
-def _lease_keeper(engine: Engine, config: PipelineConfig, worker: WorkerConfig) -> LeaseKeeper:
-    """Started, with a first round done, so that the runner starts with the cameras this worker holds."""
+def _check_shareable(engine: Engine) -> None:
     if engine.dialect.name != "postgresql":
         raise ConfigError(
             f"visioncap worker shares cameras between several workers through leases in PostgreSQL, and "
             f"VISIONCAP_DATABASE_URL points at {engine.dialect.name}: use a PostgreSQL database, or `visioncap run` "
             "for the one worker of a single box"
         )
+
+
+def _lease_keeper(engine: Engine, config: PipelineConfig, worker: WorkerConfig) -> LeaseKeeper:
+    """Started, with a first round done, so that the runner starts with the cameras this worker holds."""
     CaptionStore(engine).create_schema()  # the lease tables, before the first round
     # The file's cameras must be rows before the first claim, or the first round finds nothing to take.
     seed_cameras(engine, config.name, list(config.sources))
