@@ -30,6 +30,7 @@ from visioncap.store import CaptionStore, create_db_engine
 # a server itself carries the marker in its module.
 SERVER_FIXTURES = {
     "vllm_server": "vllm",
+    "second_vllm_server": "vllm",
     "postgres": "postgres",
     "rtsp": "rtsp",
     "own_rtsp": "rtsp",
@@ -65,28 +66,31 @@ def new_vllm_server() -> VllmServer:
     return VllmServer(profile, python=Settings().server_python, port=port, log_file=ARTIFACTS / f"vllm-{port}.log")
 
 
-# The session's vLLM takes about a minute to start on this CPU: it starts as soon as collection shows that some
-# test will use it, so that the tests ordered before its first user run during that minute instead of after it.
-_started_early: list[VllmServer] = []
+# A vLLM server takes about a minute to start on this CPU: each one a collected test will use starts as soon as
+# collection is done, so that the tests ordered before its first user run during that minute instead of after it.
+# `vllm_server` is the session's; `second_vllm_server` a replica of its own for the one test that kills it.
+EARLY = ("vllm_server", "second_vllm_server")
+_started_early: dict[str, VllmServer] = {}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    if any("vllm_server" in getattr(item, "fixturenames", ()) for item in session.items):
-        server = new_vllm_server()
-        server.start()
-        _started_early.append(server)
+    used = {name for item in session.items for name in getattr(item, "fixturenames", ())}
+    for name in EARLY:
+        if name in used:
+            server = new_vllm_server()
+            server.start()
+            _started_early[name] = server
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    # Only when no test took it (all deselected or the run stopped early): the fixture stops the one it took.
-    while _started_early:
-        _started_early.pop().stop()
+    # Only those no test took (all deselected or the run stopped early): a fixture stops the one it took.
+    for server in _started_early.values():
+        server.stop()
+    _started_early.clear()
 
 
-@pytest.fixture(scope="session")
-def vllm_server() -> Iterator[VllmServer]:
-    """The real vLLM server, started once per test session through `visioncap.serve`."""
-    server = _started_early.pop() if _started_early else new_vllm_server()
+def take_vllm_server(name: str) -> Iterator[VllmServer]:
+    server = _started_early.pop(name, None) or new_vllm_server()
     if server.pid is None:
         server.start()
     group = server.pid
@@ -98,6 +102,18 @@ def vllm_server() -> Iterator[VllmServer]:
         server.stop()
     # stop() must take vLLM's engine and worker processes with it.
     assert group_members(group) == []
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    """The real vLLM server, started once per test session through `visioncap.serve`."""
+    yield from take_vllm_server("vllm_server")
+
+
+@pytest.fixture
+def second_vllm_server() -> Iterator[VllmServer]:
+    """Another real vLLM server (a second replica), the test's own: it may kill it."""
+    yield from take_vllm_server("second_vllm_server")
 
 
 @pytest.fixture(scope="session")
