@@ -88,8 +88,17 @@ $(DEPLOY_VENV)/.installed: $(DEPLOY_PINS)
 	$(DEPLOY_VENV)/bin/pip install $(PIP_FLAGS) -r $(DEPLOY_PINS) 2>&1 | $(QUIET_PIP)
 	touch $@
 
+# The whole suite, as CI runs it. The schema fuzzers (minutes of CPU at their full case count, no server) run in a
+# process of their own beside the rest, whose tests mostly wait on servers and child processes; FUZZ_ARGS are
+# that process's own arguments (CI gives each process its JUnit report).
+TEST_FUZZ_LOG := test-artifacts/test-fuzzers.log
 test: setup system-deps deploy-env
-	$(APP)/python -m pytest --durations=25 $(PYTEST_ARGS)
+	@mkdir -p $(dir $(TEST_FUZZ_LOG))
+	@$(APP)/python -m pytest -p no:xdist $(FUZZERS) $(FUZZ_ARGS) > $(TEST_FUZZ_LOG) 2>&1 & fuzzers=$$!; \
+	rest=0; $(APP)/python -m pytest --durations=25 --ignore-glob='$(FUZZERS)' $(PYTEST_ARGS) || rest=$$?; \
+	fuzzed=0; wait $$fuzzers || fuzzed=$$?; \
+	echo "--- schema fuzzers ($(FUZZERS), one process):"; cat $(TEST_FUZZ_LOG); \
+	exit $$(( rest ? rest : fuzzed ))
 
 # The fast tier while you work: pyproject's server markers (and detector, YOLO over video) left out, so only the
 # app environment is needed; one worker per core (pytest-xdist), as these tests share no server. The schema fuzzers
