@@ -119,6 +119,9 @@ def build_pipeline(
         stack.callback(engine.dispose)
         if worker is not None:
             _check_shareable(engine)
+        # The schema before anything that may fail (the VLM check, the detector): a failed start leaves a database
+        # that answers, with nothing in it.
+        CaptionStore(engine).create_schema()
         api_key = settings.vlm_api_key.get_secret_value()
         if check_vlm:
             check_vlm_ready(base_url, config.vlm.model, api_key)
