@@ -13,9 +13,9 @@ SERVER := $(SERVER_VENV)/bin
 # pip here lists every local index it skips; keep the output readable.
 # The braces keep grep's "nothing left" status from failing the line while pipefail still reports pip's.
 QUIET_PIP := { grep -v 'is ignored: it is neither a file nor a directory' || true; }
-# No byte-compiling at install: for torch and vLLM that is minutes of CPU on a 2-core machine, for thousands of
-# modules that are never imported; Python compiles (and caches) what it imports on first use.
-PIP_FLAGS := --disable-pip-version-check -q --no-compile
+# Byte-compiled at install (pip's default), on purpose: vLLM's worker processes run with -B and never write
+# bytecode, so without it every vLLM start compiles torch, transformers and vLLM again (CI took twice as long).
+PIP_FLAGS := --disable-pip-version-check -q
 
 # The demo and tests use packaged weights only: never let Ultralytics download or pip-install at run time.
 export YOLO_OFFLINE ?= 1

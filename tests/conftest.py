@@ -68,8 +68,9 @@ def new_vllm_server() -> VllmServer:
 
 # A vLLM server takes about a minute to start on this CPU: each one a collected test will use starts as soon as
 # collection is done, so that the tests ordered before its first user run during that minute instead of after it.
-# `vllm_server` is the session's; `second_vllm_server` a replica of its own for the one test that kills it.
-EARLY = ("vllm_server", "second_vllm_server")
+# Only the session's: an idle vLLM here burns a fifth of a core polling, so a test's own second replica
+# (`second_vllm_server`) starts when that test does.
+EARLY = ("vllm_server",)
 _started_early: dict[str, VllmServer] = {}
 
 
