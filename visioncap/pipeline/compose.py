@@ -134,7 +134,6 @@ def build_pipeline(
             leases = _lease_keeper(engine, config, worker)
             stack.callback(leases.stop)  # after the runner has stopped its cameras (the stack unwinds backwards)
         store = CaptionStore(engine, fence=leases)
-        store.create_schema()
         # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
         retention = stack.enter_context(RetentionJob.from_settings(store.engine, settings, metrics.retention))
         captioner = VlmCaptioner(config.vlm, config.caption, base_url, api_key)
@@ -157,8 +156,9 @@ def _check_shareable(engine: Engine) -> None:
 
 
 def _lease_keeper(engine: Engine, config: PipelineConfig, worker: WorkerConfig) -> LeaseKeeper:
-    """Started, with a first round done, so that the runner starts with the cameras this worker holds."""
-    CaptionStore(engine).create_schema()  # the lease tables, before the first round
+    """Started, with a first round done, so that the runner starts with the cameras this worker holds.
+
+    The schema (the lease tables among it) is already made by `build_pipeline`."""
     # The file's cameras must be rows before the first claim, or the first round finds nothing to take.
     seed_cameras(engine, config.name, list(config.sources))
     keeper = LeaseKeeper(engine, config.name, worker)
