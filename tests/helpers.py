@@ -97,33 +97,55 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
 
 
 @contextmanager
-def serve_api(data_dir: Path, database_url: str, read_key: str, **env: str) -> Iterator[str]:
-    """`visioncap api` on `database_url` with one read key (`env` added to its environment) until the block ends;
-    its base URL once it answers /healthz."""
-    port = free_port()
-    env = {
-        "VISIONCAP_DATA_DIR": str(data_dir),
-        "VISIONCAP_DATABASE_URL": database_url,
-        "VISIONCAP_API_KEYS": json.dumps([{"name": "reader", "sha256": hash_key(read_key), "scopes": ["read"]}]),
-        "VISIONCAP_API_READY_CHECK_VLM": "false",
-        **env,
-    }
-    process = start_cli("api", "--port", str(port), "--log-level", "WARNING", env=env)
+def serve_cli(args: list[str], env: dict[str, str], *, cwd: Path = REPO, port: int | None = None) -> Iterator[str]:
+    """`visioncap ARGS --port PORT` (a free port unless given) in the environment `env` as it is (not added to this
+    one), running until the block ends; its base URL once it answers /healthz. Stopped (killed if it will not stop)
+    after."""
+    port = port or free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "visioncap", *args, "--port", str(port), "--log-level", "WARNING"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+    )
     url = f"http://127.0.0.1:{port}"
+    command = " ".join(args)
 
-    def healthy() -> bool:
-        assert process.poll() is None, f"visioncap api exited: {process.communicate()[1]}"
+    def answers() -> bool:
+        assert process.poll() is None, f"`visioncap {command}` exited: {process.communicate()[1]}"
         try:
             return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
     try:
-        wait_for(healthy, API_START_S, "visioncap api to answer /healthz")
+        wait_for(answers, API_START_S, f"`visioncap {command}` to answer /healthz")
         yield url
     finally:
         process.terminate()
-        process.wait(timeout=API_START_S)
+        try:
+            process.wait(timeout=API_START_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
+def serve_api(data_dir: Path, database_url: str, read_key: str, **env: str) -> Iterator[str]:
+    """`visioncap api` on `database_url` with one read key (`env` added to its environment) until the block ends;
+    its base URL once it answers /healthz."""
+    env = {
+        **os.environ,
+        "VISIONCAP_DATA_DIR": str(data_dir),
+        "VISIONCAP_DATABASE_URL": database_url,
+        "VISIONCAP_API_KEYS": json.dumps([{"name": "reader", "sha256": hash_key(read_key), "scopes": ["read"]}]),
+        "VISIONCAP_API_READY_CHECK_VLM": "false",
+        **env,
+    }
+    with serve_cli(["api"], env) as url:
+        yield url
 
 
 def database_at_version(engine: Engine, version: int) -> None:

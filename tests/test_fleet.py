@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import UTC
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import pytest
@@ -86,68 +86,76 @@ def fleet_postgres(netns: Host) -> Iterator[PostgresCluster]:
         yield cluster
 
 
-class Chats:
-    """Chat users through the gateway for the whole run, one question at a time: each answer's status or error."""
+class Every:
+    """`step()` every `interval_s` seconds in a thread of its own, from the start of a `with` block to its end."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.results: list[tuple[float, int | str]] = []
+    def __init__(self, interval_s: float, name: str) -> None:
+        self.interval_s = interval_s
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="chats", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def step(self) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
-        body = {"model": TINY_MODEL, "messages": [{"role": "user", "content": "what is happening?"}],
-                "max_tokens": 4, "temperature": 0, "ignore_eos": True}  # fmt: skip
-        headers = {"Authorization": f"Bearer {CHAT_KEY}"}
-        with httpx.Client(timeout=120) as client:
-            while not self._stop.wait(2.0):  # a chat user asking now and then: the cores are few
-                try:
-                    response = client.post(self.url, json=body, headers=headers)
-                    outcome: int | str = response.status_code
-                    if response.status_code == 200:
-                        response.json()["choices"][0]["message"]["content"]  # a whole answer, not a torn one
-                except (httpx.HTTPError, KeyError, ValueError) as exc:
-                    outcome = f"{type(exc).__name__}: {exc}"
-                self.results.append((time.time(), outcome))
+        while not self._stop.wait(self.interval_s):
+            self.step()
 
-    def __enter__(self) -> Chats:
+    def __enter__(self) -> Self:
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(150)
+        self._thread.join(150)  # a chat's own timeout is 120 s
 
 
-class Leases:
+class Chats(Every):
+    """A chat user through the gateway for the whole run, asking every 2 s (the cores are few), one question at a
+    time: each answer's status or error."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(2.0, "chats")
+        self.url = url
+        self.results: list[tuple[float, int | str]] = []
+        self._client = httpx.Client(timeout=120, headers={"Authorization": f"Bearer {CHAT_KEY}"})
+        self._body = {"model": TINY_MODEL, "messages": [{"role": "user", "content": "what is happening?"}],
+                      "max_tokens": 4, "temperature": 0, "ignore_eos": True}  # fmt: skip
+
+    def step(self) -> None:
+        try:
+            response = self._client.post(self.url, json=self._body)
+            outcome: int | str = response.status_code
+            if response.status_code == 200:
+                response.json()["choices"][0]["message"]["content"]  # a whole answer, not a torn one
+        except (httpx.HTTPError, KeyError, ValueError) as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        self.results.append((time.time(), outcome))
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self._client.close()
+
+
+class Leases(Every):
     """Who held each camera, polled every 0.1 s: [(time, owner or None)] per camera, changes only."""
 
     def __init__(self, engine: Engine) -> None:
+        super().__init__(0.1, "leases")
         self.engine = engine
         self.history: dict[str, list[tuple[float, str | None]]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="leases", daemon=True)
 
     def owners(self) -> dict[str, str]:
         with self.engine.connect() as conn:
             found = conn.execute(text("SELECT camera, owner FROM camera_leases WHERE expires_at > now()"))
             return {camera: owner for camera, owner in found}
 
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            now, owners = time.time(), self.owners()
-            for camera in {*owners, *self.history}:
-                changes = self.history.setdefault(camera, [])
-                if not changes or changes[-1][1] != owners.get(camera):
-                    changes.append((now, owners.get(camera)))
-
-    def __enter__(self) -> Leases:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
+    def step(self) -> None:
+        now, owners = time.time(), self.owners()
+        for camera in {*owners, *self.history}:
+            changes = self.history.setdefault(camera, [])
+            if not changes or changes[-1][1] != owners.get(camera):
+                changes.append((now, owners.get(camera)))
 
 
 def start_worker(argv_prefix: list[str], pipeline: Path, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:

@@ -8,21 +8,19 @@ with one line; allowed, they must answer on loopback.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
-from helpers import REPO, TINY_MODEL, wait_for
+from helpers import REPO, TINY_MODEL, serve_cli
 from test_deploy import COMPOSE_FILE, ENV_EXAMPLE, KEYS, compose, host_path, resolved
 
 from visioncap.config.gateway import load_gateway_config
@@ -165,38 +163,6 @@ def refusal(args: list[str], env: dict[str, str], cwd: Path) -> str:
     return lines[0]
 
 
-@contextlib.contextmanager
-def serving(args: list[str], env: dict[str, str], cwd: Path, port: int) -> Iterator[str]:
-    """`visioncap ARGS` running until it answers /healthz on 127.0.0.1:PORT; its base URL. Stopped after."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "visioncap", *args, "--port", str(port), "--log-level", "WARNING"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        assert process.poll() is None, f"`visioncap {' '.join(args)}` exited: {process.communicate()[1]}"
-        try:
-            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(answers, TIMEOUT_S, f"`visioncap {' '.join(args)}` to answer /healthz")
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def gateway_file(directory: Path, chat_key: str, base_url: str = "http://127.0.0.1:9/v1", **upstream: Any) -> Path:
     """A gateway file whose `chat-ui` key is `chat_key` and whose `captions` key is a fresh one."""
     path = directory / "gateway.yaml"
@@ -263,7 +229,7 @@ def test_gateway_refuses_to_start_without_vllms_key(tmp_path: Path) -> None:
 def test_gateway_with_the_demo_keys_serves_on_loopback(tmp_path: Path) -> None:
     """`visioncap gateway --config pipelines/gateway.example.yaml`, as the README runs it locally."""
     config = REPO / "pipelines" / "gateway.example.yaml"
-    with serving(["gateway", "--config", str(config), "--host", "127.0.0.1"], child_env(), tmp_path, free_port()):
+    with serve_cli(["gateway", "--config", str(config), "--host", "127.0.0.1"], child_env(), cwd=tmp_path):
         pass
 
 
@@ -288,7 +254,7 @@ def test_gateway_with_its_own_keys_serves_on_all_interfaces_in_front_of_a_keyed_
         assert httpx.get(f"{server.base_url}/models", timeout=10).status_code == 401
         config = gateway_file(tmp_path, FRESH_KEY, base_url=server.base_url, api_key_env="VLLM_API_KEY")
         env = child_env(VLLM_API_KEY=secret)
-        with serving(["gateway", "--config", str(config), "--host", "0.0.0.0"], env, tmp_path, free_port()) as url:
+        with serve_cli(["gateway", "--config", str(config), "--host", "0.0.0.0"], env, cwd=tmp_path) as url:
             chat = httpx.post(
                 f"{url}/v1/chat/completions",
                 json={"model": TINY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
@@ -326,6 +292,6 @@ def test_api_refuses_a_demo_key_off_loopback(host: str, tmp_path: Path) -> None:
 def test_api_serves_with_its_own_keys_anywhere_and_with_a_demo_key_on_loopback(
     host: str, key: str, tmp_path: Path
 ) -> None:
-    with serving(["api", "--host", host], api_env(tmp_path, key), tmp_path, free_port()) as url:
+    with serve_cli(["api", "--host", host], api_env(tmp_path, key), cwd=tmp_path) as url:
         answer = httpx.get(f"{url}/v1/cameras", headers={"Authorization": f"Bearer {key}"}, timeout=30)
         assert answer.status_code == 200, answer.text

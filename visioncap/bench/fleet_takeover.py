@@ -84,9 +84,14 @@ class _Bench:
             renew_s=self.renew_s, prefix=prefix, metrics=prefix is None,
         )  # fmt: skip
 
-    def _settle(self) -> None:
-        # Somewhere in the owner's renewal cycle, not just after a renewal.
+    def _standby(self, pipeline: Path, env: dict[str, str], engine: Engine) -> Worker:
+        """A second worker, ready to run a camera at once, returned somewhere in the owner's renewal cycle (not just
+        after a renewal): the fault comes next."""
+        standby = self._worker(pipeline, env)
+        # Its /metrics answers once its detector has loaded: from then on it would run a camera at once.
+        wait_until(lambda: has_heartbeat(engine, standby) and standby.serving(), START_TIMEOUT_S, "the standby", 0.5)
         time.sleep(self.rng.uniform(0.0, self.renew_s))
+        return standby
 
     def _observe(self, engine: Engine, standby: Worker, fault_at: float) -> dict[str, float | None]:
         fault_wall = time.time() - (time.monotonic() - fault_at)
@@ -114,11 +119,7 @@ class _Bench:
             try:
                 wait_until(lambda: owner.frames(CAMERA) > 0, START_TIMEOUT_S, "the first owner's first frame", 0.5)
                 for trial in range(trials):
-                    standby = self._worker(pipeline, env)
-                    # Its /metrics answers once its detector has loaded: from then on it would run a camera at once.
-                    wait_until(lambda s=standby: has_heartbeat(engine, s) and s.serving(), START_TIMEOUT_S,
-                               "the standby", 0.5)  # fmt: skip
-                    self._settle()
+                    standby = self._standby(pipeline, env, engine)
                     owner.kill()
                     fault_at = time.monotonic()
                     result = self._observe(engine, standby, fault_at)
@@ -155,11 +156,7 @@ class _Bench:
             try:
                 wait_until(lambda: owned_by(engine, CAMERA, cut_off), START_TIMEOUT_S, "the namespaced owner", 0.5)
                 for trial in range(trials):
-                    standby = self._worker(pipeline, env)
-                    # Its /metrics answers once its detector has loaded: from then on it would run a camera at once.
-                    wait_until(lambda s=standby: has_heartbeat(engine, s) and s.serving(), START_TIMEOUT_S,
-                               "the standby", 0.5)  # fmt: skip
-                    self._settle()
+                    standby = self._standby(pipeline, env, engine)
                     host.cut()
                     fault_at = time.monotonic()
                     try:
