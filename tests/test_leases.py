@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 from pg import fresh_database
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from visioncap.config.cameras import CameraConfig
 from visioncap.config.outbox import OutboxConfig
@@ -30,7 +30,7 @@ from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.camera_configs import add_camera, update_camera
-from visioncap.store.leases import FencedOut
+from visioncap.store.leases import FORGET_WORKER_S, FencedOut
 
 LEASE_S = 1.5
 CAMERAS = ["cam-0", "cam-1", "cam-2", "cam-3"]
@@ -54,9 +54,15 @@ def engine(postgres: str, tmp_path: Path) -> Engine:
     return engine
 
 
-def keeper(engine: Engine, capacity: int, clock: StoppedClock | None = None) -> LeaseKeeper:
+def keeper(
+    engine: Engine, capacity: int, clock: StoppedClock | None = None, metrics: PipelineMetrics | None = None
+) -> LeaseKeeper:
     config = WorkerConfig(capacity=capacity, lease_s=LEASE_S, renew_s=0.5, stop_margin_s=0.3)
-    return LeaseKeeper(engine, "p", config, **({"clock": clock} if clock else {}))
+    return LeaseKeeper(engine, "p", config, metrics=metrics, **({"clock": clock} if clock else {}))
+
+
+def sample(metrics: PipelineMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
 
 
 def holds(keeper: LeaseKeeper) -> Callable[[str], bool]:
@@ -138,10 +144,27 @@ def test_a_worker_that_stops_renewing_loses_its_cameras_to_a_live_one_within_the
     assert all(b.token(camera) == token + 1 for camera, token in tokens.items() if token is not None)
 
 
+def test_rows_of_workers_long_gone_are_deleted_by_a_live_workers_round(engine: Engine) -> None:
+    with engine.begin() as conn:
+        for worker, age_s in (("gone/1/a", FORGET_WORKER_S + 60), ("dead-a-minute/2/b", 60)):
+            conn.execute(
+                text("INSERT INTO workers (id, pipeline, capacity, heartbeat_at) "
+                     "VALUES (:id, 'p', 1, now() - make_interval(secs => :age))"),
+                {"id": worker, "age": age_s},
+            )  # fmt: skip
+    live = keeper(engine, capacity=4)
+    live.step()
+    with engine.connect() as conn:
+        left = set(conn.scalars(text("SELECT id FROM workers")))
+    assert left == {"dead-a-minute/2/b", live.owner}
+
+
 def test_a_paused_then_resumed_worker_cannot_write_as_owner(engine: Engine, tmp_path: Path) -> None:
-    paused = keeper(engine, capacity=4, clock=StoppedClock())
+    metrics = PipelineMetrics()
+    paused = keeper(engine, capacity=4, clock=StoppedClock(), metrics=metrics)
     paused.step()
     assert paused.cameras() == set(CAMERAS)
+    assert sample(metrics, "visioncap_leased_cameras") == 4 and sample(metrics, "visioncap_lease_fair_share") == 4
     stale, stale_tokens = CaptionStore(engine, fence=paused), {c: paused.token(c) for c in CAMERAS}
     row = stale.add(frame("cam-0", 1))  # pending, as the paused worker left it
     assert row is not None
@@ -162,6 +185,10 @@ def test_a_paused_then_resumed_worker_cannot_write_as_owner(engine: Engine, tmp_
     with pytest.raises(FencedOut):
         stale.add(frame("cam-1", 2))
     assert paused.refusals == 2
+    # What an operator sees: each refused write counted by camera, and the cameras this worker still runs.
+    assert sample(metrics, "visioncap_fenced_writes_total", camera="cam-0") == 1
+    assert sample(metrics, "visioncap_fenced_writes_total", camera="cam-1") == 1
+    assert sample(metrics, "visioncap_leased_cameras") == 2
 
     # The new owner's outbox takes the pending row over and its caption lands, once.
     outbox = Outbox(owner, tmp_path, OutboxConfig(), PipelineMetrics(), pipeline="p", owns=holds(live))

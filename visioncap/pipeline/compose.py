@@ -131,7 +131,7 @@ def build_pipeline(
         detector.warm_up()
         leases = None
         if worker is not None:
-            leases = _lease_keeper(engine, config, worker)
+            leases = _lease_keeper(engine, config, worker, metrics)
             stack.callback(leases.stop)  # after the runner has stopped its cameras (the stack unwinds backwards)
         store = CaptionStore(engine, fence=leases)
         # Sweeps run here as well as in `visioncap api`: a pipeline alone keeps its database bounded too.
@@ -155,13 +155,15 @@ def _check_shareable(engine: Engine) -> None:
         )
 
 
-def _lease_keeper(engine: Engine, config: PipelineConfig, worker: WorkerConfig) -> LeaseKeeper:
+def _lease_keeper(
+    engine: Engine, config: PipelineConfig, worker: WorkerConfig, metrics: PipelineMetrics
+) -> LeaseKeeper:
     """Started, with a first round done, so that the runner starts with the cameras this worker holds.
 
     The schema (the lease tables among it) is already made by `build_pipeline`."""
     # The file's cameras must be rows before the first claim, or the first round finds nothing to take.
     seed_cameras(engine, config.name, list(config.sources))
-    keeper = LeaseKeeper(engine, config.name, worker)
+    keeper = LeaseKeeper(engine, config.name, worker, metrics=metrics)
     try:
         keeper.step()
     except SQLAlchemyError as exc:

@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from visioncap.config.worker import WorkerConfig
+from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.store.leases import keep_leases, leave, release
 
 log = logging.getLogger(__name__)
@@ -40,8 +41,10 @@ class LeaseKeeper:
         config: WorkerConfig,
         owner: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        metrics: PipelineMetrics | None = None,
     ) -> None:
         self._engine = engine
+        self._metrics = metrics
         self._pipeline = pipeline
         self._config = config
         self._owner = owner or worker_id()
@@ -79,6 +82,10 @@ class LeaseKeeper:
             self.refusals += 1
             self._held.pop(camera, None)
             self._refused.add(camera)
+            held = len(self._held)
+        if self._metrics is not None:
+            self._metrics.fenced_writes.labels(camera=camera).inc()
+            self._metrics.leased_cameras.set(held)
         log.warning("camera %s: its lease was taken over; stopped here", camera)
 
     def step(self) -> None:
@@ -107,6 +114,9 @@ class LeaseKeeper:
             self._held = kept
             self._releasing.extend(extras)
             self._valid_until = started + self._config.lease_s - self._config.stop_margin_s
+        if self._metrics is not None:
+            self._metrics.leased_cameras.set(len(kept))
+            self._metrics.lease_fair_share.set(result.fair_share)
         if gained or lost or extras:
             log.info(
                 "leases: %d cameras held (fair share %d); claimed %s, lost %s, giving back %s",
@@ -138,8 +148,13 @@ class LeaseKeeper:
                 # Held cameras run on until their local deadline passes, then stop (see cameras()).
                 if not self._failing:
                     log.warning("leases: cannot renew (%s); cameras stop if this lasts", type(exc).__name__)
-                self._failing = True
+                self._set_failing(True)
                 continue
             if self._failing:
                 log.info("leases: renewed again")
-                self._failing = False
+                self._set_failing(False)
+
+    def _set_failing(self, failing: bool) -> None:
+        self._failing = failing
+        if self._metrics is not None:
+            self._metrics.lease_renewal_failing.set(int(failing))

@@ -99,6 +99,25 @@ class PipelineMetrics:
             "visioncap_disk_full", "1 while selected frames cannot be saved for lack of disk space.", registry=r
         )
         self.retention = RetentionMetrics(r)  # the sweeps `visioncap run` runs beside the pipeline
+        # `visioncap worker` only (camera leases on PostgreSQL); a single-box `visioncap run` leaves them at zero.
+        self.leased_cameras = Gauge(
+            "visioncap_leased_cameras", "Cameras this worker holds a lease on and may run now.", registry=r
+        )
+        self.lease_fair_share = Gauge(
+            "visioncap_lease_fair_share", "Cameras this worker should hold, by its share of the live capacity.",
+            registry=r,
+        )  # fmt: skip
+        self.lease_renewal_failing = Gauge(
+            "visioncap_lease_renewal_failing",
+            "1 while this worker cannot reach the database to renew its leases (its cameras stop once they lapse).",
+            registry=r,
+        )
+        self.fenced_writes = Counter(
+            "visioncap_fenced_writes_total",
+            "Caption writes refused because another worker had taken the camera's lease (the camera stops here).",
+            ["camera"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -47,6 +47,12 @@ class Round:
     fair_share: int
 
 
+# A worker row unheard of for this long is deleted by any live worker's round: workers that died without leaving
+# (kill -9, a lost node) would otherwise pile up, one row per process ever started. Far past any lease (a worker
+# counts as live for one lease time only), so that what an operator reads in `workers` stays recent history.
+FORGET_WORKER_S = 3600.0
+
+
 def heartbeat(conn: Connection, worker: str, pipeline: str, capacity: int) -> None:
     conn.execute(
         text(
@@ -55,6 +61,14 @@ def heartbeat(conn: Connection, worker: str, pipeline: str, capacity: int) -> No
         ),
         {"id": worker, "pipeline": pipeline, "capacity": capacity},
     )
+
+
+def forget_dead_workers(conn: Connection, older_than_s: float = FORGET_WORKER_S) -> int:
+    """Delete the rows of workers unheard of for `older_than_s`; how many went."""
+    deleted = conn.execute(
+        text("DELETE FROM workers WHERE heartbeat_at < now() - make_interval(secs => :s)"), {"s": older_than_s}
+    )
+    return int(deleted.rowcount or 0)
 
 
 def renew(conn: Connection, worker: str, pipeline: str, held: dict[str, int], lease_s: float) -> dict[str, int]:
@@ -136,6 +150,7 @@ def keep_leases(
     with engine.begin() as conn:
         heartbeat(conn, worker, pipeline, capacity)
         held = renew(conn, worker, pipeline, held, lease_s)
+        forget_dead_workers(conn, max(FORGET_WORKER_S, 10 * lease_s))
     with engine.begin() as conn:
         share = fair_share(conn, pipeline, capacity, live_s=lease_s)
         if len(held) < share:
