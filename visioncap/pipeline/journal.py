@@ -10,6 +10,7 @@ in order, however many times the frame changed state during the outage.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -95,15 +96,57 @@ class JournalEntry:
         )
 
 
+def _take_slot(pipeline_dir: Path) -> tuple[Path, int]:
+    """The first slot folder whose lock this process can take, and the lock's descriptor (held open)."""
+    for index in range(MAX_SLOTS):
+        slot = pipeline_dir / f"slot-{index}"
+        slot.mkdir(parents=True, exist_ok=True)
+        fd = os.open(slot / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        except OSError:
+            os.close(fd)
+            raise
+        return slot, fd
+    raise JournalSlotsFull(f"all {MAX_SLOTS} journal slots under {pipeline_dir} are held by live processes")
+
+
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
 
 
-class Journal:
-    """One folder per pipeline under `DATA_DIR/journal/`; not thread-safe (the outbox holds its lock)."""
+# Slots per pipeline for workers sharing one data folder: a bound on the folders a starting worker tries.
+MAX_SLOTS = 256
 
-    def __init__(self, data_dir: Path, pipeline: str | None) -> None:
+
+class JournalSlotsFull(OSError):
+    """Every slot of the pipeline's journal is held by a live process."""
+
+
+class Journal:
+    """One folder per pipeline under `DATA_DIR/journal/`; not thread-safe (the outbox holds its lock).
+
+    `shared` (a `visioncap worker`, whose data folder other workers may share: one volume mounted on every GPU
+    node): the folder is `DATA_DIR/journal/PIPELINE/slot-N/`, the first slot no live process holds. A slot is
+    held by an exclusive `flock` on its `lock` file for the life of the process; the kernel (or the NFS server,
+    within its lease) lets go of it when the process dies, however it dies, so the next worker to start takes the
+    dead one's slot and replays what it left. Workers never read or delete each other's entries.
+    """
+
+    def __init__(self, data_dir: Path, pipeline: str | None, *, shared: bool = False) -> None:
         self.root = data_dir / "journal" / _safe(pipeline or "default")
+        self._lock_fd: int | None = None
+        if shared:
+            self.root, self._lock_fd = _take_slot(self.root)
+
+    def close(self) -> None:
+        """Let go of the slot (a worker stopping); its entries stay for whoever takes it next."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
 
     def _path(self, key: str) -> Path:
         return self.root / f"{hashlib.sha1(key.encode()).hexdigest()[:24]}.json"

@@ -136,7 +136,8 @@ class Outbox:
         self._seq = itertools.count()
         self._closed = False
         self.counts: Counter[Counted] = Counter()  # outcomes in this process
-        self._journal = Journal(data_dir, pipeline)
+        # A worker (leases) may share its data folder with others: its journal is a slot of its own.
+        self._journal = Journal(data_dir, pipeline, shared=owns is not None)
         self._journaled: dict[str, JournalEntry] = {}
         self._journal_loaded = False
         self._flusher: threading.Thread | None = None
@@ -490,6 +491,14 @@ class Outbox:
             flusher = self._flusher
         if flusher is not None:
             flusher.join(flush_timeout_s)
+
+    def release(self) -> None:
+        """Let go of the journal's slot (a worker's): once `close()` returned and no caption worker will record
+        an outcome any more. A flusher still writing keeps it until the process ends."""
+        with self._lock:
+            flusher = self._flusher
+        if flusher is None or not flusher.is_alive():
+            self._journal.close()
 
     # -- storage: the database, or the journal while it is away ------------------------------------
 

@@ -263,6 +263,8 @@ class PipelineRunner:
                 log.warning("outbox: the database did not come back in time; the next run writes the journal")
             self.outbox.close()
             workers.join(timeout=self._config.vlm.timeout_s + 5)
+            if not workers.is_alive():
+                self.outbox.release()
         summary.frames = self._frames_of_stopped + sum(c.source.frames_read for c in self._cameras.values())
         counts = self.outbox.counts
         summary.captions, summary.failed = counts[CaptionStatus.CAPTIONED], counts[CaptionStatus.FAILED]

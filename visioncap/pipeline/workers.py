@@ -35,6 +35,10 @@ class CaptionWorkers:
         for thread in self._threads:
             thread.join(timeout)
 
+    def is_alive(self) -> bool:
+        """Whether any of them may still record an outcome."""
+        return any(thread.is_alive() for thread in self._threads)
+
     def _loop(self) -> None:
         while (item := self._outbox.take()) is not None:
             try:
