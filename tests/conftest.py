@@ -17,6 +17,7 @@ os.environ.setdefault("YOLO_AUTOINSTALL", "False")
 os.environ.setdefault("YOLO_CONFIG_DIR", str(REPO / "data" / "ultralytics"))
 os.environ.setdefault("VISIONCAP_SERVER_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
 
+from visioncap.bench.netns import Host, netns_problem
 from visioncap.bench.pgcluster import postgres_bin
 from visioncap.config.profiles import load_profile
 from visioncap.config.settings import Settings
@@ -145,3 +146,14 @@ def store(database_url: str) -> CaptionStore:
 def demo_video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, tuple[Segment, ...]]:
     path = tmp_path_factory.mktemp("video") / "demo.mp4"
     return path, make_demo_video(path)
+
+
+@pytest.fixture
+def other_host() -> Iterator[Host]:
+    """Another host on this machine (a network namespace with a veth link to it): a client there calls this
+    machine from outside, as a kubelet's probe or a container on another box does."""
+    problem = netns_problem()
+    if problem is not None:
+        pytest.fail(f"this test calls from another host, a network namespace: {problem}")
+    with Host() as host:
+        yield host

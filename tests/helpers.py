@@ -20,6 +20,7 @@ import pytest
 import yaml
 from sqlalchemy import Engine, text
 
+from visioncap.bench.netns import Host
 from visioncap.config.keys import hash_key
 from visioncap.serve import free_port
 from visioncap.store.schema import MIGRATIONS
@@ -199,3 +200,22 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+
+
+def http_get_from(host: Host, port: int, path: str) -> tuple[int, str]:
+    """GET `path` on `port` of this machine from a process on `host` (another host: a network namespace), at this
+    machine's address on their link: (status, body). A connection that fails raises CalledProcessError, with the
+    client's error in its stderr."""
+    url = f"http://{host.gateway_ip}:{port}{path}"
+    probe = (
+        "import sys, urllib.error, urllib.request\n"
+        "try:\n"
+        f"    answer = urllib.request.urlopen({url!r}, timeout=10)\n"
+        "except urllib.error.HTTPError as error:\n"
+        "    answer = error\n"
+        "print(answer.status); print(answer.read().decode())\n"
+    )
+    done = subprocess.run(host.command([sys.executable, "-c", probe]), capture_output=True, text=True, timeout=60,
+                          check=True)  # fmt: skip
+    status, _, body = done.stdout.partition("\n")
+    return int(status), body.removesuffix("\n")

@@ -10,41 +10,20 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import pipeline_dict
+from helpers import http_get_from, pipeline_dict
 from videos import make_event_video
 
-from visioncap.bench.netns import Host, netns_problem
+from visioncap.bench.netns import Host
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.settings import Settings
 from visioncap.pipeline.compose import build_pipeline
 from visioncap.serve import free_port
 
 pytestmark = pytest.mark.detector
-
-
-@pytest.fixture
-def other_host() -> Iterator[Host]:
-    problem = netns_problem()
-    if problem is not None:
-        pytest.fail(f"this test calls from another host, a network namespace: {problem}")
-    with Host() as host:
-        yield host
-
-
-def healthz_from(host: Host, port: int) -> dict[str, object]:
-    """/healthz as a client on `host` gets it, at this machine's address on their link; a refused or failed
-    connection raises CalledProcessError, with the client's error in its output."""
-    url = f"http://{host.gateway_ip}:{port}/healthz"
-    probe = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
-    done = subprocess.run(host.command([sys.executable, "-c", probe]), capture_output=True, text=True, timeout=60,
-                          check=True)  # fmt: skip
-    return dict(json.loads(done.stdout))
 
 
 @pytest.fixture
@@ -71,7 +50,8 @@ def test_the_health_port_answers_from_another_host_when_bound_to_every_address(
 ) -> None:
     port = free_port()
     with build_pipeline(config, settings, check_vlm=False, metrics_port=port, metrics_host="0.0.0.0"):
-        assert healthz_from(other_host, port) == {"status": "ok"}
+        status, body = http_get_from(other_host, port, "/healthz")
+        assert (status, json.loads(body)) == (200, {"status": "ok"})
         assert healthz("127.0.0.1", port) == {"status": "ok"}  # the in-container healthcheck still works
 
 
@@ -82,5 +62,5 @@ def test_the_health_port_stays_on_loopback_by_default(
     with build_pipeline(config, settings, check_vlm=False, metrics_port=port):
         assert healthz("127.0.0.1", port) == {"status": "ok"}
         with pytest.raises(subprocess.CalledProcessError) as refused:
-            healthz_from(other_host, port)
+            http_get_from(other_host, port, "/healthz")
         assert "Connection refused" in refused.value.stderr

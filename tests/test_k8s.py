@@ -16,8 +16,6 @@ import re
 import shutil
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,11 +23,11 @@ from typing import Any
 import pytest
 import yaml
 from fastapi.testclient import TestClient
-from helpers import REPO, missing
+from helpers import REPO, http_get_from, missing
 from test_deploy import deploy_tool, help_run
-from test_health_host import outside_address
 
 from visioncap.api.app import build_api
+from visioncap.bench.netns import Host
 from visioncap.config.api import ApiSettings
 from visioncap.config.gateway import load_gateway_config
 from visioncap.config.pipeline import load_pipeline
@@ -215,12 +213,12 @@ def test_every_visioncap_command_is_accepted_and_wired_to_its_neighbours(
             assert config.upstreams[0].base_url == f"http://127.0.0.1:{vllm_options['--port']}/v1"
             key = env_value(container, config.upstreams[0].api_key_env or "")["valueFrom"]["secretKeyRef"]
             assert env_value(vllm, "VLLM_API_KEY")["valueFrom"]["secretKeyRef"] == key
-        if runs(container, "run"):
-            assert load_pipeline(files[container["command"][2]]).vlm.model == "vlm"
+        if runs(container, "worker"):
+            assert load_pipeline(files[options["--pipeline"]]).vlm.model == "vlm"
             gateway = next(c for c in workload["spec"]["template"]["spec"]["containers"] if runs(c, "gateway"))
             gateway_port = dict(itertools.pairwise(gateway["command"]))["--port"]
             assert env_value(container, "VISIONCAP_VLM_BASE_URL")["value"] == f"http://127.0.0.1:{gateway_port}/v1"
-    assert commands == 1 + 2 * GPU_PODS[overlay]  # the API, and a gateway and a pipeline per GPU pod
+    assert commands == 3  # the API, and the GPU pods' gateway and worker
 
 
 @pytest.mark.parametrize("overlay", GPU_PODS)
@@ -302,12 +300,13 @@ def test_vllm_probes_use_its_open_health_route(rendered: dict[str, list[Obj]]) -
             assert http_paths(container) == {"/health"}
 
 
-def test_pipeline_probes_reach_its_real_health_server_from_outside_the_pod(rendered: dict[str, list[Obj]]) -> None:
-    """The kubelet sends probes to the pod's IP, so the pipeline's health port must listen beyond loopback: a real
-    HealthServer on the address and port the command opens answers them over this machine's own interface."""
-    pipelines = [c for overlay in GPU_PODS for _, c in containers(rendered[overlay]) if runs(c, "run")]
-    assert len(pipelines) == sum(GPU_PODS.values())
-    outside = outside_address()
+def test_worker_probes_reach_its_real_health_server_from_outside_the_pod(
+    rendered: dict[str, list[Obj]], other_host: Host
+) -> None:
+    """The kubelet sends probes to the pod's IP, so the worker's health port must listen beyond loopback: a real
+    HealthServer on the address and port the command opens answers them from another host (a network namespace)."""
+    pipelines = [c for overlay in GPU_PODS for _, c in containers(rendered[overlay]) if runs(c, "worker")]
+    assert len(pipelines) == len(GPU_PODS)
     for container in pipelines:
         options = dict(itertools.pairwise(container["command"]))
         assert "readinessProbe" not in container  # it takes no traffic; unready would drop its gateway
@@ -322,12 +321,9 @@ def test_pipeline_probes_reach_its_real_health_server_from_outside_the_pod(rende
             lambda: (False, {"database": "down"}), PipelineMetrics(), port=port, host=options["--metrics-host"]
         ):
             for path in paths:
-                with urllib.request.urlopen(f"http://{outside}:{port}{path}", timeout=10) as response:
-                    assert response.status == 200
-            # And the check can fail: /readyz of a pipeline whose database is down.
-            with pytest.raises(urllib.error.HTTPError) as unready:
-                urllib.request.urlopen(f"http://{outside}:{port}/readyz", timeout=10)
-            assert unready.value.code == 503
+                assert http_get_from(other_host, port, path)[0] == 200, path
+            # And the check can fail: /readyz of a worker whose database is down.
+            assert http_get_from(other_host, port, "/readyz")[0] == 503
 
 
 # --- network policies ------------------------------------------------------------------------------------------------
@@ -424,33 +420,41 @@ def test_the_vllm_check_catches_an_opened_port(rendered: dict[str, list[Obj]]) -
 
 
 @pytest.mark.parametrize("overlay", GPU_PODS)
-def test_gpu_pods_are_the_ones_the_overlay_claims_each_with_its_pipeline_and_own_cameras(
+def test_gpu_pods_are_the_ones_the_overlay_claims_one_per_node_with_a_worker_on_the_sites_cameras(
     overlay: str, rendered: dict[str, list[Obj]], tmp_path: Path
 ) -> None:
     objects = rendered[overlay]
-    gpu_pods, nodes, cameras = 0, [], []
+    gpu_workloads = []
     for workload in workloads(objects):
         pod = workload["spec"]["template"]["spec"]
         vllms = [c for c in pod["containers"] if is_vllm(c)]
         if not vllms:
-            assert not any(runs(c, "run") for c in pod["containers"]), "a pipeline away from vLLM's node"
+            assert not any(runs(c, "worker") or runs(c, "run") for c in pod["containers"]), "a worker off vLLM's node"
             assert not any("nvidia.com/gpu" in json.dumps(c.get("resources", {})) for c in pod["containers"])
             continue
-        assert workload["kind"] == "Deployment" and workload["spec"]["strategy"]["type"] == "Recreate"
-        gpu_pods += workload["spec"]["replicas"]
+        gpu_workloads.append(workload)
         for container in vllms:
             for section in ("requests", "limits"):
                 assert str(container["resources"][section]["nvidia.com/gpu"]) == "1", container["name"]
-        # The pipeline beside vLLM, in the same pod: its frames stay on the node.
-        (pipeline,) = [c for c in pod["containers"] if runs(c, "run")]
-        files = mounted_files(workload, pipeline, objects, tmp_path)
-        config = load_pipeline(files[pipeline["command"][2]])
-        cameras.append({source.camera for source in config.sources})
-        nodes.append(pod.get("nodeSelector", {}).get("kubernetes.io/hostname"))
-    assert gpu_pods == GPU_PODS[overlay]
-    assert all(cameras) and len(set().union(*cameras)) == sum(map(len, cameras)), f"a camera on two nodes: {cameras}"
-    if gpu_pods > 1:
-        assert None not in nodes and len(set(nodes)) == len(nodes), f"not one GPU pod per named node: {nodes}"
+        # A rollout stops one pod at a time (the new one needs its GPU); the others' workers run its cameras.
+        assert workload["kind"] == "StatefulSet" and workload["spec"]["podManagementPolicy"] == "Parallel"
+        assert workload["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"] == 1
+        # At most one GPU pod per node: the detector takes the node's GPU 0.
+        (rule,) = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert rule["topologyKey"] == "kubernetes.io/hostname" and selects(rule["labelSelector"], pod_labels(workload))
+        # vLLM's weight cache: a claim per pod, never one volume that a second node could not mount.
+        assert [t["metadata"]["name"] for t in workload["spec"]["volumeClaimTemplates"]] == ["hf-cache"]
+        # The worker beside vLLM, in the same pod (its frames stay on the node), on the site's cameras, with the
+        # database all workers share.
+        (worker,) = [c for c in pod["containers"] if runs(c, "worker")]
+        assert not any(runs(c, "run") for c in pod["containers"]), "a single-box pipeline beside the worker"
+        files = mounted_files(workload, worker, objects, tmp_path)
+        options = dict(itertools.pairwise(worker["command"]))
+        config = load_pipeline(files[options["--pipeline"]])
+        assert config.sources and int(options["--capacity"]) >= 1
+        assert env_value(worker, "VISIONCAP_DATABASE_URL")["valueFrom"]["secretKeyRef"]["name"] == USER_SECRET
+    (workload,) = gpu_workloads  # one workload: every pod reads the same pipeline, the leases share it out
+    assert workload["spec"]["replicas"] == GPU_PODS[overlay]
 
 
 # --- references and keys ------------------------------------------------------------------------------------------
