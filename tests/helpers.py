@@ -76,12 +76,16 @@ def scrape_metric(root_url: str, name: str) -> float:
     return total
 
 
-def wait_for(condition: Callable[[], object], timeout: float, what: str, poll_s: float = 0.2) -> None:
-    """Poll a condition another process makes true (a database row, a metric); fail after `timeout` s."""
+def wait_for(
+    condition: Callable[[], object], timeout: float, what: str | Callable[[], str], poll_s: float = 0.2
+) -> None:
+    """Poll a condition another process makes true (a database row, a metric); fail after `timeout` s. `what` may
+    be a function: called on failure, it can say what the state was then."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {said}")
         time.sleep(poll_s)
 
 
