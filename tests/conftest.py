@@ -49,6 +49,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "postgresql" in callspec.params.values():
             item.add_marker("postgres")
+    # The fleet test last: its three workers, two vLLM servers and six cameras need both cores here, and `make test`
+    # runs the schema fuzzers (a core's worth for minutes) in a process of their own beside the start of the suite.
+    items.sort(key=lambda item: item.get_closest_marker("fleet") is not None)
 
 
 @pytest.fixture
