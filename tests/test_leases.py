@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,7 +31,9 @@ from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.camera_configs import add_camera, update_camera
+from visioncap.store.cameras import CameraReport, camera_states, write_camera
 from visioncap.store.leases import FORGET_WORKER_S, FencedOut
+from visioncap.store.records import CameraState
 
 LEASE_S = 1.5
 CAMERAS = ["cam-0", "cam-1", "cam-2", "cam-3"]
@@ -200,6 +203,26 @@ def test_a_paused_then_resumed_worker_cannot_write_as_owner(engine: Engine, tmp_
     assert record is not None and record.status is CaptionStatus.CAPTIONED
     assert owner.count(CaptionStatus.CAPTIONED) == 1
     assert owner.count() == 1  # the stale insert left no row
+
+
+def test_a_worker_that_lost_a_camera_never_writes_over_its_new_owners_camera_state(engine: Engine) -> None:
+    paused = keeper(engine, capacity=4, clock=StoppedClock())
+    paused.step()
+    report = CameraReport("cam-0", "p", "x.mp4", CameraState.ONLINE, datetime.now(UTC))
+    assert write_camera(engine, report, fence=paused)
+    live = keeper(engine, capacity=4)
+
+    def live_has_all() -> bool:
+        live.step()
+        return live.cameras() == set(CAMERAS)
+
+    wait_for(live_has_all, WAIT_S, "the live worker to take the cameras of the paused one", poll_s=0.1)
+    assert write_camera(engine, replace(report, state=CameraState.STARTING), fence=live)
+    # The old owner, resumed, still believes it holds cam-0 and reports it stopped: dropped, not written.
+    assert "cam-0" in paused.cameras()
+    assert not write_camera(engine, replace(report, state=CameraState.FINISHED), fence=paused)
+    assert camera_states(engine)["cam-0"].state is CameraState.STARTING
+    assert paused.refusals == 0  # a state report is no caption: it does not count as a fenced write
 
 
 def test_the_old_owners_outbox_discards_its_answer_when_fenced_out(engine: Engine, tmp_path: Path) -> None:

@@ -178,7 +178,8 @@ class PipelineRunner:
         self.summary = RunSummary(pipeline=config.name, cameras={})
         # State and newest frame of every camera, for the API's /v1/cameras; written off the hot path. Descriptions
         # are masked: the API serves them.
-        self._camera_states = CameraStateRecorder(store.engine, config.name, {})
+        # A worker writes the state of the cameras it holds only (its leases fence the writes).
+        self._camera_states = CameraStateRecorder(store.engine, config.name, {}, fence=leases)
         self._watcher = CameraWatcher(store.engine, config.name)
         self._hub = FrameHub([], on_finished=self._on_finished)
         # Made here, read in run(): their rates and descriptions are needed now, their frames only then.

@@ -19,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
+from visioncap.store.leases import Fence, lease_held
 from visioncap.store.records import CameraRecord, CameraState, utcnow
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,11 @@ class CameraReport:
     reported_at: datetime | None = None
 
 
-def write_camera(engine: Engine, report: CameraReport) -> None:
-    """Insert or replace the camera's row; a report without a frame time keeps the stored one."""
+def write_camera(engine: Engine, report: CameraReport, fence: Fence | None = None) -> bool:
+    """Insert or replace the camera's row; a report without a frame time keeps the stored one. With a `fence` (a
+    worker's leases) only while it holds the camera's lease, checked in the same transaction: a worker that lost
+    the camera (its `finished` arriving late, or a paused worker resumed) never writes over its new owner's
+    `running`. Returns whether it wrote."""
     values = {
         "camera": report.camera,
         "pipeline": report.pipeline,
@@ -58,17 +62,20 @@ def write_camera(engine: Engine, report: CameraReport) -> None:
     changes = {key: value for key, value in values.items() if key != "camera"}
     dialect = engine.dialect.name
     with Session(engine) as session, session.begin():
+        if fence is not None and not lease_held(session.connection(), fence, report.camera):
+            return False
         if dialect in ("sqlite", "postgresql"):
             insert = (sqlite.insert if dialect == "sqlite" else postgresql.insert)(CameraRecord).values(**values)
             changes["last_frame_at"] = func.coalesce(insert.excluded.last_frame_at, CameraRecord.last_frame_at)
             session.execute(insert.on_conflict_do_update(index_elements=["camera"], set_=changes))
-            return
+            return True
         # Backends without an upsert: two writers racing on a new camera are settled by the primary key.
         if report.last_frame_at is None:
             del changes["last_frame_at"]
         statement = update(CameraRecord).where(CameraRecord.camera == report.camera).values(**changes)
         if session.execute(statement).rowcount == 0:
             session.add(CameraRecord(**values))
+    return True
 
 
 def camera_states(engine: Engine) -> dict[str, CameraReport]:
@@ -100,8 +107,11 @@ class CameraStateRecorder:
         pipeline: str,
         sources: dict[str, str],
         frame_interval_s: float = FRAME_INTERVAL_S,
+        fence: Fence | None = None,
     ) -> None:
+        """`fence`: a worker's leases; reports of a camera it no longer holds are dropped (see `write_camera`)."""
         self._engine = engine
+        self._fence = fence
         self._pipeline = pipeline
         self._frame_interval_s = frame_interval_s
         now = utcnow()
@@ -187,7 +197,9 @@ class CameraStateRecorder:
             due = self._due(time.monotonic())
         for report in due:
             try:
-                write_camera(self._engine, replace(report, reported_at=utcnow()))
+                if not write_camera(self._engine, replace(report, reported_at=utcnow()), self._fence):
+                    log.debug("camera %s: state %s not written, its lease is another worker's", report.camera,
+                              report.state)  # fmt: skip
                 self._written_at[report.camera] = time.monotonic()
             except SQLAlchemyError as exc:
                 # Camera state is a report, not a result: a database hiccup must not stop the cameras.

@@ -165,17 +165,22 @@ def leave(engine: Engine, worker: str, cameras: list[str]) -> None:
         conn.execute(text("DELETE FROM workers WHERE id = :id"), {"id": worker})
 
 
-def check_lease(conn: Connection, fence: Fence, camera: str) -> None:
-    """Raises FencedOut unless `fence` holds `camera` with its token, unexpired in the database's clock; the lease
-    row stays locked (shared) until the caller's transaction ends, so no claim can slip in before its write."""
+def lease_held(conn: Connection, fence: Fence, camera: str) -> bool:
+    """Whether `fence` holds `camera` with its token, unexpired in the database's clock; the lease row stays
+    locked (shared) until the caller's transaction ends, so no claim can slip in before its write."""
     token = fence.token(camera)
-    found = None
-    if token is not None:
-        found = conn.scalar(
-            text("SELECT token FROM camera_leases WHERE camera = :c AND owner = :me AND expires_at > now() FOR SHARE"),
-            {"c": camera, "me": fence.owner},
-        )
-    if found is None or found != token:
+    if token is None:
+        return False
+    found = conn.scalar(
+        text("SELECT token FROM camera_leases WHERE camera = :c AND owner = :me AND expires_at > now() FOR SHARE"),
+        {"c": camera, "me": fence.owner},
+    )
+    return found is not None and found == token
+
+
+def check_lease(conn: Connection, fence: Fence, camera: str) -> None:
+    """Raises FencedOut unless `lease_held`, and tells the fence (its camera must stop)."""
+    if not lease_held(conn, fence, camera):
         fence.refused(camera)
         raise FencedOut(camera)
 
