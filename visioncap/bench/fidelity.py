@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import math
 import secrets
 import statistics
@@ -47,10 +48,14 @@ from visioncap.bench.stats import percentile
 from visioncap.bench.workload import WORDS, camera_frame, caption_body, data_uri, filler_text
 from visioncap.gateway.sse import StreamObserver
 
+log = logging.getLogger(__name__)
+
 DEFAULT_TOLERANCE = 0.25
 STEADY_SPREAD = 1.0
 FIGURES = ("frame_encoder_steps", "frame_prefill_steps", "chat_prefill_steps")
 KINDS = ("tiny", "frame", "same_text", "chat")  # tiny: a one-word prompt, the step a prompt costs at least
+# Dropped connections in a row that a measurement takes as a hiccup and tries again (beyond: the server is gone).
+TRANSPORT_RETRIES = 3
 COUNTED = ("vllm:inter_token_latency_seconds", "vllm:request_prefill_time_seconds")  # engine-stamped histograms
 
 
@@ -217,23 +222,37 @@ class _Probe:
         self._changed.set()
 
     async def _run(self) -> None:
+        failures = 0
         while True:  # a stream ends after `tokens`; the next one starts at once
             self.streams += 1
-            body = {
-                "model": self.model,
-                "messages": [{"role": "user", "content": text_of_tokens(12, 10_000 + self.streams)}],
-                "max_tokens": self.tokens,
-                "temperature": 0,
-                "ignore_eos": True,
-                "stream": True,
-            }
-            started = time.perf_counter()
-            async with self.client.stream("POST", f"{self.base_url}/chat/completions", json=body) as response:
-                response.raise_for_status()
-                observer = StreamObserver(started, time.perf_counter, self._on_token, self._on_token)
-                async for chunk in response.aiter_raw():
-                    observer.feed(chunk)
-                observer.close()
+            try:
+                await self._stream()
+                failures = 0
+            except httpx.TransportError as exc:
+                # A connection the server dropped as the last stream ended (seen on the loaded CPU, rarely): a new
+                # stream on a new one. Rounds the restart overlapped are discarded (`streams` changed). A server
+                # that is gone fails again at once: then this is what ends the probe.
+                failures += 1
+                if failures > TRANSPORT_RETRIES:
+                    raise
+                log.info("fidelity: the probe stream failed (%s: %s); a new one", type(exc).__name__, exc)
+
+    async def _stream(self) -> None:
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": text_of_tokens(12, 10_000 + self.streams)}],
+            "max_tokens": self.tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        started = time.perf_counter()
+        async with self.client.stream("POST", f"{self.base_url}/chat/completions", json=body) as response:
+            response.raise_for_status()
+            observer = StreamObserver(started, time.perf_counter, self._on_token, self._on_token)
+            async for chunk in response.aiter_raw():
+                observer.feed(chunk)
+            observer.close()
 
 
 async def _prompt_tokens(client: httpx.AsyncClient, base_url: str, body: dict[str, Any]) -> int:
@@ -367,16 +386,26 @@ async def _inject(
         # for the new shapes (tens of ms, once), which a GPU's CUDA graphs or warm caches would not show.
         for repeat in range(probe.repeats + 1):
             for kind in KINDS:
+                failures = 0
                 while True:
                     attempt += 1
                     body = bodies.next(kind, attempt)
                     streams = stream.streams
-                    q0 = await metrics.counters()
-                    await stream.wait_tokens(stream.count + probe.settle_tokens)
-                    q1 = await metrics.counters()
-                    answer = await client.post(f"{base_url}/chat/completions", json={**body, "max_tokens": 1})
-                    answer.raise_for_status()
-                    q2 = await metrics.counters()
+                    try:
+                        q0 = await metrics.counters()
+                        await stream.wait_tokens(stream.count + probe.settle_tokens)
+                        q1 = await metrics.counters()
+                        answer = await client.post(f"{base_url}/chat/completions", json={**body, "max_tokens": 1})
+                        answer.raise_for_status()
+                        q2 = await metrics.counters()
+                    except httpx.TransportError as exc:
+                        # A dropped connection (see _Probe._run): this round again, on a new one; its counters
+                        # are read anew, so a half-done injection is never counted.
+                        failures += 1
+                        if failures > TRANSPORT_RETRIES:
+                            raise
+                        log.info("fidelity: an injection failed (%s: %s); again", type(exc).__name__, exc)
+                        continue
                     # vLLM records a request's prefill time when it finishes: exactly one did (the probe
                     # goes on), and no new probe stream started, whose first token is not a gap.
                     if stream.streams != streams or q2.prefill[1] - q1.prefill[1] != 1:
