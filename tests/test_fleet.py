@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -47,6 +47,7 @@ from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
 from visioncap.config.keys import hash_key
 from visioncap.serve import VllmServer, free_port
 from visioncap.store import CaptionStatus, CaptionStore, create_db_engine
+from visioncap.store.cameras import camera_states
 
 pytestmark = [pytest.mark.detector, pytest.mark.rtsp, pytest.mark.postgres, pytest.mark.fleet]
 
@@ -60,6 +61,8 @@ QUIET_S = (21.5, 26.0)
 # renewal held up by the CPU must not move cameras at random times.
 LEASE_S, RENEW_S = 6.0, 1.0
 CUT_S = 30.0
+# After the scene ends: event_end_s (2 s) closes the last events, one more analysed frame (1 s) at least.
+CAUGHT_UP_S = 4.0
 LOOPS_AFTER = 1  # full loops after the last fault
 WAIT_S = 300.0  # a bound on a broken test, never a measurement
 MJPEG_CAMERAS = ["cam-a", "cam-b", "cam-c", "cam-d", "cam-e"]
@@ -319,6 +322,26 @@ def test_workers_and_replicas_fail_and_every_event_is_captioned_exactly_once(
             for server in mjpeg:
                 server.origin = math.inf
             rtsp.kill()
+            ended_at = time.time()
+
+            # Every camera's owner has analysed frames from well after the last event ended (its events are closed
+            # and their frames selected), however far behind the wall clock a loaded worker's detector runs; and
+            # no worker holds a frame in its journal (a database outage's backlog, written back later).
+            def caught_up() -> bool:
+                states = camera_states(engine)
+                return all(
+                    (state := states.get(camera)) is not None and state.last_frame_at is not None
+                    and seconds(state.last_frame_at) >= ended_at + CAUGHT_UP_S
+                    for camera in MJPEG_CAMERAS
+                ) and not journaled(tmp_path / "data")  # fmt: skip
+
+            def behind() -> str:
+                seen = {camera: state.last_frame_at and round(seconds(state.last_frame_at) - origin, 2)
+                        for camera, state in camera_states(engine).items()}  # fmt: skip
+                return f"the workers to catch up with the scene's end ({round(ended_at - origin, 2)} s): newest " \
+                       f"analysed frames {seen}, journal entries {journaled(tmp_path / 'data')}"  # fmt: skip
+
+            wait_for(caught_up, WAIT_S, behind)
 
             def all_captioned() -> bool:
                 found = rows_of(engine)
@@ -404,14 +427,20 @@ def test_workers_and_replicas_fail_and_every_event_is_captioned_exactly_once(
     assert any(outcome == 200 for _, outcome in in_cut), f"no chat answered during the cut: {since_origin(in_cut)}"
 
 
+def journaled(data_dir: Path) -> list[str]:
+    """Frames the workers keep in their journals (written back when the database answers), from the files."""
+    return sorted(str(path.relative_to(data_dir)) for path in (data_dir / "journal").rglob("*.json"))
+
+
+def seconds(at: datetime) -> float:
+    """A stored time as time.time() counts it (stored as UTC; the raw read may give it without its zone)."""
+    return (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp()
+
+
 def rows_of(engine: Engine) -> dict[int, tuple[str, str, float]]:
     with engine.connect() as conn:
         found = conn.execute(text("SELECT id, status, camera, captured_at FROM captions"))
-        # Stored as UTC; the raw read may give it without its zone.
-        return {
-            row_id: (status, camera, (at if at.tzinfo else at.replace(tzinfo=UTC)).timestamp())
-            for row_id, status, camera, at in found
-        }
+        return {row_id: (status, camera, seconds(at)) for row_id, status, camera, at in found}
 
 
 Rows = dict[int, tuple[str, str, float]]
