@@ -18,6 +18,7 @@ import pytest
 from helpers import wait_for
 from pg import fresh_database
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError
 
 from visioncap.config.cameras import CameraConfig
 from visioncap.config.outbox import OutboxConfig
@@ -32,8 +33,9 @@ from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.camera_configs import add_camera, update_camera
 from visioncap.store.cameras import CameraReport, camera_states, write_camera
-from visioncap.store.leases import FORGET_WORKER_S, FencedOut
+from visioncap.store.leases import FORGET_WORKER_S, FencedOut, lease_held
 from visioncap.store.records import CameraState
+from visioncap.store.safety import is_unavailable
 
 LEASE_S = 1.5
 CAMERAS = ["cam-0", "cam-1", "cam-2", "cam-3"]
@@ -123,6 +125,32 @@ def test_a_camera_moved_to_another_pipeline_is_not_renewed_by_the_old_pipelines_
     assert update_camera(engine, moved) is not None
     a.step()
     assert a.cameras() == set(CAMERAS) - {"cam-0"}
+
+
+def test_a_worker_stalled_inside_a_fenced_write_lets_go_of_the_lease_row_within_its_idle_limit(engine: Engine) -> None:
+    """A worker cut off (or paused) between the lease check of a write and its commit: the server sees its
+    session idle in a transaction that holds the lease row (FOR SHARE), which every other worker's claim skips.
+    The worker's engine has the server end such a session after `idle_transaction_s`, so the camera is taken
+    once its lease expires, not when the server's keepalives give up on the dead client."""
+    stalled_engine = create_db_engine(engine.url.render_as_string(hide_password=False), idle_transaction_s=0.5)
+    stalled = LeaseKeeper(stalled_engine, "p", WorkerConfig(capacity=4, lease_s=LEASE_S, renew_s=0.5,
+                                                             stop_margin_s=0.3))  # fmt: skip
+    stalled.step()
+    with stalled_engine.connect() as conn:
+        conn.begin()
+        assert lease_held(conn, stalled, "cam-0")  # the write's check: the row is locked from here
+        live = keeper(engine, capacity=4)
+
+        def live_has_all() -> bool:
+            live.step()
+            return live.cameras() == set(CAMERAS)
+
+        wait_for(live_has_all, WAIT_S, "the live worker to take every camera, the locked one too", poll_s=0.1)
+        with pytest.raises(DBAPIError, match="idle-in-transaction") as ended:
+            conn.execute(text("SELECT 1"))  # the stalled write's next statement: its session is gone
+        # The outbox keeps the frame and retries on a new connection, as for any connection the database dropped.
+        assert is_unavailable(ended.value)
+    stalled_engine.dispose()
 
 
 def test_a_worker_that_stops_renewing_loses_its_cameras_to_a_live_one_within_the_lease(engine: Engine) -> None:

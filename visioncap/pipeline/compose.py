@@ -115,7 +115,9 @@ def build_pipeline(
             log.info("starting vLLM (profile %s) on %s; log in %s", serve, server.base_url, server.log_file)
             stack.enter_context(server)
             base_url = server.base_url
-        engine = create_db_engine(settings.resolved_database_url())
+        # A worker's lease locks go with a session stalled a third of a lease (see create_db_engine).
+        idle_s = worker.lease_s / 3 if worker is not None else None
+        engine = create_db_engine(settings.resolved_database_url(), idle_transaction_s=idle_s)
         stack.callback(engine.dispose)
         if worker is not None:
             _check_shareable(engine)

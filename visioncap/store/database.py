@@ -20,8 +20,20 @@ TCP_OPTIONS = {"tcp_user_timeout": 10_000, "keepalives": 1, "keepalives_idle": 1
                "keepalives_count": 3}  # fmt: skip
 
 
-def create_db_engine(url: str) -> Engine:
-    """An engine for `url`; SQLite gets WAL so readers never block the pipeline's writes."""
+# The server's side of the same (settable per session): a client cut off for good is noticed and its session
+# ended within ~25 s, instead of after the kernel's two hours, so it stops holding a connection slot.
+SERVER_TCP_OPTIONS = {"tcp_keepalives_idle": 10, "tcp_keepalives_interval": 5, "tcp_keepalives_count": 3}
+
+
+def create_db_engine(url: str, *, idle_transaction_s: float | None = None) -> Engine:
+    """An engine for `url`; SQLite gets WAL so readers never block the pipeline's writes.
+
+    `idle_transaction_s` (PostgreSQL): the server ends a session whose transaction waits longer than this for
+    its client's next statement, and with it the locks it holds. A worker's fenced writes lock their camera's
+    lease row; one cut off from the database in the middle of such a write would otherwise keep the lock, and
+    with it the camera from every other worker (their claims skip locked rows), until the server's keepalives
+    end the session. For processes whose transactions are statements in a row, never work in between.
+    """
     try:
         parsed = make_url(url)
     except Exception as exc:
@@ -35,7 +47,11 @@ def create_db_engine(url: str) -> Engine:
         # must learn within seconds that its database is away (keeping its frames on local disk meanwhile) and a
         # worker cut off must get its connections back within seconds of the network's return, not after TCP's
         # backoff. Options given in the URL win.
-        defaults = {"connect_timeout": CONNECT_TIMEOUT_S, **TCP_OPTIONS}
+        server = {**SERVER_TCP_OPTIONS}
+        if idle_transaction_s is not None:
+            server["idle_in_transaction_session_timeout"] = max(1, round(idle_transaction_s * 1000))
+        options = " ".join(f"-c {name}={value}" for name, value in server.items())
+        defaults = {"connect_timeout": CONNECT_TIMEOUT_S, **TCP_OPTIONS, "options": options}
         json_options["connect_args"] = {k: v for k, v in defaults.items() if k not in parsed.query}
     if parsed.get_backend_name() != "sqlite":
         return create_engine(url, pool_pre_ping=True, **json_options)
