@@ -271,7 +271,8 @@ def test_the_old_owners_outbox_discards_its_answer_when_fenced_out(engine: Engin
         return "cam-2" in live.cameras()
 
     wait_for(live_has_it, WAIT_S, "the live worker to take cam-2", poll_s=0.1)
-    outbox.complete(item, CAPTION)  # the paused worker's VLM answered after all: too late
+    # The paused worker's VLM answered after all: too late, discarded (and so neither logged nor counted as stored).
+    assert outbox.complete(item, CAPTION) is False
     assert outbox.counts[PutResult.FENCED] == 1 and outbox.counts[CaptionStatus.CAPTIONED] == 0
     record = stale.get(row)
     assert record is not None and record.status is CaptionStatus.PENDING  # the new owner's to caption

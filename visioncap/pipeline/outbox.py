@@ -420,10 +420,14 @@ class Outbox:
                     wait = remaining if wait is None else min(wait, remaining)
                 self._lock.wait(wait)
 
-    def complete(self, item: OutboxItem, caption: Caption) -> None:
-        if self._settle(item, Outcome(CaptionStatus.CAPTIONED, item.attempts + 1, caption=caption)):
+    def complete(self, item: OutboxItem, caption: Caption) -> bool:
+        """Record the caption; False when it was discarded instead (the camera's lease is another worker's now,
+        whose outbox captions the frame)."""
+        recorded = self._settle(item, Outcome(CaptionStatus.CAPTIONED, item.attempts + 1, caption=caption))
+        if recorded:
             self._count(CaptionStatus.CAPTIONED)
         self._finish(item)
+        return recorded
 
     def fail(self, item: OutboxItem, error: str) -> None:
         if self._settle(item, Outcome(CaptionStatus.FAILED, item.attempts + 1, error=error)):

@@ -52,7 +52,9 @@ class CaptionWorkers:
             if caption is None:
                 continue
             # Recorded in the database or, while it is away, in the journal: an answer is never asked for twice.
-            self._outbox.complete(item, caption)
+            # A worker that lost the camera meanwhile discards it (the outbox says so): neither counted nor shown.
+            if not self._outbox.complete(item, caption):
+                continue
             self._metrics.captions.labels(item.camera).inc()
             self._metrics.caption_latency.observe(caption.latency_s)
             log.info("camera %s frame %s: %s", item.camera, item.id or item.key, caption.text[:120])
