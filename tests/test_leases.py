@@ -27,6 +27,7 @@ from visioncap.config.sources import FileSourceConfig
 from visioncap.config.worker import WorkerConfig
 from visioncap.errors import ConfigError
 from visioncap.frames import Caption
+from visioncap.pipeline.journal import Journal, JournalEntry, Outcome
 from visioncap.pipeline.lease_keeper import LeaseKeeper
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox, PutResult
@@ -276,6 +277,44 @@ def test_the_old_owners_outbox_discards_its_answer_when_fenced_out(engine: Engin
     assert outbox.counts[PutResult.FENCED] == 1 and outbox.counts[CaptionStatus.CAPTIONED] == 0
     record = stale.get(row)
     assert record is not None and record.status is CaptionStatus.PENDING  # the new owner's to caption
+
+
+def test_a_frame_journaled_before_the_camera_moved_is_stored_for_its_new_owner(engine: Engine, tmp_path: Path) -> None:
+    """A worker selects a frame while it holds the camera, but its database is away: the frame waits in its
+    journal. Meanwhile the camera moves to another worker. When the database is back, the frame's row is written
+    all the same (nobody else knows of that frame) and the new owner captions it; only the old worker's outcome
+    for it is refused."""
+    old = keeper(engine, capacity=4, clock=StoppedClock())
+    old.step()
+    journal = Journal(tmp_path, "p", shared=True)  # the slot the old worker's outbox takes again below
+    selected = frame("cam-3", 5)
+    journal.save(JournalEntry(key=str(selected.image_path), seq=1, new=selected,
+                              outcome=Outcome(CaptionStatus.PENDING, attempts=1, error="ConnectError")))  # fmt: skip
+    journal.close()
+    (tmp_path / "frames" / "cam-3").mkdir(parents=True)
+    (tmp_path / str(selected.image_path)).write_bytes(b"\xff\xd8 jpeg \xff\xd9")
+    live = keeper(engine, capacity=4)
+
+    def live_has_all() -> bool:
+        live.step()
+        return live.cameras() == set(CAMERAS)
+
+    wait_for(live_has_all, WAIT_S, "the live worker to take every camera", poll_s=0.1)
+    outbox = Outbox(CaptionStore(engine, fence=old), tmp_path, OutboxConfig(), PipelineMetrics(), pipeline="p",
+                    owns=holds(old))  # fmt: skip
+    outbox.recover()
+    assert outbox.wait_journal_empty(WAIT_S), "the journal is written back"
+    store = CaptionStore(engine, fence=live)
+    (row,) = store.list(limit=10)
+    assert row.camera == "cam-3" and row.status is CaptionStatus.PENDING and row.image_path == selected.image_path
+    # The new owner's outbox takes the row and its caption lands, once.
+    owner = Outbox(store, tmp_path / "live", OutboxConfig(), PipelineMetrics(), pipeline="p", owns=holds(live))
+    assert owner.recover() == 1
+    item = owner.take(timeout=0)
+    assert item is not None and item.id == row.id
+    assert owner.complete(item, CAPTION)
+    assert store.count(CaptionStatus.CAPTIONED) == 1 and store.count() == 1
+    outbox.close()
 
 
 def test_a_worker_on_sqlite_says_several_workers_need_postgresql(tmp_path: Path) -> None:

@@ -673,7 +673,11 @@ class Outbox:
             if row_id is None:
                 assert new is not None
                 final = _inserted_final(new, outcome)
-                row_id = self._insert(new, outcome if final else None)
+                # Unfenced: the frame was selected while this worker held the camera (a journal is written only
+                # then), and nobody else knows of it; should the camera have moved meanwhile, its row is the new
+                # owner's to caption (its outcome below is refused). Exactly once per frame still holds: the row
+                # is unique by instant and image.
+                row_id = self._insert(new, outcome if final else None, fenced=False)
                 if row_id is None:
                     self._drop_duplicate(entry)
                     return True
@@ -682,8 +686,7 @@ class Outbox:
             if outcome is not None:
                 self._apply(row_id, outcome)
         except FencedOut:
-            # Not this worker's to write any more: the new owner captions the row (a row not yet inserted is lost
-            # with the lease, as it would be had the worker died before selecting it).
+            # Not this worker's to write any more: the new owner captions the row.
             self._fenced(entry.key, row_id, outcome)
             with self._lock:
                 del self._journaled[entry.key]
@@ -727,11 +730,12 @@ class Outbox:
         self._store_ok()
         return True
 
-    def _insert(self, new: NewCaption, final: Outcome | None) -> int | None:
+    def _insert(self, new: NewCaption, final: Outcome | None, *, fenced: bool = True) -> int | None:
         """Insert the row (as pending, or in its `final` state); returns its id, the existing row's id when an
         earlier attempt committed but its answer was lost, or None for a duplicate of a stored instant."""
         status = final.status if final is not None else CaptionStatus.PENDING
-        row_id = self._store.add(new, status=status, error=final.error if final is not None else None)
+        error = final.error if final is not None else None
+        row_id = self._store.add(new, status=status, error=error, fenced=fenced)
         if row_id is not None:
             return row_id
         found = self._store.find_instant(new.camera, new.captured_at)

@@ -82,9 +82,17 @@ class CaptionStore:
         ensure_schema(self._engine)
 
     def add(
-        self, new: NewCaption, status: CaptionStatus = CaptionStatus.PENDING, error: str | None = None
+        self,
+        new: NewCaption,
+        status: CaptionStatus = CaptionStatus.PENDING,
+        error: str | None = None,
+        *,
+        fenced: bool = True,
     ) -> int | None:
-        """Insert a row; None when this camera already has a row for this instant (a re-run of a file)."""
+        """Insert a row; None when this camera already has a row for this instant (a re-run of a file).
+
+        `fenced=False`: without the lease check, for a frame this worker selected while it held the camera, which
+        it could not store then (the database was away) and the camera's new owner cannot know of."""
         record = CaptionRecord(
             **asdict(new),
             people_count=len(new.people),
@@ -93,7 +101,7 @@ class CaptionStore:
         )
         try:
             with self._sessions.begin() as session:
-                if self._fence is not None:
+                if self._fence is not None and fenced:
                     check_lease(session.connection(), self._fence, new.camera)
                 session.add(record)
         except IntegrityError:
