@@ -150,7 +150,10 @@ class Leases(Every):
 
     def owners(self) -> dict[str, str]:
         with self.engine.connect() as conn:
-            found = conn.execute(text("SELECT camera, owner FROM camera_leases WHERE expires_at > now()"))
+            # A lease given back has no owner and expires at its release's now(), which is later than this
+            # statement's now() when the release committed after this transaction began.
+            query = "SELECT camera, owner FROM camera_leases WHERE owner IS NOT NULL AND expires_at > now()"
+            found = conn.execute(text(query))
             return {camera: owner for camera, owner in found}
 
     def step(self) -> None:
