@@ -96,6 +96,14 @@ class JournalEntry:
         )
 
 
+# Slots per pipeline for workers sharing one data folder: a bound on the folders a starting worker tries.
+MAX_SLOTS = 256
+
+
+class JournalSlotsFull(OSError):
+    """Every slot of the pipeline's journal is held by a live process."""
+
+
 def _take_slot(pipeline_dir: Path) -> tuple[Path, int]:
     """The first slot folder whose lock this process can take, and the lock's descriptor (held open)."""
     for index in range(MAX_SLOTS):
@@ -116,14 +124,6 @@ def _take_slot(pipeline_dir: Path) -> tuple[Path, int]:
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "_"
-
-
-# Slots per pipeline for workers sharing one data folder: a bound on the folders a starting worker tries.
-MAX_SLOTS = 256
-
-
-class JournalSlotsFull(OSError):
-    """Every slot of the pipeline's journal is held by a live process."""
 
 
 class Journal:

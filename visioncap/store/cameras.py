@@ -47,7 +47,7 @@ def write_camera(engine: Engine, report: CameraReport, fence: Fence | None = Non
     """Insert or replace the camera's row; a report without a frame time keeps the stored one. With a `fence` (a
     worker's leases) only while it holds the camera's lease, checked in the same transaction: a worker that lost
     the camera (its `finished` arriving late, or a paused worker resumed) never writes over its new owner's
-    `running`. Returns whether it wrote."""
+    `online`. Returns whether it wrote."""
     values = {
         "camera": report.camera,
         "pipeline": report.pipeline,

@@ -175,7 +175,7 @@ def lease_held(conn: Connection, fence: Fence, camera: str) -> bool:
         text("SELECT token FROM camera_leases WHERE camera = :c AND owner = :me AND expires_at > now() FOR SHARE"),
         {"c": camera, "me": fence.owner},
     )
-    return found is not None and found == token
+    return found == token
 
 
 def check_lease(conn: Connection, fence: Fence, camera: str) -> None:
