@@ -28,7 +28,6 @@ from typing import Any
 
 import cv2
 import numpy as np
-import torch
 
 from visioncap.bench.detection import WEIGHTS, detector_config, detector_machine_facts
 from visioncap.bench.outputs import command_line, machine_line, write_results
@@ -397,7 +396,10 @@ def _compare_format(
     pipeline.warm_up(decoded[0][0], 1)
     pipeline.warm_up(decoded[0][0], 2)
     plain.warm_up(decoded[0][0])
-    # Ultralytics sets torch's thread count when it sets up a predictor, so change or read it only now.
+    # Ultralytics sets torch's thread count when it sets up a predictor, so change or read it only now. Imported here:
+    # torch takes seconds to import, and every module is imported by a test of what imports register.
+    import torch
+
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
     results["machine"]["torch_threads"] = torch.get_num_threads()
