@@ -3,26 +3,30 @@ PostgreSQL), the pipeline-file seed and its rule, and secrets that never reach t
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from helpers import run_cli
+from helpers import pipeline_dict, run_cli, write_pipeline
 from sqlalchemy import text
 
 from visioncap.api import create_app
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
+from visioncap.config.pipeline import load_pipeline
 from visioncap.config.sources import StreamSourceConfig
 from visioncap.store import CaptionStore
-from visioncap.store.camera_configs import get_camera, list_cameras, seed_cameras
+from visioncap.store.camera_configs import SeedOutcome, get_camera, list_cameras, seed_cameras
 
 READ_KEY = "cameras-read-key"
 WRITE_KEY = "cameras-write-key"
 SECRET = "hunter2-s3cret"
 WRITER = {"Authorization": f"Bearer {WRITE_KEY}"}
+TIMEOUT_S = 30
 
 
 def camera_body(camera: str = "yard", **source: Any) -> dict[str, Any]:
@@ -171,7 +175,57 @@ def test_a_pipeline_files_cameras_are_seeded_by_the_rule_and_its_secrets_stay_ou
     assert SECRET not in raw_rows(store)
 
 
-def test_the_cli_adds_lists_changes_pauses_and_removes(database_url: str, store: CaptionStore) -> None:
+def fps_of(store: CaptionStore) -> dict[str, float | None]:
+    return {stored.camera: stored.config.source.analyze_fps for stored in list_cameras(store.engine)}
+
+
+def test_an_older_version_of_the_file_never_reverts_a_newer_one(store: CaptionStore) -> None:
+    """Workers of one pipeline starting with different versions of its file (a rollout; a pod crash-looping on the
+    old one): the newer version's cameras stay, whatever order the workers restart in, until one is applied on
+    purpose."""
+
+    def source(camera: str, fps: float) -> StreamSourceConfig:
+        return StreamSourceConfig(camera=camera, kind="rtsp", url=f"rtsp://cam.local/{camera}", analyze_fps=fps)
+
+    old = [source("door", 2), source("gate", 2)]
+    new = [source("door", 5)]  # door changed, gate dropped
+    assert seed_cameras(store.engine, "p", old) is SeedOutcome.APPLIED
+    assert seed_cameras(store.engine, "p", new) is SeedOutcome.APPLIED
+    assert fps_of(store) == {"door": 5}
+    # The pod still on the old file restarts: it neither brings gate back nor sets door to 2.
+    assert seed_cameras(store.engine, "p", old) is SeedOutcome.STALE
+    assert fps_of(store) == {"door": 5}
+    assert seed_cameras(store.engine, "p", new) is SeedOutcome.CURRENT
+    assert get_camera(store.engine, "door").version == 2  # type: ignore[union-attr]
+    # Another pipeline's versions are its own.
+    assert seed_cameras(store.engine, "q", [source("yard", 1)]) is SeedOutcome.APPLIED
+    # Back to the old version on purpose (`visioncap cameras apply`, or `visioncap run` of the one box).
+    assert seed_cameras(store.engine, "p", old, force=True) is SeedOutcome.APPLIED
+    assert fps_of(store) == {"door": 2, "gate": 2, "yard": 1}
+    assert seed_cameras(store.engine, "p", new) is SeedOutcome.STALE
+    # A third version, new to the table, applies whatever came before.
+    assert seed_cameras(store.engine, "p", [source("door", 9)]) is SeedOutcome.APPLIED
+    assert fps_of(store) == {"door": 9, "yard": 1}
+
+
+def test_workers_that_start_together_seed_one_new_version_once(store: CaptionStore) -> None:
+    """Pods of a StatefulSet start in parallel with the same new file: each seed sees the rows the other wrote (no
+    duplicate-key failure at start-up), and exactly one of them applied it."""
+    sources = [StreamSourceConfig(camera=f"cam-{n}", kind="rtsp", url=f"rtsp://cam.local/{n}") for n in range(20)]
+    start = threading.Barrier(4)
+
+    def seed() -> SeedOutcome:
+        start.wait(TIMEOUT_S)
+        return seed_cameras(store.engine, "p", sources)
+
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = sorted(pool.map(lambda _: seed(), range(4)))
+    assert outcomes == [SeedOutcome.APPLIED, SeedOutcome.CURRENT, SeedOutcome.CURRENT, SeedOutcome.CURRENT]
+    assert {stored.version for stored in list_cameras(store.engine)} == {1}
+    assert len(list_cameras(store.engine)) == 20
+
+
+def test_the_cli_adds_lists_changes_pauses_and_removes(database_url: str, store: CaptionStore, tmp_path: Path) -> None:
     env = {"VISIONCAP_DATABASE_URL": database_url}
     added = run_cli(
         "cameras", "add", "yard", "--pipeline", "p", "--kind", "rtsp", "--url", "rtsp://viewer:${PW}@cam/yard",
@@ -194,3 +248,12 @@ def test_the_cli_adds_lists_changes_pauses_and_removes(database_url: str, store:
     missing = run_cli("cameras", "remove", "yard", env=env)
     assert missing.returncode == 2 and "no camera yard" in missing.stderr
     assert list_cameras(store.engine) == []
+    # Back to an older version of a pipeline file on purpose: workers starting with it would skip it as stale.
+    gate = {"camera": "gate", "kind": "rtsp", "url": "rtsp://cam.local/gate"}
+    older = write_pipeline(tmp_path, pipeline_dict(tmp_path, sources=[{**gate, "analyze_fps": 1}]), "older.yaml")
+    seed_cameras(store.engine, "test", list(load_pipeline(older).sources))
+    seed_cameras(store.engine, "test", [StreamSourceConfig.model_validate({**gate, "analyze_fps": 4})])
+    assert seed_cameras(store.engine, "test", list(load_pipeline(older).sources)) is SeedOutcome.STALE
+    applied = run_cli("cameras", "apply", str(older), env=env)
+    assert applied.returncode == 0 and "applied" in applied.stdout, applied.stderr
+    assert fps_of(store) == {"gate": 1}

@@ -7,6 +7,7 @@ the API: a running worker picks the change up within 5 s. URLs may not hold secr
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -172,6 +173,22 @@ def remove(camera: Annotated[str, typer.Argument(help="Camera id.")]) -> None:
     if not remove_camera(_engine(), camera):
         raise ConfigError(f"no camera {camera} is configured")
     typer.echo(f"camera {camera} removed")
+
+
+@cameras_app.command("apply")
+def apply(
+    pipeline_file: Annotated[Path, typer.Argument(help="The pipeline file whose cameras to apply.")],
+) -> None:
+    """Make this pipeline file's cameras the ones its workers follow, whatever version of it they started with.
+
+    Workers seed their file's cameras when they start, and skip a version older than the newest one seen (a pod
+    still on the old file must not revert a rollout). Going back to an older version on purpose is this command."""
+    from visioncap.config.pipeline import load_pipeline
+    from visioncap.store.camera_configs import seed_cameras
+
+    config = load_pipeline(pipeline_file)
+    outcome = seed_cameras(_engine(), config.name, list(config.sources), force=True)
+    typer.echo(f"pipeline {config.name}: {len(config.sources)} file cameras {outcome}")
 
 
 @cameras_app.command("list")

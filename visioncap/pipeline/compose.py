@@ -28,7 +28,7 @@ from visioncap.pipeline.lease_keeper import LeaseKeeper
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.runner import PipelineRunner, RunSummary
 from visioncap.store import CaptionStore, create_db_engine
-from visioncap.store.camera_configs import seed_cameras
+from visioncap.store.camera_configs import SeedOutcome, seed_cameras
 from visioncap.store.retention import RetentionJob
 
 if TYPE_CHECKING:
@@ -164,7 +164,13 @@ def _lease_keeper(
 
     The schema (the lease tables among it) is already made by `build_pipeline`."""
     # The file's cameras must be rows before the first claim, or the first round finds nothing to take.
-    seed_cameras(engine, config.name, list(config.sources))
+    if seed_cameras(engine, config.name, list(config.sources)) is SeedOutcome.STALE:
+        log.warning(
+            "worker: this pipeline file is an older version of pipeline %s than the one its cameras follow (another "
+            "worker started with a newer one): the cameras are left as they are; to go back to this version on "
+            "purpose: `visioncap cameras apply FILE`",
+            config.name,
+        )
     keeper = LeaseKeeper(engine, config.name, worker, metrics=metrics)
     try:
         keeper.step()

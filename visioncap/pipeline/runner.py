@@ -163,8 +163,10 @@ class PipelineRunner:
             on_disk_full=on_disk_full,
             owns=None if leases is None else self._holds,
         )
-        # The pipeline file's cameras go into the database; from there on its rows say what runs (see _apply).
-        seed_cameras(store.engine, config.name, list(config.sources))
+        # The pipeline file's cameras go into the database; from there on its rows say what runs (see _apply). The
+        # one box's file is its own: applied whatever version it is. A worker's was seeded before its first claim.
+        if leases is None:
+            seed_cameras(store.engine, config.name, list(config.sources), force=True)
         # A file's inline credentials are stored masked; the worker alone keeps them, by their masked URL.
         self._file_urls = {
             mask_credentials(source.url): source.url

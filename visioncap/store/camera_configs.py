@@ -11,15 +11,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
-from sqlalchemy import Engine, delete, select
+from sqlalchemy import Engine, delete, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from visioncap.config.cameras import CameraConfig, has_inline_secret
 from visioncap.config.sources import SourceConfig, StreamSourceConfig
 from visioncap.redact import mask_credentials
-from visioncap.store.records import CameraConfigRecord, CameraOrigin, utcnow
+from visioncap.store.records import CameraConfigRecord, CameraOrigin, PipelineSeedRecord, utcnow
 
 
 class CameraExists(Exception):
@@ -131,45 +132,104 @@ def _seed_hash(source: SourceConfig) -> str:
     return hashlib.sha256(json.dumps(source.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
 
 
-def seed_cameras(engine: Engine, pipeline: str, sources: list[SourceConfig]) -> None:
+class SeedOutcome(StrEnum):
+    """What a pipeline file's seed did."""
+
+    APPLIED = "applied"  # a version new to the table (or applied on purpose): its cameras are the rows now
+    CURRENT = "current"  # the newest version already: rows written only where its entries differ (see the rule)
+    STALE = "stale"  # a version seen before that is not the newest: nothing written
+
+
+# Versions of one pipeline's file remembered; an older one than these would seed again (a file that old is gone).
+SEED_HISTORY = 64
+
+
+def _lock_seeds(session: Session, pipeline: str) -> None:
+    """Seeds of one pipeline (workers that start together) take turns, so each sees the rows the one before it
+    wrote and none inserts a row twice."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"visioncap-seed:{pipeline}"})
+    else:
+        # A write statement first: SQLite's write lock is taken before anything is read (a deferred transaction
+        # would read, then wait for the other writer and insert what it just inserted).
+        session.execute(
+            update(PipelineSeedRecord)
+            .where(PipelineSeedRecord.pipeline == pipeline)
+            .values(generation=PipelineSeedRecord.generation)
+        )
+
+
+def seed_cameras(engine: Engine, pipeline: str, sources: list[SourceConfig], *, force: bool = False) -> SeedOutcome:
     """Put a pipeline file's cameras into the table (origin `file`).
 
-    The rule: a file camera's row is written when it is missing or when the file's entry changed since this file
-    last seeded it (or, for a file camera, when another pipeline now runs it); otherwise the row stays as it is
-    (changes made through the API survive a restart). A camera the API created under the same id is taken over
-    only once the file's entry changes. File cameras of this
-    pipeline that the file no longer lists are removed; cameras added through the API are never removed here.
+    Versions: workers of one pipeline may run different versions of its file for a while (a rollout; a pod that
+    crash-loops on the old one). A version is known by the digest of its camera entries. One new to the table is
+    applied and becomes the newest; the newest applies again (idempotent); one seen before that is not the newest
+    is stale and writes nothing, so an old file never reverts a newer one. `force` (`visioncap cameras apply`, and
+    `visioncap run`, whose file is the one box's own) applies any version and makes it the newest.
+
+    The rule for the rows of an applied version: a file camera's row is written when it is missing or when the
+    file's entry changed since this file last seeded it (or, for a file camera, when another pipeline now runs it);
+    otherwise the row stays as it is (changes made through the API survive a restart). A camera the API created
+    under the same id is taken over only once the file's entry changes. File cameras of this pipeline that the file
+    no longer lists are removed; cameras added through the API are never removed here.
     """
     now = utcnow()
     wanted = {source.camera: source for source in sources}
+    digests = {camera: _seed_hash(source) for camera, source in wanted.items()}
+    version = hashlib.sha256(json.dumps(sorted(digests.items())).encode()).hexdigest()
     with Session(engine) as session, session.begin():
-        rows = {row.camera: row for row in session.scalars(select(CameraConfigRecord)).all()}
-        for row in rows.values():
-            if row.pipeline == pipeline and row.origin is CameraOrigin.FILE and row.camera not in wanted:
-                session.delete(row)
-        for camera, source in wanted.items():
-            digest = _seed_hash(source)
-            row = rows.get(camera)
-            config = _config_json(CameraConfig(pipeline=pipeline, source=source))
-            if row is None:
-                session.add(
-                    CameraConfigRecord(
-                        camera=camera,
-                        pipeline=pipeline,
-                        config=config,
-                        paused=False,
-                        origin=CameraOrigin.FILE,
-                        seed_hash=digest,
-                        config_version=1,
-                        created_at=now,
-                        updated_at=now,
-                    )
+        _lock_seeds(session, pipeline)
+        seen = {
+            record.digest: record
+            for record in session.scalars(select(PipelineSeedRecord).where(PipelineSeedRecord.pipeline == pipeline))
+        }
+        newest = max(seen.values(), key=lambda record: record.generation, default=None)
+        if version in seen and not force and newest is not None and newest.digest != version:
+            return SeedOutcome.STALE
+        outcome = SeedOutcome.CURRENT if newest is not None and newest.digest == version else SeedOutcome.APPLIED
+        generation = 1 + (newest.generation if newest is not None else 0)
+        if version not in seen:
+            session.add(PipelineSeedRecord(pipeline=pipeline, digest=version, generation=generation, seeded_at=now))
+        elif outcome is SeedOutcome.APPLIED:
+            seen[version].generation, seen[version].seeded_at = generation, now
+        for old in sorted(seen.values(), key=lambda record: record.generation, reverse=True)[SEED_HISTORY - 1 :]:
+            if old.digest != version:
+                session.delete(old)
+        _apply_seed(session, pipeline, wanted, digests, now)
+    return outcome
+
+
+def _apply_seed(
+    session: Session, pipeline: str, wanted: dict[str, SourceConfig], digests: dict[str, str], now: datetime
+) -> None:
+    rows = {row.camera: row for row in session.scalars(select(CameraConfigRecord)).all()}
+    for row in rows.values():
+        if row.pipeline == pipeline and row.origin is CameraOrigin.FILE and row.camera not in wanted:
+            session.delete(row)
+    for camera, source in wanted.items():
+        digest = digests[camera]
+        row = rows.get(camera)
+        config = _config_json(CameraConfig(pipeline=pipeline, source=source))
+        if row is None:
+            session.add(
+                CameraConfigRecord(
+                    camera=camera,
+                    pipeline=pipeline,
+                    config=config,
+                    paused=False,
+                    origin=CameraOrigin.FILE,
+                    seed_hash=digest,
+                    config_version=1,
+                    created_at=now,
+                    updated_at=now,
                 )
-            elif row.origin is CameraOrigin.API and row.seed_hash is None:
-                row.seed_hash = digest  # an API camera the file names too: the file's later changes win
-            elif row.seed_hash != digest or (row.origin is CameraOrigin.FILE and row.pipeline != pipeline):
-                # Changed in the file, or the same file camera now run by another pipeline: the file wins.
-                row.pipeline, row.config, row.paused = pipeline, config, False
-                row.origin, row.seed_hash = CameraOrigin.FILE, digest
-                row.config_version += 1
-                row.updated_at = now
+            )
+        elif row.origin is CameraOrigin.API and row.seed_hash is None:
+            row.seed_hash = digest  # an API camera the file names too: the file's later changes win
+        elif row.seed_hash != digest or (row.origin is CameraOrigin.FILE and row.pipeline != pipeline):
+            # Changed in the file, or the same file camera now run by another pipeline: the file wins.
+            row.pipeline, row.config, row.paused = pipeline, config, False
+            row.origin, row.seed_hash = CameraOrigin.FILE, digest
+            row.config_version += 1
+            row.updated_at = now

@@ -218,6 +218,22 @@ class CameraConfigRecord(Base):
     __table_args__ = (Index("ix_camera_configs_pipeline", "pipeline"),)
 
 
+class PipelineSeedRecord(Base):
+    """A version of a pipeline file's cameras that seeded the table (schema step 14), by the digest of its camera
+    entries. Workers of one pipeline may start with different versions of its file (a rollout, a pod crash-looping
+    on the old one): a version seen before that is not the newest is stale and seeds nothing, so an old file never
+    reverts a newer one."""
+
+    __tablename__ = "pipeline_seeds"
+
+    pipeline: Mapped[str] = mapped_column(String(128), primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # Counts up per pipeline each time a version becomes the newest (its first seed, or `visioncap cameras
+    # apply`): the highest is the version the table follows. A counter, not a time: workers' clocks differ.
+    generation: Mapped[int] = mapped_column(Integer)
+    seeded_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+
 class WorkerRecord(Base):
     """A live `visioncap worker` (schema step 13, used on PostgreSQL): its capacity, read by the others to share
     the cameras out, and a heartbeat in the database's clock; a worker whose heartbeat is older than a lease counts

@@ -27,6 +27,7 @@ from visioncap.store.records import (
     CaptionEventCountRecord,
     CaptionEventRecord,
     CaptionRecord,
+    PipelineSeedRecord,
     WorkerRecord,
 )
 
@@ -406,6 +407,11 @@ def _worker_leases_tables(conn: Connection) -> None:
     CameraLeaseRecord.__table__.create(conn, checkfirst=True)
 
 
+def _pipeline_seeds_table(conn: Connection) -> None:
+    # Which versions of a pipeline file seeded its cameras, so that an older one never reverts a newer one.
+    PipelineSeedRecord.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -420,6 +426,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _caption_vectors,  # 11
     _camera_configs_table,  # 12
     _worker_leases_tables,  # 13
+    _pipeline_seeds_table,  # 14
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
