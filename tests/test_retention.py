@@ -13,6 +13,7 @@ import random
 import shutil
 import subprocess
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,7 +24,9 @@ from fastapi.testclient import TestClient
 from helpers import run_cli, wait_for
 from PIL import Image
 from prometheus_client import CollectorRegistry
+from sqlalchemy import select, update
 
+from visioncap.alerts.store import add_alert, add_delivery
 from visioncap.api import create_app
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
@@ -32,6 +35,7 @@ from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
+from visioncap.store.records import AlertDeliveryRecord, AlertRecord, DeliveryState
 from visioncap.store.retention import MIB, RetentionJob, RetentionMetrics, RetentionPolicy, RetentionResult, sweep
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -152,6 +156,63 @@ def test_old_rows_and_their_images_go_newer_pending_and_overridden_cameras_stay(
     store.mark_captioned(kept["old-pending"], Caption("late", "tiny", 300, 8, 0.2), attempts=1)
     assert sweep(store.engine, data_dir, policy, now=NOW).rows == 1
     assert not files["old-pending"].exists()
+
+
+def test_alerts_go_with_their_captions_age_once_no_delivery_is_still_being_sent(
+    store: CaptionStore, data_dir: Path
+) -> None:
+    """Alerts would grow without bound (every fired rule is a row): they follow their camera's retention, with
+    their finished deliveries; one whose delivery is still being retried waits for it, and nothing else goes."""
+    day = timedelta(days=1)
+
+    def alert(camera: str, age: timedelta, *deliveries: DeliveryState) -> int:
+        with store.engine.begin() as conn:
+            alert_id = add_alert(
+                conn,
+                {"rule": "r", "camera": camera, "caption_id": len(made), "captured_at": NOW - age,
+                 "caption": "a person", "people_count": 1},
+            )  # fmt: skip
+            for state in deliveries:
+                add_delivery(conn, "hook", "alert", "{}", alert_id, retain=False)
+                conn.execute(
+                    update(AlertDeliveryRecord)
+                    .where(AlertDeliveryRecord.alert_id == alert_id, AlertDeliveryRecord.state == DeliveryState.PENDING)
+                    .values(state=state)
+                )
+        made.append(alert_id)
+        return alert_id
+
+    made: list[int] = []
+    delivered, failed, pending = DeliveryState.DELIVERED, DeliveryState.FAILED, DeliveryState.PENDING
+    gone = {alert("cam-1", 10 * day, delivered, failed), alert("cam-1", 8 * day), alert("dock", 3 * day, delivered)}
+    kept = {
+        alert("cam-1", 9 * day, delivered, pending),  # its receiver is still being retried
+        alert("cam-1", 6 * day, delivered),
+        alert("vault", 100 * day, delivered),  # the vault is kept forever
+    }
+    with store.engine.begin() as conn:  # a caption's own MQTT message: no alert, not retention's
+        add_delivery(conn, "mqtt", "visioncap/cam-1/caption", "{}", None, retain=False)
+    policy = RetentionPolicy(default_days=7, camera_days={"dock": 2, "vault": None})
+
+    def alerts() -> set[int]:
+        with store.engine.connect() as conn:
+            return set(conn.scalars(select(AlertRecord.id)))
+
+    def deliveries() -> Counter[int | None]:
+        with store.engine.connect() as conn:
+            return Counter(conn.scalars(select(AlertDeliveryRecord.alert_id)))
+
+    assert sweep(store.engine, data_dir, policy, now=NOW, dry_run=True).alerts == 3
+    assert alerts() == gone | kept
+    metrics = RetentionMetrics(CollectorRegistry())
+    result = sweep(store.engine, data_dir, policy, now=NOW)
+    metrics.observe(result)
+    assert result.alerts == 3 and "3 alerts" in result.line()
+    assert metrics.alerts._value.get() == 3
+    assert alerts() == kept
+    assert set(deliveries()) == kept | {None}, "the deleted alerts' deliveries went with them, no other"
+    assert sum(deliveries().values()) == 5
+    assert sweep(store.engine, data_dir, policy, now=NOW).alerts == 0
 
 
 def test_camera_override_without_a_default(store: CaptionStore, data_dir: Path) -> None:

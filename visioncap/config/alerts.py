@@ -157,7 +157,7 @@ class DeliveryConfig(StrictModel):
         gt=0,
         le=36500,
         description="Days a finished delivery (delivered or failed) is kept, then deleted: with MQTT every caption "
-        "makes two, so the table needs a bound. The alerts themselves stay (retention does not touch them).",
+        "makes two, so the table needs a bound. Alerts go with their captions' retention (VISIONCAP_RETENTION_DAYS).",
     )
 
 

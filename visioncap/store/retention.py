@@ -9,6 +9,9 @@ Policy (process settings): `VISIONCAP_RETENTION_DAYS` for every camera, `VISIONC
 - Rows go first, in batches of one `DELETE ... RETURNING` statement each (short write transactions, so the
   pipeline's writes and the API's reads are never held up for long), then the files of exactly the rows that
   statement removed. Two processes sweeping the same database at once therefore never count a row twice.
+- Alerts (the `alerts` table) of a camera go by the same age as its captions (their `captured_at`), with their
+  deliveries, once none of those is still being sent: an alert waiting for its receiver stays until delivered or
+  given up. Finished deliveries are also purged by the alerts service itself (`delivery.keep_finished_days`).
 - Files are only ever deleted inside the data directory, and only JPEGs: a row cannot point the sweep anywhere.
 - Orphans: JPEGs (and `.part` files of interrupted writes) under `DATA_DIR/frames/CAMERA/` that no row refers
   to and that are older than that camera's retention go too. They come from a crash between writing a frame and
@@ -42,11 +45,18 @@ from types import TracebackType
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
-from sqlalchemy import ColumnElement, Engine, Row, and_, delete, not_, or_, select
+from sqlalchemy import ColumnElement, Engine, Row, and_, delete, func, not_, or_, select
 from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import InstrumentedAttribute
 
 from visioncap.config.settings import Settings
-from visioncap.store.records import CaptionRecord, CaptionStatus
+from visioncap.store.records import (
+    AlertDeliveryRecord,
+    AlertRecord,
+    CaptionRecord,
+    CaptionStatus,
+    DeliveryState,
+)
 
 log = logging.getLogger(__name__)
 
@@ -93,21 +103,37 @@ class RetentionPolicy:
             parts.append(f"at least {self.min_free_bytes / MIB:g} MB free")
         return ", ".join(parts)
 
-    def expired(self, now: datetime) -> ColumnElement[bool] | None:
-        """The rows this policy deletes at `now`; None when it deletes nothing."""
+    def _older(
+        self, camera: InstrumentedAttribute[str], captured_at: InstrumentedAttribute[datetime], now: datetime
+    ) -> ColumnElement[bool] | None:
+        """Rows (of captions, or of alerts) captured before their camera's retention at `now`."""
         parts: list[ColumnElement[bool]] = [
-            and_(CaptionRecord.camera == camera, CaptionRecord.captured_at < now - timedelta(days=days))
-            for camera, days in self.camera_days.items()
+            and_(camera == name, captured_at < now - timedelta(days=days))
+            for name, days in self.camera_days.items()
             if days is not None
         ]
         if self.default_days is not None:
-            older = CaptionRecord.captured_at < now - timedelta(days=self.default_days)
+            older = captured_at < now - timedelta(days=self.default_days)
             if self.camera_days:
-                older = and_(CaptionRecord.camera.not_in(list(self.camera_days)), older)
+                older = and_(camera.not_in(list(self.camera_days)), older)
             parts.append(older)
-        if not parts:
+        return or_(*parts) if parts else None
+
+    def expired(self, now: datetime) -> ColumnElement[bool] | None:
+        """The caption rows this policy deletes at `now`; None when it deletes nothing."""
+        older = self._older(CaptionRecord.camera, CaptionRecord.captured_at, now)
+        return None if older is None else and_(CaptionRecord.status != CaptionStatus.PENDING, older)
+
+    def expired_alerts(self, now: datetime) -> ColumnElement[bool] | None:
+        """The alerts this policy deletes at `now`: those of captions as old as the ones it deletes, once no
+        delivery of theirs is still being sent (an alert waiting for its receiver is not lost to retention)."""
+        older = self._older(AlertRecord.camera, AlertRecord.captured_at, now)
+        if older is None:
             return None
-        return and_(CaptionRecord.status != CaptionStatus.PENDING, or_(*parts))
+        sending = select(AlertDeliveryRecord.id).where(
+            AlertDeliveryRecord.alert_id == AlertRecord.id, AlertDeliveryRecord.state == DeliveryState.PENDING
+        )
+        return and_(older, ~sending.exists())
 
 
 @dataclass(slots=True)
@@ -121,6 +147,7 @@ class RetentionResult:
     orphan_files: int = 0
     missing_files: int = 0  # deleted rows whose image was already gone (or could not be deleted)
     by_camera: Counter[str] = field(default_factory=Counter)
+    alerts: int = 0  # alerts of expired captions, with their finished deliveries
     # The part of rows, files and bytes (included in those) deleted because free space was below the minimum.
     space_rows: int = 0
     space_files: int = 0
@@ -136,7 +163,8 @@ class RetentionResult:
         cameras = ", ".join(f"{camera} {count}" for camera, count in sorted(self.by_camera.items()))
         text = (
             f"retention: {verb} {self.rows} rows{f' ({cameras})' if cameras else ''}, {self.files} files, "
-            f"{self.bytes} bytes ({self.orphan_files} files without a row) in {self.seconds:.2f} s"
+            f"{self.bytes} bytes ({self.orphan_files} files without a row), {self.alerts} alerts "
+            f"in {self.seconds:.2f} s"
         )
         if self.free_bytes is not None and self.min_free_bytes is not None:
             text += (
@@ -219,6 +247,31 @@ def _sweep_rows(
             return
         last_id = max(row_id for row_id, _, _ in rows) if result.dry_run else 0
         _remove_images(rows, root, result, for_space=False)
+
+
+def _sweep_alerts(
+    engine: Engine,
+    condition: ColumnElement[bool],
+    result: RetentionResult,
+    batch_size: int,
+    should_stop: Callable[[], bool],
+) -> None:
+    if result.dry_run:
+        with engine.connect() as conn:
+            result.alerts = conn.execute(select(func.count()).select_from(AlertRecord).where(condition)).scalar_one()
+        return
+    while not should_stop():
+        chosen = select(AlertRecord.id).where(condition).order_by(AlertRecord.id).limit(batch_size)
+        with engine.begin() as conn:
+            # The delete writes from its start (see _sweep_rows); the alerts' deliveries, all finished (the
+            # condition), go in the same transaction, so no delivery row is left pointing at nothing.
+            statement = delete(AlertRecord).where(AlertRecord.id.in_(chosen)).returning(AlertRecord.id)
+            gone = conn.execute(statement).scalars().all()
+            if gone:
+                conn.execute(delete(AlertDeliveryRecord).where(AlertDeliveryRecord.alert_id.in_(gone)))
+        if not gone:
+            return
+        result.alerts += len(gone)
 
 
 def _space_target(root: Path) -> Path | None:
@@ -378,6 +431,9 @@ def sweep(
         _sweep_rows(engine, root, condition, result, batch_size, should_stop)
         if orphans:
             _sweep_orphans(engine, root, policy, now, result, batch_size, should_stop)
+    alerts = policy.expired_alerts(now)
+    if alerts is not None:
+        _sweep_alerts(engine, alerts, result, batch_size, should_stop)
     if policy.min_free_bytes is not None:
         _sweep_for_space(engine, root, policy.min_free_bytes, condition, result, batch_size, should_stop)
     result.seconds = time.perf_counter() - started
@@ -399,6 +455,11 @@ class RetentionMetrics:
         )
         self.bytes = PromCounter(
             "visioncap_retention_bytes_deleted_total", "Bytes of the files deleted by retention.", registry=registry
+        )
+        self.alerts = PromCounter(
+            "visioncap_retention_alerts_deleted_total",
+            "Alerts deleted by retention (those of captions as old as the rows it deletes), with their deliveries.",
+            registry=registry,
         )
         self.space_rows = PromCounter(
             "visioncap_retention_space_rows_deleted_total",
@@ -440,6 +501,7 @@ class RetentionMetrics:
         self.files.labels("row").inc(result.files - result.orphan_files)
         self.files.labels("orphan").inc(result.orphan_files)
         self.bytes.inc(result.bytes)
+        self.alerts.inc(result.alerts)
         self.space_rows.inc(result.space_rows)
         self.space_bytes.inc(result.space_bytes)
         if result.free_bytes is not None:
