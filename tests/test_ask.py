@@ -42,8 +42,11 @@ from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import VllmServer
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
+from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.schema import ensure_schema
 from visioncap.store.search import SearchLimits
+from visioncap.store.semantic import Meaning
+from visioncap.store.vectors import backfill
 
 READ_KEY = "ask-read-key"
 WRITE_ONLY_KEY = "ask-write-only-key"
@@ -263,8 +266,38 @@ def test_retrieval_matches_the_oracle_on_both_databases(database_url: str, tmp_p
     names = {row_id: name for name, row_id in ids.items()}
     for question, expected in ORACLE.items():
         read = read_question(question, {camera for camera, *_ in ROWS.values()}, datetime.now(UTC), zone)
-        found = retrieve(engine, None, read, 8, SearchLimits())
+        found = retrieve(engine, read, 8, SearchLimits())
         assert {names[row.id] for row in found.rows} == expected, question
+    engine.dispose()
+
+
+# Questions put in other words than the captions': the words retrieval finds nothing, meaning finds these.
+PARAPHRASES = {
+    "Was a package delivered yesterday?": {"drive_drop"},
+    "Any vehicles on the driveway today?": {"drive_van", "drive_car"},
+}
+
+
+@pytest.mark.embedder
+def test_hybrid_retrieval_matches_the_oracle_and_finds_paraphrases(database_url: str, tmp_path: Path) -> None:
+    """Semantic search on (the real all-MiniLM-L6-v2, the shipped similarity floor), on SQLite (sqlite-vec) and
+    PostgreSQL alike: the same oracle as words, none of the unrelated captions under the filters (a question about
+    giraffes cites nothing), and the paraphrases."""
+    zone = afternoon_zone()
+    ids = seed(tmp_path / "data", zone, database_url)
+    engine = create_db_engine(database_url)
+    embedder = TextEmbedder()
+    assert backfill(engine, embedder) == len(ROWS)
+    meaning = Meaning(embedder, ApiSettings.model_fields["ask_min_similarity"].default)
+    names = {row_id: name for name, row_id in ids.items()}
+    cameras = {camera for camera, *_ in ROWS.values()}
+    for question, expected in {**ORACLE, **PARAPHRASES}.items():
+        read = read_question(question, cameras, datetime.now(UTC), zone)
+        found = retrieve(engine, read, 8, SearchLimits(), meaning)
+        assert {names[row.id] for row in found.rows} == expected, question
+        if question in PARAPHRASES:
+            assert found.method == "hybrid"
+            assert retrieve(engine, read, 8, SearchLimits()).rows == [], "words alone find a paraphrase"
     engine.dispose()
 
 

@@ -31,6 +31,7 @@ from visioncap.config.api import ApiSettings
 from visioncap.store.camera_configs import list_cameras
 from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.search import CaptionRow, SearchLimits, SearchTimeout, camera_summaries
+from visioncap.store.semantic import Meaning
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ class Asker:
     def __init__(self, settings: ApiSettings, engine: Engine, embedder: TextEmbedder | None) -> None:
         self.settings = settings
         self.engine = engine
-        self.embedder = embedder
+        self.meaning = None if embedder is None else Meaning(embedder, settings.ask_min_similarity)
         self.zone = ZoneInfo(settings.ask_time_zone)
         self.limits = SearchLimits(settings.api_search_scan_rows, settings.api_search_timeout_s)
 
@@ -107,7 +108,7 @@ class Asker:
             conversation[-1]["content"], self._known_cameras(), datetime.now(UTC), self.zone
         )
         try:
-            found: Retrieved = retrieve(self.engine, self.embedder, question, self.settings.ask_top_k, self.limits)
+            found: Retrieved = retrieve(self.engine, question, self.settings.ask_top_k, self.limits, self.meaning)
         except SearchTimeout as exc:
             log.warning("ask: retrieval stopped at its time limit (%s): %s", exc, question)
             raise ApiError(

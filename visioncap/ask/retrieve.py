@@ -1,10 +1,12 @@
 """The captions a question is answered from: captioned rows under its camera and time filters, best first.
 
-Hybrid (semantic search on): store/semantic.py's fusion of meaning and words over the question's content words.
-Words (off): `any_word_search`, each content word ranked by the full-text index (BM25 / ts_rank) in the same
-bounded window and the lists fused, so a caption with any of the words is found and one with more of them ranks
-higher (`q` needs every word, which a question seldom meets). A question whose words are all question words
-("what happened yesterday?") gets the newest captions under its filters.
+Words (semantic search off): `any_word_search`, each content word ranked by the full-text index (BM25 /
+ts_rank) in a bounded window and the lists fused, so a caption with any of the words is found and one with more
+of them ranks higher (`q` needs every word, which a question seldom meets). Hybrid (on): the same, fused with the
+window's captions ranked by meaning, of which only those at least `min_similarity` alike count: ranked without a
+floor, every caption under the filters would come back, and a question about nothing stored ("any giraffes?")
+would cite whatever is newest. A question whose words are all question words ("what happened yesterday?") gets
+the newest captions under its filters.
 """
 
 from __future__ import annotations
@@ -15,10 +17,9 @@ from typing import Literal
 from sqlalchemy import Engine
 
 from visioncap.ask.question import Question
-from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionStatus
 from visioncap.store.search import WORD, CaptionFilter, CaptionRow, SearchLimits, search_captions
-from visioncap.store.semantic import STOP_WORDS, any_word_search, semantic_search
+from visioncap.store.semantic import STOP_WORDS, Meaning, any_word_search
 
 # Words that ask rather than describe: searching for them finds captions by accident.
 QUESTION_WORDS = frozenset(
@@ -44,9 +45,9 @@ def content_words(search_text: str) -> list[str]:
 
 
 def retrieve(
-    engine: Engine, embedder: TextEmbedder | None, question: Question, k: int, limits: SearchLimits
+    engine: Engine, question: Question, k: int, limits: SearchLimits, meaning: Meaning | None = None
 ) -> Retrieved:
-    """Up to `k` captioned rows for `question`, best first."""
+    """Up to `k` captioned rows for `question`, best first; hybrid with `meaning` (semantic search on)."""
     query = CaptionFilter(
         cameras=question.cameras, since=question.since, until=question.until, statuses=[CaptionStatus.CAPTIONED]
     )
@@ -54,7 +55,6 @@ def retrieve(
     if not words:
         rows, _next = search_captions(engine, query, k, limits=limits)
         return Retrieved(rows, "newest")
-    if embedder is not None:
-        rows, _scores, _next = semantic_search(engine, embedder, query, " ".join(words), k, hybrid=True, limits=limits)
-        return Retrieved(rows, "hybrid")
+    if meaning is not None:
+        return Retrieved(any_word_search(engine, query, words, k, limits, meaning=meaning), "hybrid")
     return Retrieved(any_word_search(engine, query, words, k, limits), "words")

@@ -175,22 +175,45 @@ def semantic_search(
     return rows, page_scores, RankedPosition(top, last_score, last_id)
 
 
+@dataclass(frozen=True, slots=True)
+class Meaning:
+    """Ranking by meaning beside words, for `any_word_search`: only rows at least `min_similarity` alike count."""
+
+    embedder: TextEmbedder
+    min_similarity: float
+
+
 def any_word_search(
-    engine: Engine, query: CaptionFilter, words: list[str], limit: int, limits: SearchLimits | None = None
+    engine: Engine,
+    query: CaptionFilter,
+    words: list[str],
+    limit: int,
+    limits: SearchLimits | None = None,
+    *,
+    meaning: Meaning | None = None,
 ) -> list[CaptionRow]:
     """Up to `limit` rows of the window (as `semantic_search`'s) with any of `words`, the rows with more of them
     first: one full-text ranking per word, fused by reciprocal rank. For questions (visioncap/ask/), whose words
-    a caption seldom has all of, as `q` and hybrid's words list need."""
+    a caption seldom has all of, as `q` and hybrid's words list need. With `meaning`, the window's rows similar
+    enough to the words are one more ranking in the fusion, so a paraphrase is found too, and nothing that is
+    neither is."""
     query = replace(query, text=None)
     limits = limits or SearchLimits()
+    # Encoded before the transaction: the model's milliseconds are not spent holding a snapshot.
+    vector = meaning.embedder.encode([" ".join(words)])[0] if meaning is not None else None
     with limited(engine, limits.timeout_s) as conn:
         top = nth(conn, walk_conditions(query), 0)
         if top is None:
             return []
         window = _window(conn, engine, query, top, limits.scan_rows)
         scores: dict[int, float] = {}
-        for word in words:
-            for row_id, score in _fused({}, _word_ranks(conn, window, [word])).items():
+        rankings = [_fused({}, _word_ranks(conn, window, [word])) for word in words]
+        if meaning is not None and vector is not None:
+            similar = _similarities(conn, window, vector)
+            alike = {row_id: score for row_id, score in similar.items() if score >= meaning.min_similarity}
+            rankings.append(_fused(alike, []))
+        for ranking in rankings:
+            for row_id, score in ranking.items():
                 scores[row_id] = scores.get(row_id, 0.0) + score
         ranked = sorted(((score, row_id) for row_id, score in scores.items()), reverse=True)
         ids = [row_id for _, row_id in ranked[:limit]]
