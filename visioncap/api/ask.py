@@ -13,7 +13,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
@@ -151,6 +151,7 @@ class Asker:
     def _upstream_body(self, plan: Plan, stream: bool) -> dict[str, object]:
         assert plan.prompt is not None
         body: dict[str, object] = {
+            **self.settings.ask_extra_body,
             "model": self.settings.ask_model or plan.request.model,
             "messages": plan.prompt.messages,
             "max_tokens": plan.max_tokens,
@@ -248,7 +249,7 @@ class Asker:
             raise self._refused(response.status_code, detail)
         return response
 
-    async def stream(self, plan: Plan, upstream: httpx.Response | None) -> AsyncIterator[str]:
+    async def stream(self, plan: Plan, upstream: httpx.Response | None) -> AsyncGenerator[str, None]:
         """Our chunks: the first with the role and `visioncap`, then the VLM's text as it comes, then [DONE].
 
         A client that leaves ends this generator, which closes the VLM's response: the gateway then cancels the

@@ -7,7 +7,7 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -323,7 +323,7 @@ class ApiService:
 
     async def stream(
         self, request: Request, start: StreamStart, cameras: list[str], min_people: int | None
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         """Server-sent events: `event: caption` with a Caption as data and its change position as id, for every
         row captioned after `start`, each change once, in the order of their positions (see store/changes.py)."""
         poll_s = self.settings.api_stream_poll_s

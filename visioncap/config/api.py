@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -104,6 +104,12 @@ class ApiSettings(Settings):
         default="UTC",
         description='IANA time zone in which questions\' times ("this morning", "after 6 pm") are read and '
         "captions' times are shown to the VLM, e.g. Europe/Berlin.",
+    )
+    ask_extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra request fields Ask passes to the VLM, as the pipeline's `vlm.extra_body` (JSON), e.g. "
+        'vLLM\'s sampling parameters {"top_k": 20, "repetition_penalty": 1.05}; the fields Ask sets itself '
+        "(model, messages, max_tokens, stream, temperature) win.",
     )
     ask_top_k: int = Field(default=8, ge=1, le=100, description="Captions retrieved per question.")
     ask_min_similarity: float = Field(

@@ -7,11 +7,11 @@ from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Depends
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from visioncap.api.errors import ApiError
 from visioncap.api.protocol import ChatCompletion, ChatModelList, ChatRequest, ErrorResponse
-from visioncap.api.routers.common import ERRORS, SECURED, service
+from visioncap.api.routers.common import ERRORS, SECURED, ClosingStreamingResponse, service
 from visioncap.api.serving import ApiService
 
 router = APIRouter(prefix="/v1", tags=["ask"], dependencies=SECURED, responses=ERRORS)
@@ -52,11 +52,7 @@ async def chat_completions(api: Annotated[ApiService, Depends(service)], request
         answer = await api.asker.complete(api.http, plan)
         return Response(answer.model_dump_json(), media_type="application/json")
     upstream = await api.asker.open_stream(api.http, plan)
-    return StreamingResponse(
-        api.asker.stream(plan, upstream),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return ClosingStreamingResponse(api.asker.stream(plan, upstream), None if upstream is None else upstream.aclose)
 
 
 @router.get("/models", response_model=ChatModelList, summary="The model name Ask answers to (OpenAI model list)")

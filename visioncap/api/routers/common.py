@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import get_origin
 
+import anyio
 from fastapi import Depends, HTTPException, Request, Security
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
+from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from visioncap.api.auth import bearer_scheme, header_scheme
@@ -15,6 +18,34 @@ from visioncap.api.protocol import ErrorResponse
 from visioncap.api.serving import ApiService
 
 _SEQUENCES = (list, tuple, set, frozenset)
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    """A streamed answer whose generator is closed when the response ends, however it ends; then `on_close`.
+
+    Starlette stops reading a generator when the client goes, but does not close it: one cancelled while
+    suspended at a `yield` (the send of a chunk in flight) ran its `finally` only when garbage-collected. Ask's
+    request to the VLM then stayed open, and vLLM generated the whole answer for nobody (seen as the gateway's
+    `completed` for an answer whose client left after its first chunk). `on_close` covers what the generator
+    would close but never got to: one closed before its first chunk runs no `finally`."""
+
+    def __init__(
+        self, content: AsyncGenerator[str, None], on_close: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        super().__init__(
+            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        )
+        self._generator = content
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._generator.aclose()
+                if self._on_close is not None:
+                    await self._on_close()
 
 
 def _single_valued(dependant: Dependant) -> list[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -10,19 +10,17 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from visioncap.api.errors import RETRY_AFTER_S, ApiError
-from visioncap.api.routers.common import ERRORS, SECURED, service
+from visioncap.api.routers.common import ERRORS, SECURED, ClosingStreamingResponse, service
 from visioncap.api.serving import ApiService, StreamSlot, cameras_param
 
 router = APIRouter(prefix="/v1/stream", tags=["stream"], dependencies=SECURED, responses=ERRORS)
 
 
-class _SlotResponse(StreamingResponse):
+class _SlotResponse(ClosingStreamingResponse):
     """Gives the stream's slot back when the response ends: finished, failed, or its client gone."""
 
-    def __init__(self, content: AsyncIterator[str], slot: StreamSlot) -> None:
-        super().__init__(
-            content, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-        )
+    def __init__(self, content: AsyncGenerator[str, None], slot: StreamSlot) -> None:
+        super().__init__(content)
         self._slot = slot
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
