@@ -131,6 +131,7 @@ def build_pipeline(
         # Before any camera lease: a worker that takes a camera over (its owner died) then analyses its first
         # frame at once, instead of paying the model's first-call cost (seconds on a CPU) inside the takeover.
         detector.warm_up()
+        _seed(engine, config, own_file=worker is None)
         leases = None
         if worker is not None:
             leases = _lease_keeper(engine, config, worker, metrics)
@@ -157,20 +158,24 @@ def _check_shareable(engine: Engine) -> None:
         )
 
 
-def _lease_keeper(
-    engine: Engine, config: PipelineConfig, worker: WorkerConfig, metrics: PipelineMetrics
-) -> LeaseKeeper:
-    """Started, with a first round done, so that the runner starts with the cameras this worker holds.
-
-    The schema (the lease tables among it) is already made by `build_pipeline`."""
-    # The file's cameras must be rows before the first claim, or the first round finds nothing to take.
-    if seed_cameras(engine, config.name, list(config.sources)) is SeedOutcome.STALE:
+def _seed(engine: Engine, config: PipelineConfig, own_file: bool) -> None:
+    """The file's cameras into the database, where the runner reads what to run, and before a worker's first claim
+    (which would find nothing to take). The one box's file is its own: applied whatever version it is."""
+    if seed_cameras(engine, config.name, list(config.sources), force=own_file) is SeedOutcome.STALE:
         log.warning(
             "worker: this pipeline file is an older version of pipeline %s than the one its cameras follow (another "
             "worker started with a newer one): the cameras are left as they are; to go back to this version on "
             "purpose: `visioncap cameras apply FILE`",
             config.name,
         )
+
+
+def _lease_keeper(
+    engine: Engine, config: PipelineConfig, worker: WorkerConfig, metrics: PipelineMetrics
+) -> LeaseKeeper:
+    """Started, with a first round done, so that the runner starts with the cameras this worker holds.
+
+    The schema (the lease tables among it) is already made by `build_pipeline`."""
     keeper = LeaseKeeper(engine, config.name, worker, metrics=metrics)
     try:
         keeper.step()

@@ -33,7 +33,7 @@ from visioncap.redact import mask_credentials, mask_urls
 from visioncap.select.events import EventSelector
 from visioncap.sources.base import FrameSource
 from visioncap.sources.registry import open_source
-from visioncap.store.camera_configs import StoredCamera, seed_cameras
+from visioncap.store.camera_configs import StoredCamera
 from visioncap.store.cameras import CameraStateRecorder
 from visioncap.store.captions import CaptionStore, NewCaption
 from visioncap.store.records import CameraState, CaptionStatus
@@ -163,10 +163,7 @@ class PipelineRunner:
             on_disk_full=on_disk_full,
             owns=None if leases is None else self._holds,
         )
-        # The pipeline file's cameras go into the database; from there on its rows say what runs (see _apply). The
-        # one box's file is its own: applied whatever version it is. A worker's was seeded before its first claim.
-        if leases is None:
-            seed_cameras(store.engine, config.name, list(config.sources), force=True)
+        # The pipeline file's cameras are in the database (compose seeds them); its rows say what runs (see _apply).
         # A file's inline credentials are stored masked; the worker alone keeps them, by their masked URL.
         self._file_urls = {
             mask_credentials(source.url): source.url
