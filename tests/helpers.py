@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import io
 import json
 import os
 import shutil
@@ -64,6 +66,28 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600)
         cwd=REPO,
         check=False,
     )
+
+
+def invoke_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`visioncap ARGS` in this process: the entry point's Typer app and its one-line error report, without a
+    Python start-up (about a second of CPU each, most of the unit tier's time). For what a command does and says;
+    what only a process shows (its start-up, log lines on stderr, signals) is tested through `run_cli`. An
+    exception the entry point would not report in one line fails the test here (the user would see a traceback)."""
+    from typer.testing import CliRunner
+
+    from visioncap.cli import app, report_error
+    from visioncap.errors import VisioncapError
+
+    result = CliRunner().invoke(app, list(args), env=env, catch_exceptions=True)
+    stderr, code = result.stderr, result.exit_code
+    if isinstance(result.exception, VisioncapError):
+        reported = io.StringIO()
+        with contextlib.redirect_stderr(reported):
+            code = report_error(result.exception)
+        stderr += reported.getvalue()
+    elif result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(["visioncap", *args], code, result.stdout, stderr)
 
 
 def scrape_metric(root_url: str, name: str) -> float:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from helpers import pipeline_dict, run_cli, write_pipeline
+from helpers import invoke_cli, pipeline_dict, write_pipeline
 from sqlalchemy import text
 
 from visioncap.api import create_app
@@ -227,25 +227,25 @@ def test_workers_that_start_together_seed_one_new_version_once(store: CaptionSto
 
 def test_the_cli_adds_lists_changes_pauses_and_removes(database_url: str, store: CaptionStore, tmp_path: Path) -> None:
     env = {"VISIONCAP_DATABASE_URL": database_url}
-    added = run_cli(
+    added = invoke_cli(
         "cameras", "add", "yard", "--pipeline", "p", "--kind", "rtsp", "--url", "rtsp://viewer:${PW}@cam/yard",
         "--analyze-fps", "2", "--set", "read_timeout_s=2", "--selection", "event_end_s=3", env=env,
     )  # fmt: skip
     assert added.returncode == 0, added.stderr
-    refused = run_cli(
+    refused = invoke_cli(
         "cameras", "add", "door", "--pipeline", "p", "--kind", "rtsp", "--url", f"rtsp://u:{SECRET}@cam/door", env=env
     )  # fmt: skip
     assert refused.returncode == 2 and "${NAME}" in refused.stderr
     assert SECRET not in refused.stdout + refused.stderr
-    assert run_cli("cameras", "update", "yard", "--analyze-fps", "4", env=env).returncode == 0
-    assert run_cli("cameras", "pause", "yard", env=env).returncode == 0
-    listed = run_cli("cameras", "list", env=env)
+    assert invoke_cli("cameras", "update", "yard", "--analyze-fps", "4", env=env).returncode == 0
+    assert invoke_cli("cameras", "pause", "yard", env=env).returncode == 0
+    listed = invoke_cli("cameras", "list", env=env)
     assert "rtsp://viewer:***@cam/yard" in listed.stdout and "yes" in listed.stdout, listed.stdout
     stored = get_camera(store.engine, "yard")
     assert stored is not None and stored.config.paused and stored.config.source.analyze_fps == 4
     assert stored.config.source.read_timeout_s == 2 and stored.config.selection == {"event_end_s": 3}
-    assert run_cli("cameras", "remove", "yard", env=env).returncode == 0
-    missing = run_cli("cameras", "remove", "yard", env=env)
+    assert invoke_cli("cameras", "remove", "yard", env=env).returncode == 0
+    missing = invoke_cli("cameras", "remove", "yard", env=env)
     assert missing.returncode == 2 and "no camera yard" in missing.stderr
     assert list_cameras(store.engine) == []
     # Back to an older version of a pipeline file on purpose: workers starting with it would skip it as stale.
@@ -254,6 +254,6 @@ def test_the_cli_adds_lists_changes_pauses_and_removes(database_url: str, store:
     seed_cameras(store.engine, "test", list(load_pipeline(older).sources))
     seed_cameras(store.engine, "test", [StreamSourceConfig.model_validate({**gate, "analyze_fps": 4})])
     assert seed_cameras(store.engine, "test", list(load_pipeline(older).sources)) is SeedOutcome.STALE
-    applied = run_cli("cameras", "apply", str(older), env=env)
+    applied = invoke_cli("cameras", "apply", str(older), env=env)
     assert applied.returncode == 0 and "applied" in applied.stdout, applied.stderr
     assert fps_of(store) == {"gate": 1}

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import REPO, run_cli
+from helpers import REPO, invoke_cli
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.profiles import load_profile
@@ -156,7 +156,7 @@ def test_cpu_class_has_no_roofline() -> None:
 
 
 def test_dry_run_prints_the_cost_model() -> None:
-    result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "h200", "--dry-run")
+    result = invoke_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "h200", "--dry-run")
     assert result.returncode == 0, result.stderr
     model = cost("qwen2.5-vl-7b", "h200")
     assert "cost model: Qwen2.5-VL-7B on H200 SXM" in result.stderr
@@ -180,7 +180,7 @@ def test_dry_run_prints_the_cost_model() -> None:
 
 
 def test_dry_run_json_carries_the_cost_model() -> None:
-    result = run_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "l4", "--dry-run", "--format", "json")
+    result = invoke_cli("serve", "--profile", "qwen2.5-vl-7b", "--gpu", "l4", "--dry-run", "--format", "json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)["cost_model"]
     model = cost("qwen2.5-vl-7b", "l4")
@@ -190,7 +190,7 @@ def test_dry_run_json_carries_the_cost_model() -> None:
 
 
 def test_dry_run_on_the_cpu_says_why_there_is_no_cost_model() -> None:
-    result = run_cli("serve", "--profile", "tiny", "--gpu", "cpu", "--dry-run", "--format", "json")
+    result = invoke_cli("serve", "--profile", "tiny", "--gpu", "cpu", "--dry-run", "--format", "json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["cost_model"] is None
     assert "cost model: none (no roofline for GPU class 'cpu'" in result.stderr

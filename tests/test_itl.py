@@ -73,7 +73,9 @@ DONE = b"data: [DONE]\n\n"
 
 def test_observer_stamps_once_per_network_read_and_spreads_the_gap() -> None:
     times = iter([10.0, 10.1, 10.4, 10.5])
-    reads = iter([1, 1, 2, 2, 2, 3, 4])  # the read each feed below came from, made just before it is fed
+    reads = iter([1, 1, 2, 2, 2, 3, 4])  # the read each feed below came from
+    read_at = iter([50.0, 50.0, 60.0, 60.0, 60.0, 70.0, 80.0])  # when it returned, on the reads' own clock
+    read_clock = iter([50.002, 50.003, 60.002, 60.003, 60.004, 70.002, 80.002])  # fed 2 ms after its read
     firsts: list[float] = []
     gaps: list[tuple[float, float]] = []
     observer = StreamObserver(
@@ -81,7 +83,8 @@ def test_observer_stamps_once_per_network_read_and_spreads_the_gap() -> None:
         lambda: next(times),
         lambda _at, seconds: firsts.append(seconds),
         lambda at, seconds: gaps.append((at, seconds)),
-        reads=lambda: (next(reads), time.perf_counter()),
+        reads=lambda: (next(reads), next(read_at)),
+        read_clock=lambda: next(read_clock),
     )
     observer.feed(ROLE)  # read 1, t=10.0: no output
     observer.feed(token("a", 1))  # read 1: the first token (same time stamp as the role chunk)
@@ -90,10 +93,11 @@ def test_observer_stamps_once_per_network_read_and_spreads_the_gap() -> None:
     observer.feed(token("e", 5))  # read 2 again
     observer.feed(token("f"))  # read 3, t=10.4: no token ids: one token
     observer.feed(USAGE + DONE)  # read 4, t=10.5: the end
-    near = 1e-3  # the reads' ages (microseconds) come off the clock's times
-    assert firsts == [pytest.approx(0.1, abs=near)]
-    assert [at for at, _ in gaps] == pytest.approx([10.1] * 4 + [10.4], abs=near)
-    assert [seconds for _, seconds in gaps] == pytest.approx([0.025] * 4 + [0.3], abs=near)
+    # A read's time is the clock's when its first bytes are fed, less their age then (2 ms): the later feeds of
+    # the same read keep it.
+    assert firsts == [pytest.approx(0.098)]
+    assert [at for at, _ in gaps] == pytest.approx([10.098] * 4 + [10.398])
+    assert [seconds for _, seconds in gaps] == pytest.approx([0.025] * 4 + [0.3])
     assert (observer.chunks, observer.tokens, observer.arrivals) == (5, 6, 3)
     assert observer.usage == {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15}
     observer.close()  # the end was seen already: nothing more

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from helpers import run_cli, wait_for
+from helpers import invoke_cli, wait_for
 from PIL import Image
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select, update
@@ -360,20 +360,20 @@ def test_cli_dry_run_then_delete(tmp_path: Path) -> None:
         "VISIONCAP_RETENTION_DAYS": "30",
         "VISIONCAP_RETENTION_CAMERA_DAYS": json.dumps({"dock": 2}),
     }
-    preview = run_cli("retention", "--dry-run", env=env)
+    preview = invoke_cli("retention", "--dry-run", env=env)
     assert preview.returncode == 0, preview.stderr[-2000:]
     assert "retention policy: all cameras 30 days, dock 2 days" in preview.stdout
     assert "would delete 2 rows (cam-1 1, dock 1), 2 files" in preview.stdout
     assert rows.ids() == {old, dock, young}
 
-    done = run_cli("retention", env=env)
+    done = invoke_cli("retention", env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "deleted 2 rows (cam-1 1, dock 1), 2 files" in done.stdout
     assert rows.ids() == {young}
 
-    unset = run_cli("retention", env={k: v for k, v in env.items() if "RETENTION" not in k})
+    unset = invoke_cli("retention", env={k: v for k, v in env.items() if "RETENTION" not in k})
     assert unset.returncode == 0 and "not configured" in unset.stdout
-    bad = run_cli("retention", env={**env, "VISIONCAP_RETENTION_CAMERA_DAYS": '{"dock": -1}'})
+    bad = invoke_cli("retention", env={**env, "VISIONCAP_RETENTION_CAMERA_DAYS": '{"dock": -1}'})
     assert bad.returncode == 2 and "retention_camera_days" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -469,7 +469,7 @@ def test_below_the_minimum_the_oldest_finished_rows_go_until_space_is_back(
     assert free(small_disk) == before and rows.ids() == set(pending + by_age), "a dry run deletes nothing"
     megabytes = f"{min_free / MIB!r}"
     env = {"VISIONCAP_DATABASE_URL": database_url, "VISIONCAP_DATA_DIR": str(small_disk)}
-    cli = run_cli("retention", "--dry-run", env={**env, "VISIONCAP_RETENTION_MIN_FREE_MB": megabytes})
+    cli = invoke_cli("retention", "--dry-run", env={**env, "VISIONCAP_RETENTION_MIN_FREE_MB": megabytes})
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert f"retention policy: all cameras kept forever, at least {min_free / MIB:g} MB free" in cli.stdout
     assert "would delete 5 rows (cam-1 5), 4 files" in cli.stdout

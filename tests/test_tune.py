@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO, run_cli
+from helpers import REPO, invoke_cli
 from typer.testing import CliRunner
 
 from visioncap.bench.tune.candidates import Candidate, build_candidates, parse_int_list
@@ -177,7 +177,7 @@ def test_stand_in_options_are_checked_before_any_server_starts(tmp_path: Path) -
             "--level",
         ),
     ):
-        result = run_cli("tune", *args, "--out", str(tmp_path / "out"), env=env, timeout=60)
+        result = invoke_cli("tune", *args, "--out", str(tmp_path / "out"), env=env)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert message in " ".join(result.stderr.split()), (args, result.stderr)
     assert not (tmp_path / "out").exists()
@@ -216,7 +216,7 @@ def test_bad_candidate_lists_are_refused_before_any_server_starts(tmp_path: Path
         (["--budgets", "64,512", "--gpu", "h200"], "no serving arguments for GPU class 'h200'"),
         (["--budgets", "64,512", "--duration-s", "3"], "--duration-s: must be above the 5 s warm-up"),
     ):
-        result = run_cli("tune", "--profile", "tiny", "--out", str(tmp_path / "out"), *args, env=env, timeout=60)
+        result = invoke_cli("tune", "--profile", "tiny", "--out", str(tmp_path / "out"), *args, env=env)
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert message in " ".join(result.stderr.split()), (args, result.stderr)
     assert not (tmp_path / "out").exists()

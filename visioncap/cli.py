@@ -174,9 +174,13 @@ def gateway_command(
     from visioncap.config.gateway import load_gateway_config
 
     gateway_config = load_gateway_config(config)
+    source = f"gateway file {config}"
+    from visioncap.gateway.safety import check_gateway_can_serve
+
+    check_gateway_can_serve(gateway_config, host, source)  # before the web stack loads: a refusal comes at once
     from visioncap.gateway import run_gateway
 
-    run_gateway(gateway_config, host=host, port=port, log_level=log_level, source=f"gateway file {config}")
+    run_gateway(gateway_config, host=host, port=port, log_level=log_level, source=source)
 
 
 @app.command("gateway-key")
@@ -199,6 +203,9 @@ def api_command(
     from visioncap.config.api import ApiSettings
 
     settings = load_settings(ApiSettings)
+    from visioncap.api.safety import check_api_can_serve
+
+    check_api_can_serve(settings, host)  # before the web stack loads: a refusal comes at once
     from visioncap.api import run_api
 
     run_api(settings, host=host, port=port, log_level=log_level)
@@ -321,11 +328,16 @@ def make_demo_video_command(
     typer.echo(f"{path}: {segments[-1].end} frames at {FPS} fps; people at {', '.join(people)}")
 
 
+def report_error(exc: VisioncapError) -> int:
+    """Say what went wrong in one line on stderr; the exit code for it."""
+    err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+    return exc.exit_code
+
+
 def main() -> None:
     try:
         app()
     except VisioncapError as exc:
-        err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        sys.exit(report_error(exc))
     except KeyboardInterrupt:
         sys.exit(130)

@@ -20,11 +20,11 @@ from visioncap.api.auth import AuthMiddleware, KeyRing
 from visioncap.api.errors import install_handlers
 from visioncap.api.metrics import ApiMetrics, MetricsMiddleware
 from visioncap.api.routers import alerts, ask, cameras, captions, health, page, stream
+from visioncap.api.safety import check_api_can_serve
 from visioncap.api.security import SecurityHeadersMiddleware
 from visioncap.api.serving import ApiService, static_dir
 from visioncap.config.alerts import load_alerts_config
 from visioncap.config.api import ApiSettings
-from visioncap.demo_keys import refuse_demo_keys
 from visioncap.store import create_db_engine
 from visioncap.store.retention import RetentionJob
 from visioncap.store.schema import ensure_schema
@@ -137,12 +137,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
 def build_api(settings: ApiSettings, host: str) -> FastAPI:
     """The app to serve on `host`; a ConfigError, before anything is opened, when a configured key is a published
     demo key and `host` is reachable from other machines."""
-    refuse_demo_keys(
-        host,
-        ((key.name, key.sha256) for key in settings.api_keys),
-        "VISIONCAP_API_KEYS",
-        "make your own with `visioncap api-key` and put its entry in VISIONCAP_API_KEYS",
-    )
+    check_api_can_serve(settings, host)
     return create_app(settings)
 
 

@@ -9,7 +9,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from visioncap.config.settings import Settings
-from visioncap.store.search import DEFAULT_SCAN_ROWS
+
+# Rows one search may examine (VISIONCAP_API_SEARCH_SCAN_ROWS). On the benchmark's million rows a request that walks
+# 20,000 cost the SQLite API 25-30 ms of CPU, twice a text search's; 10,000 cost about as much as one
+# (benchmarks/results/api_search.md).
+DEFAULT_SCAN_ROWS = 10_000
 
 Scope = Literal["read", "write"]
 

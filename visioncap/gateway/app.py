@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,10 +17,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from visioncap.config.gateway import GatewayConfig
-from visioncap.demo_keys import refuse_demo_keys
-from visioncap.errors import ConfigError
 from visioncap.gateway.errors import ErrorType, error_body
 from visioncap.gateway.router import GENERATION_PATHS, router
+from visioncap.gateway.safety import check_gateway_can_serve
 from visioncap.gateway.serving import Gateway
 
 log = logging.getLogger(__name__)
@@ -126,20 +124,7 @@ def build_gateway(config: GatewayConfig, host: str, source: str = "gateway confi
     """The app to serve on `host`; a ConfigError naming `source` (where `config` came from) when it could not run
     safely or usefully there: a published demo key reachable from other machines, or vLLM's key not in the
     environment."""
-    refuse_demo_keys(
-        host,
-        ((key.name, key.sha256) for key in config.keys),
-        source,
-        "make your own with `visioncap gateway-key` and put its sha256 in the file",
-    )
-    for index, upstream in enumerate(config.upstreams):
-        env = upstream.api_key_env
-        # Started without it, every forwarded request would come back 401 from vLLM, long after the cause.
-        if env and not os.environ.get(env):
-            raise ConfigError(
-                f"{source}: upstreams.{index}.api_key_env names {env}, which is not set: set it to the key vLLM "
-                "was started with (--api-key or VLLM_API_KEY)"
-            )
+    check_gateway_can_serve(config, host, source)
     return create_app(config)
 
 

@@ -97,7 +97,8 @@ class StreamObserver:
     `on_first(now, seconds since started_at)` runs once, at the first output chunk. `on_gap(arrival time,
     seconds)` runs once per token after the first arrival, when its arrival is complete: when an event of a
     later read completes, at `[DONE]`, or at `close()`. `reads` tells which network read the fed bytes came from
-    and when it returned (`network_reads`); without it every `feed()` counts as one read, made when it is fed.
+    and when it returned (`network_reads`) on `read_clock`; without it every `feed()` counts as one read, made
+    when it is fed.
     """
 
     def __init__(
@@ -107,12 +108,14 @@ class StreamObserver:
         on_first: Callable[[float, float], None],
         on_gap: Callable[[float, float], None],
         reads: Callable[[], tuple[int, float]] | None = None,
+        read_clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._started_at = started_at
         self._clock = clock
         self._on_first = on_first
         self._on_gap = on_gap
         self._reads = reads
+        self._read_clock = read_clock
         self._buffer = b""
         self._feeds = 0
         self._read: int | None = None  # the read the time stamp below belongs to
@@ -150,7 +153,7 @@ class StreamObserver:
             read, read_at = self._reads()
             # Bytes are usually fed as soon as they are read, but not always: a response's first body bytes can
             # come with its head and wait until the body is streamed. The read's age puts it on our clock.
-            age = max(0.0, time.perf_counter() - read_at)
+            age = max(0.0, self._read_clock() - read_at)
         if read != self._read:
             self._read, self._read_at = read, self._clock() - age
         return read, self._read_at

@@ -33,6 +33,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, Executable
 
+from visioncap.config.api import DEFAULT_SCAN_ROWS
 from visioncap.store.records import CaptionCountRecord, CaptionEventCountRecord, CaptionRecord, CaptionStatus
 from visioncap.store.schema import PG_TS_CONFIG, PG_TSVECTOR_COLUMN
 
@@ -47,10 +48,6 @@ CAPTION_COLUMNS = tuple(
 )
 _NEWEST_FIRST = (CaptionRecord.captured_at.desc(), CaptionRecord.id.desc())
 
-# Rows one search may examine (the API's VISIONCAP_API_SEARCH_SCAN_ROWS). On the benchmark's million rows a
-# request that walks 20,000 cost the SQLite API 25-30 ms of CPU, twice a text search's; 10,000 cost about as much
-# as one (benchmarks/results/api_search.md).
-DEFAULT_SCAN_ROWS = 10_000
 # SQLite calls the time-limit check every this many virtual-machine steps (~20 ms of work: a walk takes ~5 steps a
 # row): rarely enough that a search seldom waits for the GIL while other threads run Python, often enough for a
 # limit of a fraction of a second.
