@@ -262,11 +262,21 @@ def seed_many(engine: Engine, count: int) -> None:
             conn.execute(text("ANALYZE captions"))
 
 
-def test_a_search_stopped_at_the_time_limit_answers_503_with_retry_after(engine: Engine, tmp_path: Path) -> None:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def many(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """100,000 rows, made once for the tests below, which only read them (seconds of seeding each otherwise)."""
+    engine = create_db_engine(database_url_for(request, tmp_path_factory.mktemp("many")))
+    ensure_schema(engine)
+    seed_many(engine, 100_000)
+    yield engine
+    engine.dispose()
+
+
+def test_a_search_stopped_at_the_time_limit_answers_503_with_retry_after(many: Engine, tmp_path: Path) -> None:
     # 100,000 rows and a scan bound above that: the walk for a filter matching nothing runs through all of them,
     # some 500,000 SQLite steps (the time check runs every 100,000) and tens of milliseconds on PostgreSQL,
     # against a limit of a microsecond (1 ms, PostgreSQL's least). Whatever the machine's speed, it is stopped.
-    seed_many(engine, 100_000)
+    engine = many
     limits = {"api_search_scan_rows": 10_000_000, "api_search_timeout_s": 1e-6}
     with client_for(engine, tmp_path, **limits) as client:
         for params in ({"min_people": 9999}, {"q": "walking", "min_people": 9999}, {"status": "failed"}):
@@ -280,10 +290,10 @@ def test_a_search_stopped_at_the_time_limit_answers_503_with_retry_after(engine:
         assert response.status_code == 200 and response.json()["items"] == []
 
 
-def test_the_time_limit_ends_with_its_search(engine: Engine) -> None:
+def test_the_time_limit_ends_with_its_search(many: Engine) -> None:
     # The stopped connection goes back to the pool without its limit (SQLite's progress handler removed,
     # PostgreSQL's statement_timeout local to the search's transaction): the next search on it runs to the end.
-    seed_many(engine, 100_000)
+    engine = many
     unbounded = SearchLimits(scan_rows=10_000_000)
     with pytest.raises(SearchTimeout):
         search_captions(engine, CaptionFilter(min_people=9999), 5, None, SearchLimits(10_000_000, 1e-6))
