@@ -98,6 +98,7 @@ $(DEPLOY_VENV)/.installed: $(DEPLOY_PINS)
 TEST_FUZZ_LOG := test-artifacts/test-fuzzers.log
 test: setup system-deps deploy-env
 	@mkdir -p $(dir $(TEST_FUZZ_LOG))
+	@$(APP)/python -m compileall -q visioncap  # once here, not in each process that starts together below
 	@$(APP)/python -m pytest -p no:xdist $(FUZZERS) $(FUZZ_ARGS) > $(TEST_FUZZ_LOG) 2>&1 & fuzzers=$$!; \
 	rest=0; $(APP)/python -m pytest --durations=25 --ignore-glob='$(FUZZERS)' $(PYTEST_ARGS) || rest=$$?; \
 	fuzzed=0; wait $$fuzzers || fuzzed=$$?; \
@@ -119,6 +120,7 @@ UNIT_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 UNIT_FUZZ_EXAMPLES ?= 25
 test-unit: app-env
 	@mkdir -p $(dir $(FUZZ_LOG))
+	@$(APP)/python -m compileall -q visioncap  # once here, not in each process that starts together below
 	@VISIONCAP_FUZZ_MAX_EXAMPLES=$(UNIT_FUZZ_EXAMPLES) $(APP)/python -m pytest -q -p no:xdist -m "$(UNIT_TIER)" $(FUZZERS) $(PYTEST_ARGS) > $(FUZZ_LOG) 2>&1 & fuzzers=$$!; \
 	workers=0; $(APP)/python -m pytest -q -n $(UNIT_WORKERS) -p no:schemathesis -p no:hypothesispytest \
 	  --ignore-glob='$(FUZZERS)' -m "$(UNIT_TIER)" --durations=10 $(PYTEST_ARGS) || workers=$$?; \
