@@ -122,7 +122,7 @@ test-unit: app-env
 	@mkdir -p $(dir $(FUZZ_LOG))
 	@$(APP)/python -m compileall -q visioncap  # once here, not in each process that starts together below
 	@VISIONCAP_FUZZ_MAX_EXAMPLES=$(UNIT_FUZZ_EXAMPLES) $(APP)/python -m pytest -q -p no:xdist -m "$(UNIT_TIER)" $(FUZZERS) $(PYTEST_ARGS) > $(FUZZ_LOG) 2>&1 & fuzzers=$$!; \
-	workers=0; $(APP)/python -m pytest -q -n $(UNIT_WORKERS) -p no:schemathesis -p no:hypothesispytest \
+	workers=0; $(APP)/python -m pytest -q -n $(UNIT_WORKERS) --dist loadgroup -p no:schemathesis -p no:hypothesispytest \
 	  --ignore-glob='$(FUZZERS)' -m "$(UNIT_TIER)" --durations=10 $(PYTEST_ARGS) || workers=$$?; \
 	fuzzed=0; wait $$fuzzers || fuzzed=$$?; \
 	echo "--- schema fuzzers ($(FUZZERS), one process):"; cat $(FUZZ_LOG); \

@@ -18,6 +18,10 @@ from visioncap.config import CaptionConfig, VlmConfig
 from visioncap.serve import free_port
 from visioncap.store import CaptionStore, create_db_engine
 
+# The captioner's client imports PyTorch (seconds of CPU): under `make test-unit` (xdist, --dist loadgroup) these
+# tests share one worker, so only one imports it.
+pytestmark = pytest.mark.xdist_group("captioner-imports-torch")
+
 
 def test_run_against_a_dead_endpoint_exits_with_a_clear_error(tmp_path: Path, demo_video: tuple[Path, object]) -> None:
     video, _ = demo_video
