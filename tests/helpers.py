@@ -70,7 +70,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 600)
 
 def invoke_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`visioncap ARGS` in this process: the entry point's Typer app and its one-line error report, without a
-    Python start-up (about a second of CPU each, most of the unit tier's time). For what a command does and says;
+    Python start-up and its imports (about a second of CPU each). For what a command does and says;
     what only a process shows (its start-up, log lines on stderr, signals) is tested through `run_cli`. An
     exception the entry point would not report in one line fails the test here (the user would see a traceback)."""
     from typer.testing import CliRunner
