@@ -257,9 +257,9 @@ def render(data: dict[str, Any]) -> str:
         + (
             "."
             if all(c["p99_ms"] < GOAL_P99_MS for c in timing["cases"].values())
-            else " (NOT met in this run: see the load average above; the parts, timed apart on this machine under "
-            "load 5: the search text's embedding 23-85 ms on one PyTorch thread, the similarity of 10,000 vectors "
-            "in SQLite 35-90 ms, the words list ~30 ms; a one-camera window here is that camera's 5,000 rows)."
+            else " (NOT met in this run. The parts, timed apart on this machine on 2026-12-01 under load 5: the "
+            "search text's embedding 23-85 ms on one PyTorch thread, the similarity of 10,000 vectors in SQLite "
+            "35-90 ms, the words list ~30 ms; a one-camera window here is that camera's 5,000 rows.)"
         ),
         "",
     ]
