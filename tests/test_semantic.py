@@ -4,6 +4,8 @@ embedder, the backfill, and vectors leaving with their captions."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,8 +23,8 @@ from visioncap.store import create_db_engine
 from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import VECTORS_TABLE
-from visioncap.store.search import CaptionFilter, SearchLimits
-from visioncap.store.semantic import semantic_search
+from visioncap.store.search import WORD, CaptionFilter, SearchLimits, camera_check, row_checks, walk_conditions
+from visioncap.store.semantic import STOP_WORDS, _word_ranks, semantic_search
 from visioncap.store.vectors import BackgroundEmbedder, backfill
 
 # The sentence model costs seconds of PyTorch to load and to embed the labelled set: CI and `make test` run these,
@@ -114,6 +116,75 @@ def test_pages_follow_the_ranking_within_the_filters(
     assert paged == [row.id for row in whole]  # same order, nothing repeated or missed
     relevant = set(dict(load_set().queries)["someone dropping off a package"])
     assert paged[0] in relevant and paged != sorted(paged, reverse=True)  # by meaning, not by time
+
+
+def oracle(
+    engine: Engine,
+    vectors: dict[int, np.ndarray],
+    query: CaptionFilter,
+    search: str,
+    vector: np.ndarray,
+    hybrid: bool,
+    rows: int,
+) -> list[int]:
+    """The ranking by its definition (module docstring of store/semantic.py), computed here: the window (the
+    newest `rows` rows of the walk, those of them that meet the other filters), its rows by cosine similarity
+    (numpy over the vectors this test wrote), fused by reciprocal rank with the full-text list of the search
+    text's words but stop words (the database's own ranking, through `_word_ranks`)."""
+    with engine.connect() as conn:
+        walked = (
+            select(CaptionRecord.id)
+            .where(*walk_conditions(query))
+            .order_by(CaptionRecord.captured_at.desc(), CaptionRecord.id.desc())
+            .limit(rows)
+        )
+        checks = [*row_checks(engine, query), *camera_check(engine, query)]
+        window = list(conn.scalars(select(CaptionRecord.id).where(CaptionRecord.id.in_(walked), *checks)))
+        words = [word for word in WORD.findall(search) if word.lower() not in STOP_WORDS]
+        listed = _word_ranks(conn, select(CaptionRecord.id).where(CaptionRecord.id.in_(window)), words)
+    similar = {row_id: float(vectors[row_id] @ vector) for row_id in window if row_id in vectors}
+    semantic = sorted(similar, key=lambda row_id: (similar[row_id], row_id), reverse=True)
+    if not hybrid:
+        return semantic
+    fused: dict[int, float] = {}
+    for ranking in (semantic, listed):
+        for rank, row_id in enumerate(ranking, start=1):
+            fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (60 + rank)
+    return sorted(fused, key=lambda row_id: (fused[row_id], row_id), reverse=True)
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_pages_are_the_ranking_by_its_definition(
+    engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray, hybrid: bool
+) -> None:
+    # Every fifth row has no vector yet (the embedder is behind): semantic leaves it out, hybrid ranks it by words.
+    # Every seventh has its neighbour's vector (a repeated caption, common on a quiet camera): ties, broken by id.
+    written = {n + 1: labelled_vectors[n - 1 if n % 7 == 0 else n] for n in range(len(labelled_vectors)) if n % 5}
+    with engine.begin() as conn:
+        statement = text(f"INSERT INTO {VECTORS_TABLE} (caption_id, embedding) VALUES (:id, :embedding)")
+        conn.execute(statement, [{"id": row_id, "embedding": vector.tobytes()} for row_id, vector in written.items()])
+    with engine.connect() as conn:
+        times = sorted(conn.scalars(select(CaptionRecord.captured_at)))
+    cases = [
+        (CaptionFilter(), "man walking a dog", 320),
+        (CaptionFilter(), "a cat on the wall", 100),  # a window of the newest 100 rows
+        (CaptionFilter(cameras=["cam-02"], since=times[30]), "person climbing over the fence", 320),
+        (CaptionFilter(cameras=["cam-01", "cam-03"], min_people=1), "car pulling into the driveway", 150),
+    ]
+    for query, search, rows in cases:
+        vector = embedder.encode([search])[0]
+        expected = oracle(engine, written, query, search, vector, hybrid, rows)
+        assert len(expected) > 30, (search, len(expected))  # several pages
+        paged: list[int] = []
+        after = None
+        while True:
+            found, _, after = semantic_search(
+                engine, embedder, query, search, 9, hybrid=hybrid, after=after, limits=SearchLimits(scan_rows=rows)
+            )
+            paged += [row.id for row in found]
+            if after is None:
+                break
+        assert paged == expected, (search, rows)
 
 
 def test_a_row_stored_after_the_first_page_does_not_shift_the_next(
@@ -211,6 +282,14 @@ def test_api_refuses_what_semantic_search_cannot_mean(client: TestClient) -> Non
     newest_first = client.get("/v1/captions", params={"limit": 1}).json()["next_cursor"]
     mixed = client.get("/v1/captions", params={"semantic": "a dog", "cursor": newest_first})
     assert mixed.status_code == 422 and mixed.json()["error"]["param"] == "cursor"
+    # A semantic cursor with a score no page ends at (JSON as Python reads it allows NaN and Infinity).
+    params = {"semantic": "a dog", "hybrid": True, "limit": 2}
+    real = json.loads(base64.urlsafe_b64decode(client.get("/v1/captions", params=params).json()["next_cursor"] + "=="))
+    for score in ("NaN", "Infinity", "-Infinity"):
+        forged = json.dumps(real).replace(json.dumps(real["s"]), score)
+        cursor = base64.urlsafe_b64encode(forged.encode()).decode().rstrip("=")
+        refused = client.get("/v1/captions", params={**params, "cursor": cursor})
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "cursor", (score, refused.text)
 
 
 def test_semantic_search_is_refused_when_off(tmp_path: Path) -> None:

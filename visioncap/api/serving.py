@@ -7,6 +7,7 @@ import base64
 import binascii
 import json
 import logging
+import math
 from collections.abc import AsyncGenerator, Sequence
 from datetime import UTC, datetime
 from functools import partial
@@ -133,6 +134,7 @@ def decode_ranked_cursor(cursor: str) -> RankedPosition:
             top.captured_at.tzinfo is None
             or not all(isinstance(value, int) and 0 < value <= MAX_ID for value in (top.id, row_id))
             or not isinstance(score, int | float)
+            or not math.isfinite(score)  # json reads NaN and Infinity; no page ends at one
         ):
             raise ValueError("bad cursor")
         return RankedPosition(Position(top.captured_at.astimezone(UTC), top.id), float(score), row_id)

@@ -72,6 +72,10 @@ class TextEmbedder:
                 self._model = SentenceTransformer(str(self.model_dir), device=self.device, local_files_only=True)
             return self._model
 
+    def load(self) -> None:
+        """Load the model now (seconds, once), not in the first `encode`."""
+        self._loaded()
+
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """A float32 array of shape (len(texts), DIMENSIONS), each row of unit length."""
         import numpy as np

@@ -19,10 +19,14 @@ do not shift it. A page may repeat or miss a row whose vector was written, or th
 
 from __future__ import annotations
 
+import json
+import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Engine,
     Integer,
@@ -30,10 +34,13 @@ from sqlalchemy import (
     Select,
     column,
     func,
+    literal,
     literal_column,
+    or_,
     select,
     table,
     text,
+    tuple_,
 )
 
 from visioncap.store.embeddings import TextEmbedder
@@ -75,12 +82,18 @@ class RankedPosition:
     id: int
 
 
-def _window(conn: Connection, engine: Engine, query: CaptionFilter, top: Position, rows: int) -> Select[tuple[int]]:
-    """The ids of the window: the first `rows` rows of the walk at or below `top` that meet the other filters."""
+def _in_window(
+    conn: Connection, engine: Engine, query: CaptionFilter, top: Position, rows: int
+) -> list[ColumnElement[bool]]:
+    """The terms of the window: the first `rows` rows of the walk at or below `top` that meet the other filters."""
     walk = [*walk_conditions(query), *after_position(just_above(top))]
     cut = nth(conn, walk, rows)
-    checks = [*row_checks(engine, query), *camera_check(engine, query)]
-    return select(CaptionRecord.id).where(*walk, *checks, *newer_than(cut))
+    return [*walk, *row_checks(engine, query), *camera_check(engine, query), *newer_than(cut)]
+
+
+def _window(conn: Connection, engine: Engine, query: CaptionFilter, top: Position, rows: int) -> Select[tuple[int]]:
+    """The ids of the window (see `_in_window`)."""
+    return select(CaptionRecord.id).where(*_in_window(conn, engine, query, top, rows))
 
 
 _VECTORS = table(VECTORS_TABLE, column("caption_id", Integer), column("embedding", LargeBinary))
@@ -126,6 +139,70 @@ def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str]) 
     return list(conn.scalars(statement))
 
 
+def _sqlite_word_ranks(conn: Connection, window: list[ColumnElement[bool]], words: list[str]) -> list[int]:
+    """`_word_ranks` on SQLite from the window's terms, without reading the window's ids into Python."""
+    if not words:
+        return []
+    low, high = conn.execute(select(func.min(CaptionRecord.id), func.max(CaptionRecord.id)).where(*window)).one()
+    if low is None:
+        return []
+    match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
+    # FTS5 walks its matches in the window's id range and each is looked up in captions by id. `+ 0` keeps the
+    # join term from reaching FTS5 as a rowid constraint: it would then run the whole match once per window row.
+    matches = _FTS.join(CaptionRecord.__table__, CaptionRecord.id == _FTS.c.rowid + 0)
+    statement = select(_FTS.c.rowid).select_from(matches).where(match, _FTS.c.rowid.between(low, high), *window)
+    return list(conn.scalars(statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc())))
+
+
+def _sqlite_page(
+    conn: Connection,
+    window: list[ColumnElement[bool]],
+    vector: np.ndarray,
+    word_ids: list[int] | None,
+    after: RankedPosition | None,
+    size: int,
+    window_rows: int,
+) -> list[tuple[float, int]]:
+    """The first `size` (score, id) entries below `after`, best first, ranked inside SQLite: the same scores and
+    order as `_similarities` and `_fused` give, but the window's rows never cross into Python (10,000 rows of ids,
+    distances or vectors cost more there than the ranking itself; benchmarks/results/search_quality-1m.md).
+    `word_ids` None: semantic; a list (`_sqlite_word_ranks`): hybrid with that words list."""
+    vectors = CaptionRecord.__table__.join(_VECTORS, _VECTORS.c.caption_id == CaptionRecord.id)
+    similarity = literal(1.0) - func.vec_distance_cosine(_VECTORS.c.embedding, vector.tobytes())
+    if word_ids is None:
+        scored = select(CaptionRecord.id.label("id"), similarity.label("score")).select_from(vectors).where(*window)
+        ranked = scored.subquery()
+        statement = select(ranked.c.score, ranked.c.id)
+        if after is not None:
+            statement = statement.where(tuple_(ranked.c.score, ranked.c.id) < (after.score, after.id))
+        statement = statement.order_by(ranked.c.score.desc(), ranked.c.id.desc()).limit(size)
+        return [(float(score), int(row_id)) for score, row_id in conn.execute(statement)]
+    # Hybrid: a row outside the words list scores 1 / (RRF_K + its semantic rank), falling with the rank, so the
+    # page needs only the semantic ranks down to the cursor's place plus a page and the words list's length (each
+    # words row may come before any of them), and the words rows' own ranks. SQLite ranks the whole window and
+    # returns just those.
+    # Clamped to the window: a cursor's score is the client's to send, and ranks past the window do not exist.
+    start = 0
+    if after is not None and math.isfinite(after.score) and after.score > 0:
+        start = min(window_rows, max(0, int(1.0 / after.score) - RRF_K - 1))
+    deepest = start + size + len(word_ids) + 2
+    rank = func.row_number().over(order_by=(similarity.desc(), CaptionRecord.id.desc()))
+    ranks = select(CaptionRecord.id.label("id"), rank.label("rank")).select_from(vectors).where(*window).subquery()
+    listed = select(literal_column("value")).select_from(func.json_each(json.dumps(word_ids)))
+    statement = select(ranks.c.id, ranks.c.rank).where(or_(ranks.c.rank <= deepest, ranks.c.id.in_(listed)))
+    semantic = {int(row_id): int(position) for row_id, position in conn.execute(statement)}
+    fused: dict[int, float] = {}
+    # Summed in `_fused`'s order (semantic, then words), so a score is the same float either way.
+    for row_id, position in semantic.items():
+        fused[row_id] = 0.0 + 1.0 / (RRF_K + position)
+    for position, row_id in enumerate(word_ids, start=1):
+        fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (RRF_K + position)
+    entries = sorted(((score, row_id) for row_id, score in fused.items()), reverse=True)
+    if after is not None:
+        entries = [entry for entry in entries if entry < (after.score, after.id)]
+    return entries[:size]
+
+
 def _fused(similar: dict[int, float], words: list[int]) -> dict[int, float]:
     """Reciprocal rank fusion of the semantic order and the words order."""
     fused: dict[int, float] = {}
@@ -150,23 +227,36 @@ def semantic_search(
     """Up to `limit` rows of the window ranked by meaning (or fused with words), their scores, and the next
     page's cursor (None on the last page). `query.text` must be None: the search text is `search_text`."""
     query = replace(query, text=None)
-    vector = embedder.encode([search_text])[0]
     words = [word for word in WORD.findall(search_text) if word.lower() not in STOP_WORDS]
     limits = limits or SearchLimits()
-    with limited(engine, limits.timeout_s) as conn:
-        top = after.top if after is not None else nth(conn, walk_conditions(query), 0)
-        if top is None:
-            return [], [], None
-        window = _window(conn, engine, query, top, limits.scan_rows)
-        scores = _similarities(conn, window, vector)
-        if hybrid:
-            scores = _fused(scores, _word_ranks(conn, window, words))
-        ranked = sorted(((score, row_id) for row_id, score in scores.items()), reverse=True)
-        if after is not None:
-            ranked = [entry for entry in ranked if entry < (after.score, after.id)]
-        page = ranked[: limit + 1]
-        ids = [row_id for _, row_id in page[:limit]]
-        found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
+    # The search text is encoded in a thread of its own (~25 ms of PyTorch on a CPU, which lets go of the GIL)
+    # while the database finds the window and, for hybrid, the words list: neither needs the vector. The model is
+    # loaded first, here: its seconds, once, are not to count against the search's time limit.
+    embedder.load()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-text") as encoding:
+        encoded = encoding.submit(embedder.encode, [search_text])
+        with limited(engine, limits.timeout_s) as conn:
+            top = after.top if after is not None else nth(conn, walk_conditions(query), 0)
+            if top is None:
+                encoded.cancel()
+                return [], [], None
+            in_window = _in_window(conn, engine, query, top, limits.scan_rows)
+            if conn.dialect.name == "sqlite":
+                listed = _sqlite_word_ranks(conn, in_window, words) if hybrid else None
+                vector = encoded.result()[0]
+                page = _sqlite_page(conn, in_window, vector, listed, after, limit + 1, limits.scan_rows)
+            else:
+                window = select(CaptionRecord.id).where(*in_window)
+                listed = _word_ranks(conn, window, words) if hybrid else None
+                scores = _similarities(conn, window, encoded.result()[0])
+                if listed is not None:
+                    scores = _fused(scores, listed)
+                ranked = sorted(((score, row_id) for row_id, score in scores.items()), reverse=True)
+                if after is not None:
+                    ranked = [entry for entry in ranked if entry < (after.score, after.id)]
+                page = ranked[: limit + 1]
+            ids = [row_id for _, row_id in page[:limit]]
+            found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
     rows = [found[row_id] for row_id in ids if row_id in found]
     page_scores = [score for score, row_id in page[:limit] if row_id in found]
     if len(page) <= limit:
