@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from helpers import REPO
 from sqlalchemy.engine import make_url
-from test_deploy import ENV_EXAMPLE, compose, help_run, settings_from
+from test_deploy import ENV_EXAMPLE, compose, help_run, resolved, settings_from
 
 pytestmark = pytest.mark.deploy
 
@@ -31,6 +31,8 @@ TWO_BOXES = {
     "GATEWAY_BIND": "0.0.0.0",
     "VISIONCAP_GPU_GATEWAY_URL": "http://gpu-1.example.lan:8080/v1",
     "VISIONCAP_ASK_KEY": "vc-test-ask-key",
+    "VISIONCAP_NFS_SERVER": "nas.example.lan",
+    "VISIONCAP_NFS_EXPORT": "/srv/visioncap",
 }
 
 
@@ -40,13 +42,18 @@ def readme_command(profile: str) -> list[str]:
     return line.split()
 
 
-def started(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
-    """The compose model of what `docker compose PROFILE up -d SERVICES` starts: the services and their deps."""
+def rendered(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The compose model of what `docker compose PROFILE up -d SERVICES` starts: its services and volumes."""
     profile, up = command[:2], command[2:]
     assert up[:2] == ["up", "-d"], command
     result = compose(*profile, "config", "--format", "json", *up[2:], env=env)
     assert result.returncode == 0, result.stderr
-    return dict(json.loads(result.stdout)["services"])
+    return dict(json.loads(result.stdout))
+
+
+def started(command: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The services (and their dependencies) that `docker compose PROFILE up -d SERVICES` starts."""
+    return dict(rendered(command, env)["services"])
 
 
 @pytest.mark.parametrize("profile", BOXES)
@@ -129,3 +136,25 @@ def test_the_central_api_uses_its_own_database_and_a_gpu_boxs_gateway(monkeypatc
     assert unset["environment"]["POSTGRES_PASSWORD"] == ""
     assert unset["ports"][0]["host_ip"] == "127.0.0.1"
     settings_from(env, monkeypatch)
+
+
+def test_every_box_mounts_one_nfs_export_at_data_so_the_central_api_serves_every_boxs_frames() -> None:
+    # The worker saves frames under /data and the API serves /v1/captions/{id}/image from there: on two boxes a
+    # volume of each box's own would answer 404 for every image, and a worker taking over a dead worker's cameras
+    # would not find their pending frames.
+    mounts = {}
+    for profile, service in (("gpu-box", "worker"), ("central", "central-api")):
+        model = rendered(readme_command(profile), env=TWO_BOXES)
+        (data,) = [mount for mount in model["services"][service]["volumes"] if mount["target"] == "/data"]
+        assert data["type"] == "volume", (service, data)
+        mounts[service] = model["volumes"][data["source"]]
+    assert mounts["worker"] == mounts["central-api"]
+    options = mounts["worker"]["driver_opts"]
+    assert mounts["worker"]["driver"] == "local" and options["type"] == "nfs"
+    assert options["device"] == f":{TWO_BOXES['VISIONCAP_NFS_EXPORT']}"
+    assert f"addr={TWO_BOXES['VISIONCAP_NFS_SERVER']}" in options["o"].split(",")
+    assert "nfsvers=4.1" in options["o"].split(",")  # the outbox journals' locks hold across machines
+    # The one-box services keep their local volume.
+    one_box = resolved()
+    (data,) = [mount for mount in one_box["services"]["api"]["volumes"] if mount["target"] == "/data"]
+    assert "driver_opts" not in one_box["volumes"][data["source"]]
