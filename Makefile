@@ -92,18 +92,22 @@ $(DEPLOY_VENV)/.installed: $(DEPLOY_PINS)
 	$(DEPLOY_VENV)/bin/pip install $(PIP_FLAGS) -r $(DEPLOY_PINS) 2>&1 | $(QUIET_PIP)
 	touch $@
 
-# The whole suite, as CI runs it. The schema fuzzers (minutes of CPU at their full case count, no server) run in a
-# process of their own beside the rest, whose tests mostly wait on servers and child processes; FUZZ_ARGS are
-# that process's own arguments (CI gives each process its JUnit report).
+# The whole suite, as CI runs it, in two phases: the unit tier (below) on xdist workers, as `make test-unit` runs
+# it, then the tests that use a server in one process, which shares one vLLM, one PostgreSQL cluster and one
+# Chromium across them. The schema fuzzers (minutes of CPU at their full case count, no server) run in a process
+# of their own beside both, as the server tests mostly wait on servers and child processes. UNIT_ARGS, PYTEST_ARGS
+# and FUZZ_ARGS are each process's own arguments (CI gives each its JUnit report).
 TEST_FUZZ_LOG := test-artifacts/test-fuzzers.log
 test: setup system-deps deploy-env
 	@mkdir -p $(dir $(TEST_FUZZ_LOG))
 	@$(APP)/python -m compileall -q visioncap  # once here, not in each process that starts together below
 	@$(APP)/python -m pytest -p no:xdist $(FUZZERS) $(FUZZ_ARGS) > $(TEST_FUZZ_LOG) 2>&1 & fuzzers=$$!; \
-	rest=0; $(APP)/python -m pytest --durations=25 --ignore-glob='$(FUZZERS)' $(PYTEST_ARGS) || rest=$$?; \
+	units=0; $(APP)/python -m pytest -n $(UNIT_WORKERS) --dist loadgroup -p no:schemathesis -p no:hypothesispytest \
+	  --ignore-glob='$(FUZZERS)' -m "$(UNIT_TIER)" --durations=10 $(UNIT_ARGS) || units=$$?; \
+	rest=0; $(APP)/python -m pytest --durations=25 --ignore-glob='$(FUZZERS)' -m "not ($(UNIT_TIER))" $(PYTEST_ARGS) || rest=$$?; \
 	fuzzed=0; wait $$fuzzers || fuzzed=$$?; \
 	echo "--- schema fuzzers ($(FUZZERS), one process):"; cat $(TEST_FUZZ_LOG); \
-	exit $$(( rest ? rest : fuzzed ))
+	exit $$(( units ? units : rest ? rest : fuzzed ))
 
 # The fast tier while you work: pyproject's server markers (and detector, YOLO over video) left out, so only the
 # app environment is needed; pytest-xdist workers (UNIT_WORKERS), as these tests share no server. The schema fuzzers
