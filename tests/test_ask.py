@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -27,9 +28,11 @@ import pytest
 from fastapi.testclient import TestClient
 from helpers import TINY_MODEL, wait_for
 from PIL import Image
+from sqlalchemy import select
 from taps import AsgiThread
 
 from visioncap.api import create_app
+from visioncap.ask.prompt import IMAGE_PART_TOKENS, estimate_tokens, frame_label
 from visioncap.ask.question import read_question
 from visioncap.ask.retrieve import retrieve
 from visioncap.config.api import ApiKey, ApiSettings
@@ -43,6 +46,7 @@ from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import VllmServer
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 from visioncap.store.embeddings import TextEmbedder
+from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import ensure_schema
 from visioncap.store.search import SearchLimits
 from visioncap.store.semantic import Meaning
@@ -426,6 +430,50 @@ def test_the_prompt_keeps_within_the_models_context(seeded: Seeded, gateway: Gat
     assert cited == context["retrieved"][: len(cited)]
     assert answer.usage is not None
     assert 0 < answer.usage.prompt_tokens <= context_tokens - max_tokens
+
+
+def test_the_best_captions_frame_reaches_the_vlm_as_an_image_counted_within_the_context(
+    seeded: Seeded, gateway: GatewayThread, tmp_path: Path
+) -> None:
+    """The fox's frame, 640x480 here (391 tokens of 28 px, within the 512 of VISIONCAP_ASK_IMAGE_TOKENS, so sent
+    as it is), goes with the question: vLLM counts its tokens, and Ask's estimate of its cost is not below them."""
+    data_dir = tmp_path / "data"
+    shutil.copytree(seeded.data_dir, data_dir)
+    engine = create_db_engine(f"sqlite:///{data_dir / 'visioncap.db'}")
+    fox = seeded.ids["yard_fox"]
+    with engine.connect() as conn:
+        image_path = conn.scalar(select(CaptionRecord.image_path).where(CaptionRecord.id == fox))
+    engine.dispose()
+    assert image_path
+    out = io.BytesIO()
+    Image.effect_noise((640, 480), 40).convert("RGB").save(out, format="JPEG")
+    (data_dir / image_path).write_bytes(out.getvalue())
+    answers = {}
+    for frames, context_tokens in ((0, 4096), (1, 4096), (1, 600)):
+        settings = settings_for(
+            seeded,
+            gateway.base_url,
+            data_dir=data_dir,
+            database_url=f"sqlite:///{data_dir / 'visioncap.db'}",
+            ask_frames=frames,
+            ask_context_tokens=context_tokens,
+        )
+        with AsgiThread(create_app(settings), lifespan=True) as served:
+            answers[frames, context_tokens] = client(served).chat.completions.create(
+                model="visioncap-ask",
+                messages=[{"role": "user", "content": "Show me the fox on the backyard camera"}],
+                max_tokens=4,
+            )
+    contexts = {key: (answer.model_extra or {})["visioncap"] for key, answer in answers.items()}
+    assert contexts[0, 4096]["frames"] == [] and contexts[1, 4096]["frames"] == [fox]
+    assert all(context["retrieved"] == [fox] for context in contexts.values())
+    counted = {key: answer.usage.prompt_tokens for key, answer in answers.items() if answer.usage is not None}
+    image_tokens = round(640 / 28) * round(480 / 28)  # the processor's grid: 23 x 17
+    estimate = image_tokens + IMAGE_PART_TOKENS + estimate_tokens(frame_label(fox))
+    assert image_tokens <= counted[1, 4096] - counted[0, 4096] <= estimate
+    # A context with no room for the frame beside the caption: the caption still goes, the frame does not.
+    assert contexts[1, 600]["frames"] == [] and [c["caption_id"] for c in contexts[1, 600]["citations"]] == [fox]
+    assert counted[1, 600] == counted[0, 4096] <= 600 - 4
 
 
 # -- auth and bounds: no VLM is reached (it sits at the discard port, where nothing answers) ----------------------

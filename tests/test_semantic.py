@@ -24,7 +24,7 @@ from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import VECTORS_TABLE
 from visioncap.store.search import WORD, CaptionFilter, SearchLimits, camera_check, row_checks, walk_conditions
-from visioncap.store.semantic import STOP_WORDS, _word_ranks, semantic_search
+from visioncap.store.semantic import STOP_WORDS, _similarities, _word_ranks, semantic_search
 from visioncap.store.vectors import BackgroundEmbedder, backfill
 
 # The sentence model costs seconds of PyTorch to load and to embed the labelled set: CI and `make test` run these,
@@ -118,19 +118,12 @@ def test_pages_follow_the_ranking_within_the_filters(
     assert paged[0] in relevant and paged != sorted(paged, reverse=True)  # by meaning, not by time
 
 
-def oracle(
-    engine: Engine,
-    vectors: dict[int, np.ndarray],
-    query: CaptionFilter,
-    search: str,
-    vector: np.ndarray,
-    hybrid: bool,
-    rows: int,
-) -> list[int]:
-    """The ranking by its definition (module docstring of store/semantic.py), computed here: the window (the
-    newest `rows` rows of the walk, those of them that meet the other filters), its rows by cosine similarity
-    (numpy over the vectors this test wrote), fused by reciprocal rank with the full-text list of the search
-    text's words but stop words (the database's own ranking, through `_word_ranks`)."""
+def oracle(engine: Engine, query: CaptionFilter, search: str, vector: np.ndarray, hybrid: bool, rows: int) -> list[int]:
+    """The ranking by its definition (module docstring of store/semantic.py), computed here in Python: the window
+    (the newest `rows` rows of the walk, those of them that meet the other filters), its rows with a vector by
+    similarity, then id, both descending, fused by reciprocal rank with the full-text list of the search text's
+    words but stop words. The similarities and the words list are the database's own (`_similarities`,
+    `_word_ranks`, the functions the PostgreSQL path uses): the same floats, so near-ties fall alike."""
     with engine.connect() as conn:
         walked = (
             select(CaptionRecord.id)
@@ -140,9 +133,10 @@ def oracle(
         )
         checks = [*row_checks(engine, query), *camera_check(engine, query)]
         window = list(conn.scalars(select(CaptionRecord.id).where(CaptionRecord.id.in_(walked), *checks)))
+        in_window = select(CaptionRecord.id).where(CaptionRecord.id.in_(window))
         words = [word for word in WORD.findall(search) if word.lower() not in STOP_WORDS]
-        listed = _word_ranks(conn, select(CaptionRecord.id).where(CaptionRecord.id.in_(window)), words)
-    similar = {row_id: float(vectors[row_id] @ vector) for row_id in window if row_id in vectors}
+        listed = _word_ranks(conn, in_window, words)
+        similar = _similarities(conn, in_window, vector)
     semantic = sorted(similar, key=lambda row_id: (similar[row_id], row_id), reverse=True)
     if not hybrid:
         return semantic
@@ -173,7 +167,7 @@ def test_pages_are_the_ranking_by_its_definition(
     ]
     for query, search, rows in cases:
         vector = embedder.encode([search])[0]
-        expected = oracle(engine, written, query, search, vector, hybrid, rows)
+        expected = oracle(engine, query, search, vector, hybrid, rows)
         assert len(expected) > 30, (search, len(expected))  # several pages
         paged: list[int] = []
         after = None

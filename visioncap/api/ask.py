@@ -19,14 +19,18 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import anyio
+import cv2
 import httpx
+import numpy as np
 from sqlalchemy import Engine
 
 from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param
+from visioncap.api.images import stored_jpeg
 from visioncap.api.protocol import AskContext, ChatCompletion, ChatRequest, Citation
-from visioncap.ask.prompt import Prompt, QuestionTooLong, build_prompt
+from visioncap.ask.prompt import Frame, Prompt, QuestionTooLong, build_prompt
 from visioncap.ask.question import Question, read_question
 from visioncap.ask.retrieve import Retrieved, retrieve
+from visioncap.caption.encode import encode_jpeg
 from visioncap.config.api import ApiSettings
 from visioncap.store.camera_configs import list_cameras
 from visioncap.store.embeddings import TextEmbedder
@@ -122,19 +126,43 @@ class Asker:
         if found.rows:
             budget = self.settings.ask_context_tokens - max_tokens
             try:
-                prompt = build_prompt(conversation, found.rows, self.zone, budget)
+                prompt = build_prompt(conversation, found.rows, self.zone, budget, self._frames(found.rows))
             except QuestionTooLong as exc:
                 raise bad_param("messages", str(exc)) from exc
         cited = set(prompt.caption_ids) if prompt else set()
         context = AskContext(
             retrieved=[row.id for row in found.rows],
             citations=[_citation(row) for row in found.rows if row.id in cited],
+            frames=prompt.frame_ids if prompt else [],
             cameras=list(question.cameras),
             since=question.since,
             until=question.until,
             search=found.method,
         )
         return Plan(request, context, prompt, max_tokens, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
+
+    def _frames(self, rows: list[CaptionRow]) -> list[Frame]:
+        """The stored frames of the best rows that have one (VISIONCAP_ASK_FRAMES of them), each shrunk to its
+        share of VISIONCAP_ASK_IMAGE_TOKENS. A frame that is gone or unreadable is left out, not an error: the
+        captions still answer."""
+        wanted = self.settings.ask_frames
+        if not wanted:
+            return []
+        share = self.settings.ask_image_tokens // wanted
+        frames: list[Frame] = []
+        for row in rows:
+            if len(frames) == wanted:
+                break
+            path = stored_jpeg(self.settings.data_dir, row.image_path) if row.image_path else None
+            if path is None:
+                continue
+            picture = cv2.imdecode(np.frombuffer(path.read_bytes(), dtype=np.uint8), cv2.IMREAD_COLOR)
+            if picture is None:
+                log.warning("ask: the frame of caption %s is not a readable JPEG; left out", row.id)
+                continue
+            image = encode_jpeg(picture, share, self.settings.ask_image_token_size)
+            frames.append(Frame(row.id, image.jpeg, image.image_tokens))
+        return frames
 
     def _local(self, at: datetime | None) -> str:
         return at.astimezone(self.zone).strftime("%Y-%m-%d %H:%M") if at else "..."

@@ -21,14 +21,22 @@ class StoredImage:
     etag: str
 
 
+def stored_jpeg(data_dir: Path, image_path: str) -> Path | None:
+    """A row's `image_path` as a JPEG file inside the data directory; None when it is not one, or is gone."""
+    root = data_dir.resolve()
+    path = (root / image_path).resolve()
+    # A row written by something else must not make the API read outside the data directory.
+    if not path.is_relative_to(root) or path.suffix.lower() not in (".jpg", ".jpeg") or not path.is_file():
+        return None
+    return path
+
+
 def locate(data_dir: Path, row: CaptionRecord, boxes: bool) -> StoredImage:
     """The row's JPEG inside the data directory, and its ETag; 404 when there is none."""
     if not row.image_path:
         raise ApiError(404, f"caption {row.id} has no stored image (status {row.status})")
-    root = data_dir.resolve()
-    path = (root / row.image_path).resolve()
-    # A row written by something else must not make the API read outside the data directory.
-    if not path.is_relative_to(root) or path.suffix.lower() not in (".jpg", ".jpeg") or not path.is_file():
+    path = stored_jpeg(data_dir, row.image_path)
+    if path is None:
         raise ApiError(404, f"the image of caption {row.id} is no longer stored")
     stat = path.stat()
     tag = hashlib.sha256(f"{row.id}:{path.name}:{stat.st_size}:{stat.st_mtime_ns}:{boxes}".encode()).hexdigest()

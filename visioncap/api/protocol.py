@@ -416,6 +416,11 @@ class AskContext(_Model):
         description="The retrieved captions the prompt held (all of `retrieved` unless the model's context cut "
         "some), best first: always a subset of `retrieved`. Empty when nothing matched."
     )
+    frames: list[int] = Field(
+        default_factory=list,
+        description="Ids of the cited captions whose frames the VLM was shown as images (VISIONCAP_ASK_FRAMES), "
+        "best first: always a subset of `citations`' ids.",
+    )
     cameras: list[str] = Field(description="Cameras the question named (empty: all cameras).")
     since: datetime | None = Field(description="Start of the time range the question named (UTC); null: none.")
     until: datetime | None = Field(description="End of that range, exclusive (UTC); null: none.")

@@ -4,13 +4,18 @@ Bounded by the model's context: the budget is the context length less the answer
 the chat template adds. Tokens are estimated without the model's tokenizer as UTF-8 bytes / 2, an over-estimate
 for the English text of captions and questions (BPE tokenizers average 3-4 characters a token there), so the
 prompt stays inside the budget as the VLM counts it. What fits goes in this order: the system prompt and the
-last user message (which must fit), the captions best first, then the earlier turns newest first. Text only: the
-captions' frames are not sent (their thumbnails are in the citations).
+last user message (which must fit), the captions best first, the frames of the best of those captions (images
+shrunk to their share of an image-token budget, counted as the model counts them: `visioncap/caption/encode.py`),
+then the earlier turns newest first. The frames go in the last user message, each after a line naming its
+caption, and the question after them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
 from zoneinfo import ZoneInfo
 
 from visioncap.store.search import CaptionRow
@@ -18,6 +23,8 @@ from visioncap.store.search import CaptionRow
 # What the chat template adds: a start and an end, and role markers and separators around each message.
 TEMPLATE_TOKENS = 32
 MESSAGE_TOKENS = 8
+# Around each image: the vision start and end markers, and the separators of a message part.
+IMAGE_PART_TOKENS = 4
 
 SYSTEM_PROMPT = (
     "You answer questions about what security cameras saw. Use only the camera captions listed below; each "
@@ -31,10 +38,24 @@ class QuestionTooLong(ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class Frame:
+    """A caption's frame as the VLM is to see it: a JPEG already shrunk to its image tokens."""
+
+    caption_id: int
+    jpeg: bytes
+    image_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Prompt:
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     caption_ids: list[int]  # the captions the prompt holds, best first: the citations
     estimated_tokens: int
+    frame_ids: list[int] = field(default_factory=list)  # the captions whose frames it holds, best first
+
+
+def frame_label(caption_id: int) -> str:
+    return f"The frame of caption [{caption_id}]:"
 
 
 def estimate_tokens(text: str) -> int:
@@ -49,9 +70,14 @@ def caption_line(row: CaptionRow, zone: ZoneInfo) -> str:
 
 
 def build_prompt(
-    conversation: list[dict[str, str]], rows: list[CaptionRow], zone: ZoneInfo, budget_tokens: int
+    conversation: list[dict[str, str]],
+    rows: list[CaptionRow],
+    zone: ZoneInfo,
+    budget_tokens: int,
+    frames: Sequence[Frame] = (),
 ) -> Prompt:
-    """The messages for the VLM within `budget_tokens` (the context less the answer's tokens)."""
+    """The messages for the VLM within `budget_tokens` (the context less the answer's tokens); of `frames`,
+    those of captions the prompt holds, while they fit."""
     budget = budget_tokens - TEMPLATE_TOKENS
     last = conversation[-1]
     system_text = SYSTEM_PROMPT.format(zone=zone.key, captions="")
@@ -70,6 +96,13 @@ def build_prompt(
         spent += cost
         lines.append(line)
         ids.append(row.id)
+    shown: list[Frame] = []
+    for frame in frames:
+        cost = frame.image_tokens + IMAGE_PART_TOKENS + estimate_tokens(frame_label(frame.caption_id))
+        if frame.caption_id not in ids or spent + cost > budget:
+            continue
+        spent += cost
+        shown.append(frame)
     earlier: list[dict[str, str]] = []
     for message in reversed(conversation[:-1]):
         cost = estimate_tokens(message["content"]) + MESSAGE_TOKENS
@@ -78,4 +111,14 @@ def build_prompt(
         spent += cost
         earlier.insert(0, message)
     system = {"role": "system", "content": SYSTEM_PROMPT.format(zone=zone.key, captions="\n".join(lines))}
-    return Prompt([system, *earlier, last], ids, spent)
+    question: dict[str, Any] = last
+    if shown:
+        parts: list[dict[str, Any]] = []
+        for frame in shown:
+            url = "data:image/jpeg;base64," + base64.b64encode(frame.jpeg).decode()
+            parts += [
+                {"type": "text", "text": frame_label(frame.caption_id)},
+                {"type": "image_url", "image_url": {"url": url}},
+            ]
+        question = {"role": last["role"], "content": [*parts, {"type": "text", "text": last["content"]}]}
+    return Prompt([system, *earlier, question], ids, spent, [frame.caption_id for frame in shown])

@@ -116,6 +116,29 @@ class ApiSettings(Settings):
         "(model, messages, max_tokens, stream, temperature) win.",
     )
     ask_top_k: int = Field(default=8, ge=1, le=100, description="Captions retrieved per question.")
+    ask_frames: int = Field(
+        default=1,
+        ge=0,
+        le=16,
+        description="How many frames of the best captions in the prompt go to the VLM with the question, as "
+        "images, so that it can look as well as read (0: text only). At most the model's images per prompt "
+        "(vLLM's --limit-mm-per-prompt: 1 in every profile here).",
+    )
+    ask_image_tokens: int = Field(
+        default=512,
+        ge=4,
+        le=100_000,
+        description="Image tokens the frames of one question take together at most: each frame is shrunk (aspect "
+        "kept) to an equal share, and counts against the context as the model counts it. 512: the profiles' "
+        "largest image (image.max_pixels).",
+    )
+    ask_image_token_size: int = Field(
+        default=28,
+        ge=1,
+        le=1024,
+        description="Pixels per side of one image token: the model's patch size times its merge size (Qwen2-VL "
+        "and Qwen2.5-VL 28, Qwen3-VL 32), the profile's image.token_size.",
+    )
     ask_min_similarity: float = Field(
         default=0.3,
         ge=-1,
