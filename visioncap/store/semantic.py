@@ -191,13 +191,12 @@ def _sqlite_page(
     listed = select(literal_column("value")).select_from(func.json_each(json.dumps(word_ids)))
     statement = select(ranks.c.id, ranks.c.rank).where(or_(ranks.c.rank <= deepest, ranks.c.id.in_(listed)))
     semantic = {int(row_id): int(position) for row_id, position in conn.execute(statement)}
-    fused: dict[int, float] = {}
-    # Summed in `_fused`'s order (semantic, then words), so a score is the same float either way.
-    for row_id, position in semantic.items():
-        fused[row_id] = 0.0 + 1.0 / (RRF_K + position)
-    for position, row_id in enumerate(word_ids, start=1):
-        fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (RRF_K + position)
-    entries = sorted(((score, row_id) for row_id, score in fused.items()), reverse=True)
+    return _below(_fused_ranks(semantic, word_ids), after, size)
+
+
+def _below(scores: dict[int, float], after: RankedPosition | None, size: int) -> list[tuple[float, int]]:
+    """The first `size` (score, id) entries after the cursor `after`, best first (ties: the newer row first)."""
+    entries = sorted(((score, row_id) for row_id, score in scores.items()), reverse=True)
     if after is not None:
         entries = [entry for entry in entries if entry < (after.score, after.id)]
     return entries[:size]
@@ -205,11 +204,16 @@ def _sqlite_page(
 
 def _fused(similar: dict[int, float], words: list[int]) -> dict[int, float]:
     """Reciprocal rank fusion of the semantic order and the words order."""
-    fused: dict[int, float] = {}
     semantic = sorted(similar, key=lambda row_id: (similar[row_id], row_id), reverse=True)
-    for ranking in (semantic, words):
-        for rank, row_id in enumerate(ranking, start=1):
-            fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (RRF_K + rank)
+    return _fused_ranks({row_id: rank for rank, row_id in enumerate(semantic, start=1)}, words)
+
+
+def _fused_ranks(semantic: dict[int, int], words: list[int]) -> dict[int, float]:
+    """Reciprocal rank fusion of semantic ranks (id -> rank, 1 the best; only some ranks, as SQLite returns them)
+    and the words order. Summed semantic first, so a score is the same float whichever path ranked it."""
+    fused = {row_id: 0.0 + 1.0 / (RRF_K + rank) for row_id, rank in semantic.items()}
+    for rank, row_id in enumerate(words, start=1):
+        fused[row_id] = fused.get(row_id, 0.0) + 1.0 / (RRF_K + rank)
     return fused
 
 
@@ -251,10 +255,7 @@ def semantic_search(
                 scores = _similarities(conn, window, encoded.result()[0])
                 if listed is not None:
                     scores = _fused(scores, listed)
-                ranked = sorted(((score, row_id) for row_id, score in scores.items()), reverse=True)
-                if after is not None:
-                    ranked = [entry for entry in ranked if entry < (after.score, after.id)]
-                page = ranked[: limit + 1]
+                page = _below(scores, after, limit + 1)
             ids = [row_id for _, row_id in page[:limit]]
             found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
     rows = [found[row_id] for row_id in ids if row_id in found]
