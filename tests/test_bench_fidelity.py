@@ -10,6 +10,8 @@ from helpers import REPO, TINY_MODEL
 from visioncap.bench.fidelity import (
     FidelityProbe,
     FidelityTarget,
+    Injection,
+    encoder_steps,
     gate_goals,
     histogram_totals,
     judge,
@@ -53,6 +55,23 @@ def test_spread_says_how_much_the_step_moved() -> None:
     assert spread_of([10.0] * 9) == 0
     assert spread_of([10.0, 10.0, 10.0, 30.0]) > 0.5
     assert math.isinf(spread_of([0.0, 0.0]))
+
+
+def test_the_encoder_is_the_median_difference_within_a_round_not_a_difference_of_quartiles() -> None:
+    # Each round the machine's load adds the same to both kinds (0 to 4 steps); stalls hit the text prompt of
+    # the three quietest rounds. The kinds' lower quartiles then come from different rounds: 4.0 - 4.5 steps, a
+    # negative encoder (as measured once); within each round the frame costs one step more.
+    load = [0.0, 4.0, 1.0, 3.0, 0.5, 2.0, 3.5, 1.5, 2.5]
+    injections = []
+    for index, extra in enumerate(load):
+        stall = 5.0 if extra <= 1.0 else 0.0
+        injections.append(Injection("frame", 560, 0.0, index, steps=3.0 + extra))
+        injections.append(Injection("same_text", 560, 0.0, index, steps=2.0 + extra + stall))
+    assert encoder_steps(injections) == pytest.approx(1.0)
+    # A round that lost its text (a dropped connection gave up on it) pairs nothing.
+    assert encoder_steps([*injections, Injection("frame", 560, 0.0, 99, steps=50.0)]) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="no round"):
+        encoder_steps([i for i in injections if i.kind == "frame"])
 
 
 def test_cost_model_targets_for_the_two_gpu_classes() -> None:

@@ -91,6 +91,11 @@ def test_frames_are_unique_camera_sized_and_never_sent_twice() -> None:
     decoded = json.loads(bodies[0])
     assert decoded["priority"] == 10 and decoded["max_tokens"] == 24 and decoded["ignore_eos"] is True
     assert cameras == ["cam-1", "cam-2", "cam-1"]
+    # The small frames a stand-in sized for a slower GPU asks for (people drawn partly off the frame; the
+    # generator asks for 112x84 at least).
+    for size in ((168, 112), (112, 84)):
+        small = FramePool(*size, seed=0).take(1)[0]
+        assert data_uri_size(small) == size
 
 
 def test_phase_summary_counts_only_the_measured_window() -> None:

@@ -31,6 +31,7 @@ from helpers import REPO, TINY_MODEL
 from PIL import Image
 from taps import Tap, serving
 
+from visioncap.bench.load import background_held, probe_value
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig
 from visioncap.config.keys import hash_key
 from visioncap.gateway.images import data_uri_size, image_tokens
@@ -411,6 +412,11 @@ def test_background_waits_while_the_cap_is_reached_and_proceeds_after(
     assert state.in_flight == 1
     assert tap.users_seen() == ["first"]  # the second waits in the gateway, not in vLLM
     assert not second.done()
+    # The benchmarks read the same from /healthz (to drain between phases and to plot the caps).
+    health = httpx.get(f"{gw.root_url}/healthz", timeout=TIMEOUT)
+    assert background_held(health.json()) == 2
+    probed = probe_value(f"{gw.root_url}/healthz", health.text)
+    assert (probed["in_flight"], probed["waiting"], probed["cap"]) == (1, 1, 1)
     release_first.set()
     assert first.result(TIMEOUT).status_code == 200
     answer = second.result(TIMEOUT)

@@ -108,7 +108,7 @@ def test_objectives_relative_to_chat_alone_are_the_frontier_objective() -> None:
 
 def test_a_stand_in_serves_the_targets_budgets_in_its_own_tokens_beside_the_cost_model() -> None:
     target = StandInTarget(load_profile("qwen2.5-vl-7b", REPO / "models"), "h200", 1.2417)
-    # The stand-in's tokens: scaled and rounded up to 16 (2048 -> 2544, the workload the stand-in was sized with).
+    # The stand-in's tokens: scaled and rounded up to 16 (2048 -> 2544 at a scale of 1.2417).
     # The target's own threshold for the class (1024 on h200) goes with a candidate that leaves it open.
     assert target.served(Candidate(2048)) == Candidate(2544, 1280)
     assert target.served(Candidate(1024, 128)) == Candidate(1280, 160)
@@ -306,10 +306,10 @@ def test_tune_on_the_stand_in_serves_scaled_budgets_and_writes_the_target_only_w
     assert results["stand_in_for"]["profile"] == "qwen2.5-vl-7b" and results["stand_in_for"]["gpu_class"] == "h200"
 
     # The stand-in served each budget in its own tokens; the results speak the target's, beside the cost model.
-    for candidate, served in zip(results["candidates"], (1280, 2544), strict=True):
+    for candidate, served in zip(results["candidates"], (1808, 3616), strict=True):
         args = candidate["vllm_args"]
         assert args[args.index("--max-num-batched-tokens") + 1] == str(served)
-        assert args[args.index("--long-prefill-token-threshold") + 1] == "1280"  # the target's 1024 on h200
+        assert args[args.index("--long-prefill-token-threshold") + 1] == "1808"  # the target's 1024 on h200
         m = candidate["measurement"]
         assert m["served_max_num_batched_tokens"] == served
         assert m["estimate"]["decode_step_ms"] > 0 and m["estimate"]["frames_encoded_per_step"] >= 1

@@ -28,7 +28,9 @@ def mixed_command(
     out_dir: Annotated[Path, typer.Option(help="Where the results files go.")] = Path("benchmarks/mixed"),
     duration: Annotated[float | None, typer.Option(help="Seconds per set-up with chat (default 40; quick 15).")] = None,
     chat_rate: Annotated[float, typer.Option(help="Chat requests per second (Poisson arrivals).")] = 1.0,
-    flood_rate: Annotated[float, typer.Option(help="Camera frames offered per second.")] = 4.0,
+    flood_rate: Annotated[
+        float, typer.Option(help="Camera frames offered per second (more than any set-up serves beside chat).")
+    ] = 16.0,
     flood_max_outstanding: Annotated[
         int, typer.Option(help="Caption requests in flight at most (frames beyond are skipped at the camera).")
     ] = 8,
@@ -109,7 +111,10 @@ def fidelity_command(
     filler_words: Annotated[
         int, typer.Option(help="Words of text after the frame's image (a sized stand-in's frame_filler_words).")
     ] = 0,
-    repeats: Annotated[int, typer.Option(help="Injections of each kind; the lower quartile is reported.")] = 9,
+    repeats: Annotated[
+        int,
+        typer.Option(help="Injections of each kind (prompts: their lower quartile; encoder: median of pairs)."),
+    ] = 9,
     base_url: Annotated[
         str | None, typer.Option(help="Measure an idle running vLLM (its /v1) instead of starting the profile.")
     ] = None,
@@ -169,6 +174,8 @@ def standin_command(
     import contextlib
     import json
     import re
+    import shlex
+    import sys
 
     from visioncap.bench.machine import machine_facts
     from visioncap.bench.servers import measured_vllm, without_prefix_cache
@@ -196,7 +203,8 @@ def standin_command(
             measured_vllm(served, settings.server_python, Path("data/bench-fidelity"), "standin")
         )
         result = size_stand_in(server.base_url, served.served_model_name, targets, sizes, repeats, typer.echo)
-    result = {"profile": profile, "target": target, "machine": machine_facts(), **result}
+    command = shlex.join(["visioncap", *sys.argv[1:]])
+    result = {"profile": profile, "target": target, "command": command, "machine": machine_facts(), **result}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{served.name}-sized-for-{target}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -21,8 +21,9 @@ How (one method for all three figures):
   `step_s`, its cost in decode steps.
 - Prefill of a frame = the same-length text prompt's cost; encoder of a frame = the frame's cost minus that
   (so it also holds the image's preprocessing where that takes the engine's CPU, as on a 2-core machine; on a
-  GPU the processor runs on other cores). The lower quartile over `repeats` injections of each kind is
-  reported, after one round that is not kept (see the comments in `measure_async`).
+  GPU the processor runs on other cores). Each prompt kind's figure is its lower quartile over `repeats`
+  injections; the encoder's is the median of the frame-minus-text differences within each round
+  (`encoder_steps`). `warmup_rounds` are run first and not kept (see the comment on it).
 
 The target is the cost model's batch-1 figure (one decoding request, like the probe); a measured figure within
 `tolerance` (default +-25 %) of it is faithful.
@@ -80,6 +81,11 @@ class FidelityProbe:
     repeats: int = 15
     probe_tokens: int = 1500  # one probe stream's length; a new one starts when it ends
     settle_tokens: int = 6  # plain steps between injections, so their effects never overlap
+    # Rounds run first and not kept. A new prompt length makes the CPU's matmul library build kernels for the new
+    # shapes (tens of ms, once), which a GPU's CUDA graphs or warm caches would not show; and on a server that had
+    # just captioned 48 frames, with one round dropped, the first kept round's frame still cost 12 decode steps, the
+    # next three about 6 and the rest 3.5-4 (2026-12-02; its text prompts 3.8 falling to 2.7).
+    warmup_rounds: int = 4
     budget: int | None = None  # the server's max_num_batched_tokens, for prompts that take several chunks
     seed: int = 0
 
@@ -89,6 +95,7 @@ class Injection:
     kind: str
     prompt_tokens: int
     prefill_s: float  # vLLM's request_prefill_time: from its first scheduling to its first token, engine clock
+    round: int = 0  # which round of KINDS it was injected in (a frame and its same-length text pair by round)
     extra_s: float = 0.0
     steps: float = 0.0
 
@@ -367,7 +374,7 @@ async def _bodies(client: httpx.AsyncClient, base_url: str, model: str, probe: F
         tiny={"model": model, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0},
         # One per frame injection and a spare per round for retries: a frame sent twice would find its prompt in
         # vLLM's prefix cache.
-        frames=[_frame_body(model, probe, i) for i in range((probe.repeats + 1) * 2)],
+        frames=[_frame_body(model, probe, i) for i in range((probe.repeats + probe.warmup_rounds) * 2)],
     )
 
 
@@ -382,9 +389,7 @@ async def _inject(
     async with _Probe(client, base_url, model, probe.probe_tokens) as stream:
         await stream.wait_tokens(stream.count + probe.settle_tokens)
         attempt = 0
-        # The first round is not kept: a new prompt length makes the CPU's matmul library build kernels
-        # for the new shapes (tens of ms, once), which a GPU's CUDA graphs or warm caches would not show.
-        for repeat in range(probe.repeats + 1):
+        for repeat in range(-probe.warmup_rounds, probe.repeats):  # negative: warm-up rounds, not kept
             for kind in KINDS:
                 failures = 0
                 while True:
@@ -412,9 +417,9 @@ async def _inject(
                         continue
                     if q1.itl[1] > q0.itl[1]:
                         quiet.append((q1.itl[0] - q0.itl[0]) / (q1.itl[1] - q0.itl[1]))
-                    if repeat > 0:
+                    if repeat >= 0:
                         prompt = int(answer.json()["usage"]["prompt_tokens"])
-                        injections.append(Injection(kind, prompt, q2.prefill[0] - q1.prefill[0]))
+                        injections.append(Injection(kind, prompt, q2.prefill[0] - q1.prefill[0], repeat))
                     break
     return injections, quiet
 
@@ -431,10 +436,27 @@ def _costs(injections: list[Injection], step_s: float, probe: FidelityProbe) -> 
     # that another process slowed down is not what the stand-in costs.
     by_kind = {kind: _low([i.steps for i in injections if i.kind == kind]) for kind in KINDS}
     return {
-        "frame_encoder_steps": by_kind["frame"] - by_kind["same_text"],
+        "frame_encoder_steps": encoder_steps(injections),
         "frame_prefill_steps": by_kind["same_text"],
         "chat_prefill_steps": by_kind["chat"],
     }
+
+
+def encoder_steps(injections: Sequence[Injection]) -> float:
+    """A frame's cost beyond its same-length text's, in decode steps: the median of the differences within a round.
+
+    The encoder is a small difference of two larger costs. Subtracting the two kinds' lower quartiles (as
+    measured once) let the noise of each, about a decode step per injection on 2 shared cores, decide the
+    figure: the same stand-in measured 1.23, 1.56 and -1.0 steps. A frame and its text run back to back, so
+    their difference cancels whatever slowed the machine that second, and the median drops the rounds a stall
+    hit one of them.
+    """
+    frames = {i.round: i.steps for i in injections if i.kind == "frame"}
+    texts = {i.round: i.steps for i in injections if i.kind == "same_text"}
+    paired = [frames[r] - texts[r] for r in sorted(frames.keys() & texts.keys())]
+    if not paired:
+        raise ValueError("no round with both a frame and its same-length text")
+    return statistics.median(paired)
 
 
 async def measure_async(

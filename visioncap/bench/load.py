@@ -315,14 +315,14 @@ class _Phase:
                 at = self.now()
                 try:
                     response = await self.client.get(url, timeout=5)
-                    value: Any = _probe_value(url, response.text)
+                    value: Any = probe_value(url, response.text)
                 except httpx.HTTPError as exc:
                     value = {"error": type(exc).__name__}
                 self.probes[name].append((round(at, 3), value))
             await asyncio.sleep(self.spec.probe_interval_s)
 
 
-def _probe_value(url: str, text: str) -> Any:
+def probe_value(url: str, text: str) -> Any:
     if url.endswith("/metrics"):
         values: dict[str, float] = {}
         for line in text.splitlines():
@@ -335,15 +335,34 @@ def _probe_value(url: str, text: str) -> Any:
         health = json.loads(text)
     except ValueError:
         return {"error": "not json"}
-    background = health.get("background", {})
+    states = upstream_states(health)
+    if not states:
+        return {"error": "no upstream"}
+    # The benchmarks run one vLLM behind the gateway: its replica's state is the gateway's.
+    background, interactive = states[0].get("background") or {}, states[0].get("interactive") or {}
     return {
         "in_flight": background.get("in_flight"),
         "waiting": background.get("waiting"),
         "cap": background.get("concurrency_cap"),
         "limit": background.get("limit"),
         "starts_per_s": background.get("starts_per_s"),
-        "interactive_active": (health.get("interactive") or {}).get("active"),
+        "interactive_active": interactive.get("active"),
     }
+
+
+def upstream_states(health: Any) -> list[dict[str, Any]]:
+    """Each replica's state from the gateway's /healthz (`upstreams`: name -> state), in its order."""
+    upstreams = health.get("upstreams") if isinstance(health, dict) else None
+    return [state for state in (upstreams or {}).values() if isinstance(state, dict)]
+
+
+def background_held(health: Any) -> float:
+    """Background requests the gateway holds, waiting or in flight, over all its replicas."""
+    total = 0.0
+    for state in upstream_states(health):
+        background = state.get("background") or {}
+        total += (background.get("in_flight") or 0) + (background.get("waiting") or 0)
+    return total
 
 
 def new_client() -> httpx.AsyncClient:

@@ -8,9 +8,10 @@
 - S3-steady: as S3 with the cameras offering 0.75x what S3 served: no frame may expire (408).
 - S1-idle / S3-idle: the flood alone (chat idle), direct and through the gateway: caption throughput.
 - The frontier (visioncap.bench.frontier): vLLM alone at other chunk budgets and long-prefill thresholds (one
-  server each, `F-priority-*`), the gateway at other objective levels (`F-gateway-*`), and for reference vLLM with
-  the cameras throttled by hand (`R-priority-*`). The cost model's frame-rate ceilings (visioncap.serve.ceiling)
-  and bootstrap intervals on every p99 ratio go with them.
+  server each, `F-priority-*`; the gateway runs on the `gw_long_prefill_threshold` one), the gateway at other
+  objective levels (`F-gateway-*`), and for reference vLLM with the cameras throttled by hand (`R-priority-*`).
+  The cost model's frame-rate ceilings (visioncap.serve.ceiling) and bootstrap intervals on every p99 ratio go
+  with them.
 - Gateway overhead: chat alone through the gateway against direct, in alternating blocks (S0 is the direct
   blocks pooled), and single requests one at a time in ABBA pairs.
 
@@ -42,7 +43,7 @@ from visioncap.bench.fidelity import measure as measure_fidelity
 from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.frontier import FrontierPoint, frontier
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
-from visioncap.bench.load import PhaseResult, PhaseSpec, Target, paired_streams, run_phase_sync
+from visioncap.bench.load import PhaseResult, PhaseSpec, Target, background_held, paired_streams, run_phase_sync
 from visioncap.bench.machine import machine_facts
 from visioncap.bench.servers import measured_vllm
 from visioncap.bench.standin import with_vllm_flag, workload_for, workload_options
@@ -91,7 +92,9 @@ class MixedOptions:
     chat_rate_per_s: float = 1.0
     chat_prompt_tokens: tuple[int, int] = (64, 256)
     chat_output_tokens: tuple[int, int] = (16, 64)
-    flood_rate_per_s: float = 4.0
+    # More than any configuration serves while chat is active, so each shows what it sustains rather than what
+    # was offered: at 4/s (the runs up to 2026-12-01) vLLM alone with a long-prefill threshold served all there was.
+    flood_rate_per_s: float = 16.0
     flood_max_outstanding: int = 8  # 4 cameras x the caption pipeline's default concurrency (2)
     caption_max_tokens: int = 24
     image_width: int = 640
@@ -131,7 +134,11 @@ class MixedOptions:
     frontier_budgets: tuple[int, ...] = (1024, 600)
     frontier_long_prefill_thresholds: tuple[int, ...] = (128,)
     frontier_levels: tuple[float, ...] = (1.5, 2.0, 3.0)
-    frontier_rates: tuple[float, ...] = (1.0, 2.0)
+    frontier_rates: tuple[float, ...] = (2.0, 4.0, 8.0)
+    # The gateway's vLLM: with --long-prefill-token-threshold at this value (the best vLLM-only configuration of
+    # the run before, which the gateway should build on, not stand beside), on its own server that also measures
+    # vLLM alone with it under the flood. None: the gateway on S2's server (the profile's flags).
+    gw_long_prefill_threshold: int | None = 128
     ttft_objective_ms: float | None = None  # None: S0's TTFT p99 x the goal (1.5)
     itl_objective_ms: float | None = None  # None: S0's inter-token p99 x the goal (1.25)
     objective_window_s: float = 10.0
@@ -140,7 +147,8 @@ class MixedOptions:
     # goals are not judged when it is off. None: not measured (and nothing gated).
     fidelity_target: str | None = "qwen2.5-vl-7b"
     fidelity_gpu: str = "h200"
-    fidelity_repeats: int = 9
+    fidelity_repeats: int = 15
+    warm_frames: int = 48  # frames each new server captions before anything is measured on it
 
     @classmethod
     def quick(cls, **overrides: Any) -> MixedOptions:
@@ -160,6 +168,7 @@ class MixedOptions:
             "frontier_long_prefill_thresholds": (),
             "frontier_levels": (2.0,),
             "frontier_rates": (2.0,),
+            "gw_long_prefill_threshold": None,
         }
         values.update(overrides)
         return cls(**values)
@@ -202,8 +211,7 @@ def drain(root_url: str, gateway_root: str | None = None, timeout_s: float = 90.
                     if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
                         busy += float(line.rsplit(" ", 1)[1])
                 if gateway_root is not None:
-                    background = client.get(f"{gateway_root}/healthz").json()["background"]
-                    busy += background["in_flight"] + background["waiting"]
+                    busy += background_held(client.get(f"{gateway_root}/healthz").json())
             if busy == 0:
                 return time.monotonic() - started
             time.sleep(0.25)
@@ -237,7 +245,10 @@ class Run:
         cannot answer them fails the run here, before anything is measured."""
         with httpx.Client(timeout=120) as client:
             self.tokens_per_word = tokens_per_word(client, server.root_url, self.model, self.options.seed)
-            bodies, _ = caption_bodies(self.frames.take(2), self.model, 4, 1, None, self.filler)
+            # Many frames, one at a time, so that no set-up meets a cold image path. (They do not make the fidelity
+            # probe's first rounds cheap: it keeps warm-up rounds of its own, FidelityProbe.warmup_rounds.)
+            frames = self.frames.take(self.options.warm_frames)
+            bodies, _ = caption_bodies(frames, self.model, 4, 1, None, self.filler)
             for body in bodies:
                 client.post(
                     f"{server.base_url}/chat/completions", content=body, headers={"content-type": "application/json"}
@@ -360,7 +371,9 @@ def _run_setups(run: Run) -> None:
     server, then the budget frontier on a server per budget."""
     if run.options.fcfs_restart:
         _fcfs_setups(run)
-    _priority_setups(run)
+    keys = _priority_setups(run)
+    if run.options.gw_long_prefill_threshold is not None:
+        _threshold_setups(run, keys, run.options.gw_long_prefill_threshold)
     _budget_frontier(run)
 
 
@@ -375,9 +388,10 @@ def _fcfs_setups(run: Run) -> None:
         run.phase("S1-idle", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
 
 
-def _priority_setups(run: Run) -> None:
+def _priority_setups(run: Run) -> tuple[str, str]:
     """Calibration, fidelity, then S1 (without an FCFS restart), the overhead pairs, S2, the throttled flood and
-    everything through the gateway, on one priority-policy server."""
+    (without `gw_long_prefill_threshold`) everything through the gateway, on one priority-policy server; returns
+    the gateway's keys (chat, captions)."""
     o = run.options
     run.mark("starting vLLM, priority policy")
     with measured_vllm(with_policy(run.profile, "priority"), o.server_python, o.work_dir, "priority") as server:
@@ -395,15 +409,37 @@ def _priority_setups(run: Run) -> None:
         _overhead(run, server, *keys)
         run.phase("S2", server.root_url, chat=direct, flood=direct, flood_priority=o.background_priority)
         _throttled(run, server, o.background_priority)
-        objectives = _objectives(run)
-        run.extra["gateway_objectives"] = objectives
+        run.extra["gateway_objectives"] = _objectives(run)
         run.extra["ceilings"] = _ceilings(run)
-        _gateway_s3(run, server, keys, objectives)
-        _gateway_frontier(run, server, keys)
-        if o.gw_active_max_image_tokens is not None:
-            _gateway_downscale(run, server, keys, objectives, o.gw_active_max_image_tokens)
-        if o.fcfs_restart:  # the flood alone direct on this server too: S3-idle's same-server reference
-            run.phase("direct-idle-priority", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+        if o.gw_long_prefill_threshold is None:
+            _gateway_setups(run, server, keys)
+    return keys
+
+
+def _gateway_setups(run: Run, server: VllmServer, keys: tuple[str, str]) -> None:
+    """Everything through the gateway on `server`, then the flood alone direct (S3-idle's same-server reference)."""
+    o = run.options
+    objectives = run.extra["gateway_objectives"]
+    _gateway_s3(run, server, keys, objectives)
+    _gateway_frontier(run, server, keys)
+    if o.gw_active_max_image_tokens is not None:
+        _gateway_downscale(run, server, keys, objectives, o.gw_active_max_image_tokens)
+    if o.fcfs_restart or o.gw_long_prefill_threshold is not None:
+        direct = Target(server.base_url)
+        run.phase("direct-idle-priority", server.root_url, chat=None, flood=direct, duration_s=o.idle_duration_s)
+
+
+def _threshold_setups(run: Run, keys: tuple[str, str], threshold: int) -> None:
+    """vLLM alone with --long-prefill-token-threshold under the flood, then the gateway on that same server."""
+    o = run.options
+    name = f"F-priority-lpt{threshold}"
+    run.mark(f"starting vLLM, priority policy, --long-prefill-token-threshold {threshold} (the gateway's)")
+    profile = with_vllm_flag(with_policy(run.profile, "priority"), "--long-prefill-token-threshold", str(threshold))
+    with measured_vllm(profile, o.server_python, o.work_dir, name.lower()) as server:
+        run.warm(server)
+        direct = Target(server.base_url)
+        run.phase(name, server.root_url, chat=direct, flood=direct, flood_priority=o.background_priority)
+        _gateway_setups(run, server, keys)
 
 
 def _through(gateway: GatewayProcess, keys: tuple[str, str]) -> tuple[Target, Target]:
@@ -467,6 +503,8 @@ def _budget_frontier(run: Run) -> None:
         ("--long-prefill-token-threshold", o.frontier_long_prefill_thresholds, "lpt"),
     ):
         for value in values:
+            if label == "lpt" and value == o.gw_long_prefill_threshold:
+                continue  # measured on the gateway's server
             name = f"F-priority-{label}{value}"
             run.mark(f"starting vLLM, priority policy, {flag} {value}")
             profile = with_vllm_flag(with_policy(run.profile, "priority"), flag, str(value))

@@ -122,7 +122,9 @@ def camera_frame(width: int, height: int, rng: random.Random, quality: int = 80)
         w, h = rng.randint(20, width // 3), rng.randint(20, height // 3)
         draw.rectangle((x, y, x + w, y + h), fill=tuple(rng.randint(0, 255) for _ in range(3)))
     for _ in range(rng.randint(0, 4)):  # people: a head and a body
-        x, y = rng.randint(20, width - 60), rng.randint(horizon - 80, height - 120)
+        # Clamped only where the range would be empty (frames under 80x140), so larger frames stay as they were.
+        x = rng.randint(20, max(20, width - 60))
+        y = rng.randint(horizon - 80, max(horizon - 80, height - 120))
         color = tuple(rng.randint(0, 255) for _ in range(3))
         draw.ellipse((x + 10, y, x + 30, y + 20), fill=(220, 180, 150))
         draw.rectangle((x, y + 22, x + 40, y + 110), fill=color)
