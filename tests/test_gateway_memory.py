@@ -40,7 +40,14 @@ def test_a_hundred_10_mib_bodies_stay_within_the_body_budget(silent_vlm: str, tm
             ],
             "keys": [{"name": "cams", "sha256": hash_key(KEY), "traffic_class": "background"}],
             "background": {"max_concurrency": 1, "min_concurrency": 1, "queue_size": 256},
-            "limits": {"max_background_body_bytes": 16 * MIB, "max_waiting_body_bytes": BUDGET},
+            "limits": {
+                "max_background_body_bytes": 16 * MIB,
+                "max_waiting_body_bytes": BUDGET,
+                # A refused caller reads its 429 only if its upload ends within the drain; the default 5 s did
+                # not cover a hundred 10 MiB uploads on a loaded 2-core CI machine once (a reset: httpx.ReadError).
+                # Memory is what this test bounds, not the machine's upload speed.
+                "refused_body_drain_s": 60,
+            },
         }
     )
     text = "a person at the door " * (BODY_MIB * MIB // 21)
