@@ -12,12 +12,12 @@ caption, and the question after them.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from visioncap.caption.encode import jpeg_data_uri
 from visioncap.store.search import CaptionRow
 
 # What the chat template adds: a start and an end, and role markers and separators around each message.
@@ -115,10 +115,9 @@ def build_prompt(
     if shown:
         parts: list[dict[str, Any]] = []
         for frame in shown:
-            url = "data:image/jpeg;base64," + base64.b64encode(frame.jpeg).decode()
             parts += [
                 {"type": "text", "text": frame_label(frame.caption_id)},
-                {"type": "image_url", "image_url": {"url": url}},
+                {"type": "image_url", "image_url": {"url": jpeg_data_uri(frame.jpeg)}},
             ]
         question = {"role": last["role"], "content": [*parts, {"type": "text", "text": last["content"]}]}
     return Prompt([system, *earlier, question], ids, spent, [frame.caption_id for frame in shown])

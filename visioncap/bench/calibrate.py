@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 
 from visioncap.bench.stats import percentile
-from visioncap.bench.workload import camera_frame, caption_body, chat_text, data_uri
+from visioncap.bench.workload import camera_frame, caption_body, chat_text
+from visioncap.caption.encode import jpeg_data_uri
 from visioncap.gateway.sse import StreamObserver, SyncCountingTransport, network_reads
 
 
@@ -64,7 +65,7 @@ def calibrate(base_url: str, model: str, repeats: int = 5, seed: int = 0) -> dic
         }
         # Warm-up: the first requests of a fresh server pay one-off costs.
         _stream(client, url, {**short, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4})
-        _stream(client, url, caption_body(model, data_uri(camera_frame(640, 480, rng)), 1, "cal"))
+        _stream(client, url, caption_body(model, jpeg_data_uri(camera_frame(640, 480, rng)), 1, "cal"))
         decode, text_ttft, image_ttft = [], [], []
         text_tokens = image_tokens = 0
         for _ in range(repeats):
@@ -74,7 +75,7 @@ def calibrate(base_url: str, model: str, repeats: int = 5, seed: int = 0) -> dic
             ttft, _, text_tokens = _stream(client, url, {**short, "max_tokens": 1, "messages": long_prompt})
             text_ttft.append(ttft)
             ttft, _, image_tokens = _stream(
-                client, url, caption_body(model, data_uri(camera_frame(640, 480, rng)), 1, "cal")
+                client, url, caption_body(model, jpeg_data_uri(camera_frame(640, 480, rng)), 1, "cal")
             )
             image_ttft.append(ttft)
     decode_ms = (percentile(decode, 50) or 0.0) * 1000

@@ -46,7 +46,8 @@ from typing import Any
 import httpx
 
 from visioncap.bench.stats import percentile
-from visioncap.bench.workload import WORDS, camera_frame, caption_body, data_uri, filler_text
+from visioncap.bench.workload import WORDS, camera_frame, caption_body, filler_text
+from visioncap.caption.encode import jpeg_data_uri
 from visioncap.gateway.sse import StreamObserver
 
 log = logging.getLogger(__name__)
@@ -296,7 +297,7 @@ def _frame_body(model: str, probe: FidelityProbe, index: int) -> dict[str, Any]:
     jpeg = camera_frame(probe.frame_width, probe.frame_height, random.Random(f"{probe.seed}:fidelity:{index}"))
     # The same seed gives the same frames in the next run: servers that measure the stand-in run without a prefix
     # cache (`visioncap.bench.servers.without_prefix_cache`).
-    body = caption_body(model, data_uri(jpeg), 1, "fidelity", filler=filler_text(probe.frame_filler_words, index))
+    body = caption_body(model, jpeg_data_uri(jpeg), 1, "fidelity", filler=filler_text(probe.frame_filler_words, index))
     return {key: body[key] for key in ("model", "messages", "temperature")}
 
 

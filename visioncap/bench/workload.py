@@ -7,7 +7,6 @@ vLLM's prefix cache cannot skip the work a real workload would cause.
 
 from __future__ import annotations
 
-import base64
 import io
 import json
 import random
@@ -17,6 +16,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from visioncap.bench.stats import poisson_arrivals, uniform_int
+from visioncap.caption.encode import jpeg_data_uri
 
 # Words the tiny models' tokenizer was trained on (models/build_tiny_qwen2vl.py), so a word is about a token.
 _WORD_TEXT = (
@@ -137,10 +137,6 @@ def camera_frame(width: int, height: int, rng: random.Random, quality: int = 80)
     return buffer.getvalue()
 
 
-def data_uri(jpeg: bytes) -> str:
-    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
-
-
 def filler_text(words: int, seed: int) -> str:
     """`words` words of the tiny tokenizer's vocabulary (about a token each), different for each seed."""
     start = seed * 7919
@@ -196,7 +192,7 @@ class FramePool:
             jpeg = camera_frame(self.width, self.height, self._rng)
             self.jpeg_bytes.append(len(jpeg))
             self.made += 1
-            taken.append(data_uri(jpeg))
+            taken.append(jpeg_data_uri(jpeg))
         return taken
 
     def give_back(self, uris: list[str]) -> None:

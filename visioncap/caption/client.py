@@ -11,7 +11,6 @@ the image-token budget.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import time
@@ -21,6 +20,7 @@ import httpx
 import openai
 from pydantic import ValidationError
 
+from visioncap.caption.encode import jpeg_data_uri
 from visioncap.caption.structured import StructuredCaption, response_format
 from visioncap.config.caption import CaptionConfig
 from visioncap.config.vlm import VlmConfig
@@ -104,12 +104,11 @@ class VlmCaptioner:
 
         `camera` goes along as a header: the visioncap gateway takes turns between cameras with it.
         """
-        data_uri = "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
         started = time.perf_counter()
         try:
             response = self._llm(
                 self._caption.prompt,
-                image=data_uri,
+                image=jpeg_data_uri(jpeg),
                 max_tokens=self._caption.max_tokens,
                 temperature=self._caption.temperature,
                 extra_body=self._vlm.extra_body or None,

@@ -7,6 +7,7 @@ before it is sent.
 
 from __future__ import annotations
 
+import base64
 import math
 from collections.abc import Sequence
 
@@ -84,3 +85,8 @@ def encode_jpeg(image: np.ndarray, max_tokens: int, token_size: int = 28, qualit
     return EncodedImage(
         jpeg=buffer.tobytes(), width=new_w, height=new_h, image_tokens=image_tokens(new_w, new_h, token_size)
     )
+
+
+def jpeg_data_uri(jpeg: bytes) -> str:
+    """A JPEG as a data: URI, the form an OpenAI-compatible chat message carries an image in."""
+    return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")
