@@ -17,7 +17,19 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select, text
 
 from visioncap.api import create_app
-from visioncap.bench.search_quality import GOAL_HYBRID, GOAL_MARGIN, api_settings, load_set, quality, seed_labelled
+from visioncap.bench.machine import machine_facts
+from visioncap.bench.search_quality import (
+    GOAL_HYBRID,
+    GOAL_MARGIN,
+    LATENCY_CASES,
+    MODES,
+    api_settings,
+    latency,
+    load_set,
+    quality,
+    render,
+    seed_labelled,
+)
 from visioncap.config.keys import hash_key
 from visioncap.store import create_db_engine
 from visioncap.store.embeddings import TextEmbedder
@@ -301,3 +313,15 @@ def test_loading_the_model_leaves_the_process_environment_alone() -> None:
     after = {name: value for name, value in os.environ.items() if name.startswith(("HF_", "TRANSFORMERS_"))}
     assert vectors.shape == (1, 384)
     assert after == before
+
+
+def test_latency_bench_times_every_case_idle_and_busy(tmp_path: Path) -> None:
+    """`python -m visioncap.bench.search_quality`'s latency part on a small table: every search case and Ask's
+    retrieval are timed in both passes (the bench runs on nobody's watch between sessions; its last breakage was
+    found only when a run died), and the report judges the goal only at a million rows."""
+    timing = latency(tmp_path, rows=2_000, samples=2, busy_cores=1)
+    assert set(timing["cases"]) == set(LATENCY_CASES) == set(timing["busy_cases"])
+    assert all(case["samples"] == 2 and case["p99_ms"] > 0 for case in timing["busy_cases"].values())
+    recall = {"recall_at_5": dict.fromkeys(MODES, 1.0), "queries": []}
+    report = render({"machine": machine_facts(), "command": "bench", "quality": recall, "latency": timing})
+    assert "| ask_retrieval | 2 |" in report and "not judged" in report

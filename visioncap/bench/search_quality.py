@@ -9,9 +9,11 @@ its top five that are relevant (ten relevant each, so five is the most). Goals: 
 Latency (`--rows N`, default 100,000): N captions (the labelled ones repeated over 20 cameras and 60 days, the
 vectors copied from theirs) in SQLite; the request time of semantic and hybrid searches in the API process's
 own flow (ApiService.list_captions: the text's embedding, the window's ranking, the page's JSON), unfiltered and
-with one camera. Goal: p99 < 100 ms at a million rows (`--rows 1000000`).
+with one camera, and Ask's work before the VLM (Asker.plan, whose retrieval is the hybrid `any_word_search`); once
+on an otherwise idle machine, then again with `--busy-cores` cores (default 1) kept busy by other processes. Goal:
+p99 < 100 ms at a million rows (`--rows 1000000`).
 
-Run: `.venv/bin/python -m visioncap.bench.search_quality [--rows N] [--samples N]`
+Run: `.venv/bin/python -m visioncap.bench.search_quality [--rows N] [--samples N] [--busy-cores N]`
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -170,7 +174,65 @@ def seed_many(engine: Engine, labelled: LabelledSet, vectors: np.ndarray, rows: 
             )
 
 
-def latency(work: Path, embedder: TextEmbedder, rows: int, samples: int) -> dict[str, Any]:
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def busy(cores: int) -> Iterator[None]:
+    """`cores` processes that each keep one core busy while inside: the API's share of a box that also runs the
+    pipeline, vLLM's API server or another search."""
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(cores)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.join()
+
+
+LATENCY_CASES: dict[str, dict[str, Any]] = {
+    "semantic": {"hybrid": False, "cameras": []},
+    "hybrid": {"hybrid": True, "cameras": []},
+    "semantic_one_camera": {"hybrid": False, "cameras": ["cam-03"]},
+    "hybrid_one_camera": {"hybrid": True, "cameras": ["cam-03"]},
+    # Ask up to the VLM call (Asker.plan: the question read, the camera list, the hybrid retrieval of its
+    # content words, the prompt), the labelled queries as questions.
+    "ask_retrieval": {"ask": True},
+}
+
+
+def _timed_cases(api: Any, queries: list[str], samples: int) -> dict[str, Any]:
+    from visioncap.api.protocol import ChatMessage, ChatRequest
+
+    results: dict[str, Any] = {}
+    for name, case in LATENCY_CASES.items():
+
+        def request(query: str, case: dict[str, Any] = case) -> None:
+            if case.get("ask"):
+                api.asker.plan(ChatRequest(model="bench", messages=[ChatMessage(role="user", content=query)]))
+            else:
+                api.list_captions(case["cameras"], None, None, None, None, [], 50, None, query, case["hybrid"])
+
+        request(queries[-1])  # untimed: the case's first statements pay for SQLite's plans and cold pages
+        times: list[float] = []
+        for n in range(samples):
+            began = time.perf_counter()
+            request(queries[n % len(queries)])
+            times.append((time.perf_counter() - began) * 1000)
+        results[name] = {
+            "samples": samples,
+            "p50_ms": round(percentile(times, 50), 2),
+            "p99_ms": round(percentile(times, 99), 2),
+        }
+    return results
+
+
+def latency(work: Path, rows: int, samples: int, busy_cores: int) -> dict[str, Any]:
+    """Every case on an otherwise idle machine, then again with `busy_cores` cores taken by other processes."""
     from visioncap.api.metrics import ApiMetrics
     from visioncap.api.serving import ApiService
 
@@ -178,33 +240,24 @@ def latency(work: Path, embedder: TextEmbedder, rows: int, samples: int) -> dict
     data_dir = work / "latency"
     settings = api_settings(data_dir, "0" * 64)
     engine = create_db_engine(settings.resolved_database_url())
-    started = time.perf_counter()
-    seed_many(engine, labelled, embedder.encode(labelled.captions), rows)
-    seed_s = time.perf_counter() - started
     api = ApiService(settings, engine, ApiMetrics())
-    cases = {
-        "semantic": {"hybrid": False, "cameras": []},
-        "hybrid": {"hybrid": True, "cameras": []},
-        "semantic_one_camera": {"hybrid": False, "cameras": ["cam-03"]},
-        "hybrid_one_camera": {"hybrid": True, "cameras": ["cam-03"]},
-    }
-    results: dict[str, Any] = {}
+    assert api.embedder is not None
+    started = time.perf_counter()
+    seed_many(engine, labelled, api.embedder.encode(labelled.captions), rows)
+    seed_s = time.perf_counter() - started
     queries = [query for query, _ in labelled.queries]
-    for name, case in cases.items():
-        times: list[float] = []
-        for n in range(samples):
-            began = time.perf_counter()
-            api.list_captions(
-                case["cameras"], None, None, None, None, [], 50, None, queries[n % len(queries)], case["hybrid"]
-            )
-            times.append((time.perf_counter() - began) * 1000)
-        results[name] = {
-            "samples": samples,
-            "p50_ms": round(percentile(times, 50), 2),
-            "p99_ms": round(percentile(times, 99), 2),
-        }
+    cases = _timed_cases(api, queries, samples)
+    with busy(busy_cores):
+        busy_cases = _timed_cases(api, queries, samples) if busy_cores else {}
     engine.dispose()
-    return {"rows": rows, "seed_s": round(seed_s, 1), "window_rows": settings.api_search_scan_rows, "cases": results}
+    return {
+        "rows": rows,
+        "seed_s": round(seed_s, 1),
+        "window_rows": settings.api_search_scan_rows,
+        "cases": cases,
+        "busy_cores": busy_cores,
+        "busy_cases": busy_cases,
+    }
 
 
 def render(data: dict[str, Any]) -> str:
@@ -239,33 +292,48 @@ def render(data: dict[str, Any]) -> str:
         "",
     ]
     timing = data["latency"]
+    busy = timing.get("busy_cases") or {}
+    cores = timing.get("busy_cores", 0)
+    searches = [name for name in timing["cases"] if name != "ask_retrieval"]
+    met = all(timing["cases"][name]["p99_ms"] < GOAL_P99_MS for name in searches)
+    met_busy = bool(busy) and all(busy[name]["p99_ms"] < GOAL_P99_MS for name in searches if name in busy)
+
+    def cells(case: dict[str, Any] | None) -> str:
+        return f"{case['p50_ms']} | {case['p99_ms']}" if case else "- | -"
+
     lines += [
         f"## Latency at {timing['rows']:,} rows (SQLite)",
         "",
         f"Each request ranks a window of the newest {timing['window_rows']:,} rows meeting the filters "
         "(VISIONCAP_API_SEARCH_SCAN_ROWS). Timed in the API's request flow (ApiService.list_captions: embedding "
-        "of the text, ranking, page JSON), no HTTP. Seeding took "
-        f"{timing['seed_s']} s.",
+        "of the text, ranking, page JSON; ask_retrieval: Asker.plan, everything Ask does before the VLM), no "
+        f"HTTP, each case after one untimed request. Seeding took {timing['seed_s']} s. Idle: nothing else "
+        f"running; busy: the same again with {cores} core(s) of this 2-core machine kept busy by other processes "
+        "(the API's share of a box where the pipeline or vLLM's API server runs too).",
         "",
-        "| search | samples | p50 ms | p99 ms |",
-        "|---|---|---|---|",
-        *[f"| {name} | {c['samples']} | {c['p50_ms']} | {c['p99_ms']} |" for name, c in timing["cases"].items()],
+        "| search | samples | idle p50 ms | idle p99 ms | busy p50 ms | busy p99 ms |",
+        "|---|---|---|---|---|---|",
+        *[f"| {name} | {c['samples']} | {cells(c)} | {cells(busy.get(name))} |" for name, c in timing["cases"].items()],
         "",
-        f"Goal: p99 < {GOAL_P99_MS:g} ms at a million rows"
+        f"Goal (the searches; Ask's retrieval has none of its own): p99 < {GOAL_P99_MS:g} ms at a million rows"
         + ("" if timing["rows"] >= 1_000_000 else f" (this run: {timing['rows']:,}; rerun with `--rows 1000000`)")
-        + ". The window bounds the work, so the cost follows the window, not the table"
         + (
-            "."
-            if all(c["p99_ms"] < GOAL_P99_MS for c in timing["cases"].values())
-            else " (NOT met in this run by the cases over the goal. The parts, timed apart on this machine on "
-            "2026-12-02 at load ~0.5, p50 of 32 queries over the 10,000-row window: the search text's embedding "
-            "25-28 ms (one PyTorch thread; 22 ms of it the model's forward pass, its matrix products), the window's "
-            "terms 5 ms, the semantic page ranked inside SQLite 30 ms (a vector lookup and a cosine distance per "
-            "row, ~1.5 us each in sqlite-vec); the window's terms and hybrid's words list (14 ms) are found while "
-            "the text is encoded, in a thread beside it; hybrid then ranks the whole window (row_number over "
-            "10,000 rows, 50 ms instead of the page's 30), as every words row needs its semantic rank. What "
-            "would meet it: an approximate or int8 index (sqlite-vec vec0 with metadata "
-            "columns, pgvector HNSW) and a faster text encoder (ONNX Runtime), neither measured here.)"
+            f": {'met' if met else 'NOT met'} idle"
+            + (f", {'met' if met_busy else 'NOT met'} with {cores} core(s) busy" if busy else "")
+            if timing["rows"] >= 1_000_000
+            else ": not judged"
+        )
+        + ". The window bounds the work, so the cost follows the window, not the table."
+        + (
+            ""
+            if met and (met_busy or not busy)
+            else " Where the time goes (timed apart on an idle machine, 2026-12-02, p50 over the labelled "
+            "queries, one camera's window): the search text's embedding 10 ms (one PyTorch thread), in a thread "
+            "beside the window's terms (1.4 ms) and hybrid's words list (5 ms); the semantic page ranked inside "
+            "SQLite 21 ms (a vector lookup and a cosine distance per row in sqlite-vec); hybrid's ranks of the "
+            "whole window 26 ms. A slower or busier machine stretches all of it alike. What would cut it: an "
+            "approximate or int8 index (sqlite-vec vec0 with metadata columns, pgvector HNSW) and a faster text "
+            "encoder (ONNX Runtime), neither measured here."
         ),
         "",
     ]
@@ -276,6 +344,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="search_quality", description=__doc__)
     parser.add_argument("--rows", type=int, default=100_000, help="Rows for the latency measurement.")
     parser.add_argument("--samples", type=int, default=200, help="Requests per latency case.")
+    parser.add_argument(
+        "--busy-cores", type=int, default=1, help="Cores kept busy by other processes in the second latency pass."
+    )
     parser.add_argument("--results-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -285,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "machine": machine_facts(),
             "command": command_line("visioncap.bench.search_quality", list(sys.argv[1:] if argv is None else argv)),
             "quality": quality(Path(work), embedder),
-            "latency": latency(Path(work), embedder, args.rows, args.samples),
+            "latency": latency(Path(work), args.rows, args.samples, args.busy_cores),
         }
     extra = {"directory": args.results_dir} if args.results_dir else {}
     paths = write_results("search_quality", data, render, **extra)

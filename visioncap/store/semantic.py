@@ -91,11 +91,6 @@ def _in_window(
     return [*walk, *row_checks(engine, query), *camera_check(engine, query), *newer_than(cut)]
 
 
-def _window(conn: Connection, engine: Engine, query: CaptionFilter, top: Position, rows: int) -> Select[tuple[int]]:
-    """The ids of the window (see `_in_window`)."""
-    return select(CaptionRecord.id).where(*_in_window(conn, engine, query, top, rows))
-
-
 _VECTORS = table(VECTORS_TABLE, column("caption_id", Integer), column("embedding", LargeBinary))
 _FTS = table("captions_fts", column("rowid", Integer))
 
@@ -113,6 +108,17 @@ def _similarities(conn: Connection, window: Select[tuple[int]], vector: np.ndarr
     matrix = np.frombuffer(b"".join(bytes(blob) for _, blob in found), dtype=np.float32).reshape(len(found), -1)
     scores = matrix @ vector
     return {row_id: float(score) for (row_id, _), score in zip(found, scores, strict=True)}
+
+
+def _sqlite_alike(
+    conn: Connection, window: list[ColumnElement[bool]], vector: np.ndarray, floor: float
+) -> dict[int, float]:
+    """The window's rows at least `floor` alike to `vector` and their similarity, as `_similarities` scores them:
+    only those cross into Python."""
+    vectors = CaptionRecord.__table__.join(_VECTORS, _VECTORS.c.caption_id == CaptionRecord.id)
+    similarity = literal(1.0) - func.vec_distance_cosine(_VECTORS.c.embedding, vector.tobytes())
+    statement = select(CaptionRecord.id, similarity).select_from(vectors).where(*window, similarity >= floor)
+    return {int(row_id): float(score) for row_id, score in conn.execute(statement)}
 
 
 def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str]) -> list[int]:
@@ -139,13 +145,23 @@ def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str]) 
     return list(conn.scalars(statement))
 
 
-def _sqlite_word_ranks(conn: Connection, window: list[ColumnElement[bool]], words: list[str]) -> list[int]:
-    """`_word_ranks` on SQLite from the window's terms, without reading the window's ids into Python."""
+def _id_range(conn: Connection, window: list[ColumnElement[bool]]) -> tuple[int, int] | None:
+    """The lowest and highest id of the window's rows (None: no rows)."""
+    low, high = conn.execute(select(func.min(CaptionRecord.id), func.max(CaptionRecord.id)).where(*window)).one()
+    return None if low is None else (int(low), int(high))
+
+
+def _sqlite_word_ranks(
+    conn: Connection, window: list[ColumnElement[bool]], words: list[str], ids: tuple[int, int] | None = None
+) -> list[int]:
+    """`_word_ranks` on SQLite from the window's terms, without reading the window's ids into Python. `ids`: the
+    window's `_id_range` when the caller has it (one read for several lists)."""
     if not words:
         return []
-    low, high = conn.execute(select(func.min(CaptionRecord.id), func.max(CaptionRecord.id)).where(*window)).one()
-    if low is None:
+    ids = ids or _id_range(conn, window)
+    if ids is None:
         return []
+    low, high = ids
     match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
     # FTS5 walks its matches in the window's id range and each is looked up in captions by id. `+ 0` keeps the
     # join term from reaching FTS5 as a rowid constraint: it would then run the whole match once per window row.
@@ -296,13 +312,24 @@ def any_word_search(
         top = nth(conn, walk_conditions(query), 0)
         if top is None:
             return []
-        window = _window(conn, engine, query, top, limits.scan_rows)
+        in_window = _in_window(conn, engine, query, top, limits.scan_rows)
+        if conn.dialect.name == "sqlite":
+            # The window's ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
+            # more than the full-text matches themselves.
+            ids = _id_range(conn, in_window)
+            if ids is None:
+                return []
+            rankings = [_fused({}, _sqlite_word_ranks(conn, in_window, [word], ids)) for word in words]
+            if meaning is not None and vector is not None:
+                rankings.append(_fused(_sqlite_alike(conn, in_window, vector, meaning.min_similarity), []))
+        else:
+            window = select(CaptionRecord.id).where(*in_window)
+            rankings = [_fused({}, _word_ranks(conn, window, [word])) for word in words]
+            if meaning is not None and vector is not None:
+                similar = _similarities(conn, window, vector)
+                alike = {row_id: score for row_id, score in similar.items() if score >= meaning.min_similarity}
+                rankings.append(_fused(alike, []))
         scores: dict[int, float] = {}
-        rankings = [_fused({}, _word_ranks(conn, window, [word])) for word in words]
-        if meaning is not None and vector is not None:
-            similar = _similarities(conn, window, vector)
-            alike = {row_id: score for row_id, score in similar.items() if score >= meaning.min_similarity}
-            rankings.append(_fused(alike, []))
         for ranking in rankings:
             for row_id, score in ranking.items():
                 scores[row_id] = scores.get(row_id, 0.0) + score
