@@ -75,6 +75,8 @@ def test_every_config_kind_has_a_registered_source_class() -> None:
             source = source_class(kind)
             assert issubclass(source, FrameSource)
             assert not getattr(source, "__abstractmethods__", None), f"{source.__name__} leaves methods abstract"
+        # Where a camera reads from is shown (CLI, API, logs) from its config too, before any source is opened.
+        assert model.description is not SourceConfigBase.description, f"{model.__name__} has no description"
 
 
 @pytest.mark.parametrize(
@@ -140,6 +142,12 @@ def test_stream_reports_its_url_masked_and_a_default_rate() -> None:
     assert source.analyse_rate() == 10.0
     assert open_source(stream(analyze_fps=4)).analyse_rate() == 4
     assert open_source(stream("webcam", "/dev/video0")).description == "/dev/video0"
+    assert stream().description == source.description  # the config says it alike, for cameras not running
+
+
+def test_a_kind_that_does_not_say_where_it_reads_from_is_a_clear_error() -> None:
+    with pytest.raises(NotImplementedError, match="_PigeonConfig does not say where its frames come from"):
+        _ = _PigeonConfig(camera="roof").description
 
 
 def test_stream_anchor_is_when_it_was_first_read(clip: Path) -> None:

@@ -204,12 +204,11 @@ def list_command(
         table.add_column(column, overflow="fold")
     for stored in cameras:
         source = stored.config.source
-        where = mask_credentials(getattr(source, "url", None) or str(getattr(source, "path", "")))
         table.add_row(
             stored.camera,
             stored.config.pipeline,
             source.kind,
-            where,
+            source.description,
             "all" if source.analyze_fps is None else f"{source.analyze_fps:g}",
             "yes" if stored.config.paused else "no",
             stored.origin,

@@ -13,6 +13,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationInfo,
 
 from visioncap.config.base import StrictModel
 from visioncap.config.loading import file_kind, one_line
+from visioncap.redact import mask_credentials
 
 CAMERA_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -87,6 +88,11 @@ class SourceConfigBase(StrictModel):
         "as the detector keeps up (live streams).",
     )
 
+    @property
+    def description(self) -> str:
+        """Where the frames come from, as logs, stored rows, the API and the CLI may show it: credentials masked."""
+        raise NotImplementedError(f"{type(self).__name__} does not say where its frames come from")
+
     def anchored_at(self, folder: Path) -> Self:
         """This source with its local paths taken from `folder` (the pipeline file's) and checked now, so that a
         run fails before the detector loads rather than when the source is first opened. Raises ValueError
@@ -105,6 +111,10 @@ class FileSourceConfig(SourceConfigBase):
 
     kind: Literal["file"] = Field(default="file", description="Source type; `file` reads a video file.")
     path: SourcePath = Field(description="Video file; a relative path is taken from the pipeline file's folder.")
+
+    @property
+    def description(self) -> str:
+        return str(self.path)
 
     def anchored_at(self, folder: Path) -> Self:
         return self._with_path_checked(self.path, folder, as_folder=False)
@@ -132,6 +142,10 @@ class StreamSourceConfig(SourceConfigBase):
         default="tcp", description="RTSP transport; TCP survives packet loss without smeared frames."
     )
 
+    @property
+    def description(self) -> str:
+        return mask_credentials(self.url)
+
     @field_validator("url")
     @classmethod
     def _url_fits_kind(cls, url: str, info: ValidationInfo) -> str:
@@ -158,6 +172,10 @@ class FolderSourceConfig(SourceConfigBase):
 
     kind: Literal["folder"] = Field(description="Source type; `folder` reads the images in a folder.")
     path: SourcePath = Field(description="Folder of .jpg/.jpeg/.png/.bmp/.webp images; relative to the pipeline file.")
+
+    @property
+    def description(self) -> str:
+        return str(self.path)
 
     def anchored_at(self, folder: Path) -> Self:
         return self._with_path_checked(self.path, folder, as_folder=True)

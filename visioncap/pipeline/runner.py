@@ -18,7 +18,7 @@ from visioncap.caption.encode import compose, encode_jpeg, people_region
 from visioncap.config.cameras import resolve_references
 from visioncap.config.caption import CaptionConfig, ImageMode
 from visioncap.config.pipeline import PipelineConfig
-from visioncap.config.sources import SourceConfig, StreamSourceConfig
+from visioncap.config.sources import StreamSourceConfig
 from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError
@@ -121,11 +121,6 @@ class _Camera:
     # Whether the source has reported a state of its own (live streams do; files and folders have no connection
     # to report on and count as online from their first analysed frame).
     reports_state: bool = False
-
-
-def _shown(source: SourceConfig) -> str:
-    """Where a camera that is not running reads from, as the API may show it."""
-    return mask_credentials(source.url) if isinstance(source, StreamSourceConfig) else str(source.path)
 
 
 class PipelineRunner:
@@ -304,7 +299,7 @@ class PipelineRunner:
         for camera in paused - self._paused:
             if camera not in self.summary.cameras:  # paused before this run started it: still shown as paused
                 self.summary.cameras = {**self.summary.cameras, camera: CameraStats(camera, CameraState.PAUSED)}
-                self._camera_states.add(camera, _shown(desired[camera].config.source))
+                self._camera_states.add(camera, desired[camera].config.source.description)
                 self._camera_states.state(camera, CameraState.PAUSED)
                 self._set_state_metric(camera, CameraState.PAUSED)
         self._paused = paused
@@ -327,7 +322,7 @@ class PipelineRunner:
             # A missing secret or a kind this worker cannot read: that camera fails, the others go on.
             message = mask_urls(f"camera {camera}: {exc}")
             log.error("%s", message)
-            self._camera_states.add(camera, _shown(stored.config.source))
+            self._camera_states.add(camera, stored.config.source.description)
             self._on_finished(camera, message, failed_start=True)
             return
         selection = stored.config.selection_for(self._config.selection)

@@ -56,7 +56,7 @@ class ImageFolderSource(FrameSource):
 
     @property
     def description(self) -> str:
-        return str(self._config.path)
+        return self._config.description
 
     def time_anchor(self) -> datetime:
         """The newest image stands for the last frame, `count / fps` seconds after the first (as for a video file,

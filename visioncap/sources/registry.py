@@ -1,8 +1,8 @@
 """Which frame source class reads each config `kind`, and opening a source from its config.
 
 Each source module registers its class with `@register_source(ItsConfig)`, for every kind that config model
-accepts; `open_source` looks the kind up. Adding a kind is a config model in `visioncap.config.sources` (and its
-entry in the `SourceConfig` union) plus one module here that registers its class and is imported by the
+accepts; `open_source` looks the kind up. Adding a kind is a config model in `visioncap.config.sources` (its
+`description`, and its entry in the `SourceConfig` union) plus one module here that registers its class and is imported by the
 package's `__init__`.
 
 The registry is filled by those imports in `visioncap/sources/__init__.py`, not by callers: Python runs a

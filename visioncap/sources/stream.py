@@ -25,7 +25,7 @@ from visioncap.frames import Frame
 from visioncap.sources.base import FrameSource
 from visioncap.sources.registry import register_source
 from visioncap.sources.state import StateListener
-from visioncap.sources.urls import mask_credentials, mask_urls
+from visioncap.sources.urls import mask_urls
 from visioncap.store.records import CameraState
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ class StreamSource(FrameSource):
         self.frames_dropped = 0
         self.reconnects = 0
         self.started_at: datetime | None = None
-        self._masked_url = mask_credentials(config.url)
+        self._masked_url = config.description
         self._lock = threading.Lock()
         # Consumers wait for a newer frame; the supervisor waits for its reader to fail or for the stall deadline.
         self._new_frame = threading.Condition(self._lock)

@@ -43,7 +43,7 @@ class VideoFileSource(FrameSource):
 
     @property
     def description(self) -> str:
-        return str(self._config.path)
+        return self._config.description
 
     def time_anchor(self) -> datetime:
         """A recording ends at its file's modification time, so it started its duration earlier: capture times
