@@ -7,9 +7,12 @@ both scopes; each answer must be no 5xx, a status code the document lists, its c
 every operation must have answered some request with success. The cases are counted per operation and status in
 test-artifacts/fuzz-api-cases.json.
 
-Left out: GET /v1/stream, an endless server-sent-event stream (tests/test_api.py tests it over a real socket),
-and POST /v1/chat/completions (Ask), whose answers come from a VLM that this unit tier has not got (the API
-answers 503 while it is away, as documented); tests/test_ask.py tests it with the real vLLM and its bounds.
+Left out: GET /v1/stream, an endless server-sent-event stream (tests/test_api.py tests it over a real socket).
+POST /v1/chat/completions (Ask) is fuzzed with its VLM away (this tier has none; its address refuses
+connections): everything before the VLM call (the body's checks, the question's cameras and times, retrieval,
+the prompt) runs for every case, a question that matches nothing is answered 200 without the VLM, and one that
+needs it gets the documented 503 "the VLM is unreachable", the only 5xx allowed. tests/test_ask.py tests Ask with
+the real vLLM.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import hypothesis
 import pytest
 import schemathesis
 from PIL import Image
+from schemathesis.checks import not_a_server_error
 from schemathesis.core.jsonschema import make_validator
 from schemathesis.core.parameters import ParameterLocation
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
@@ -43,6 +47,7 @@ from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_e
 from visioncap.store.cameras import CameraReport, write_camera
 
 KEY = "fuzz-read-write-key"
+VLM_AWAY = "http://127.0.0.1:9/v1"  # the discard port: nothing listens, a connection is refused at once
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TIMEOUT = 30  # seconds; a bound on a broken test, never a measurement
 MAX_PAGE_SIZE = 100
@@ -114,6 +119,7 @@ def settings(data_dir: Path, database_url: str) -> ApiSettings:
         # /readyz answers 503 while the VLM is away, as documented; here only the database is checked, so that
         # every 5xx below is a fault. (test_api.py checks readiness with the real vLLM.)
         api_ready_check_vlm=False,
+        vlm_base_url=VLM_AWAY,
     )
 
 
@@ -138,7 +144,7 @@ def openapi_document() -> dict[str, Any]:
 DOCUMENT = openapi_document()
 # (schemathesis.pytest.from_fixture, which would load it from the server, fails on pytest 9.2: it sets the
 # item's `_nodeid`, which pytest no longer has.)
-schema = schemathesis.openapi.from_dict(DOCUMENT).exclude(path="/v1/stream").exclude(path="/v1/chat/completions")
+schema = schemathesis.openapi.from_dict(DOCUMENT).exclude(path="/v1/stream")
 TITLE = DOCUMENT["info"]["title"]
 
 
@@ -170,6 +176,11 @@ def refused_as_documented(response: schemathesis.Response, case: schemathesis.Ca
     if response.status_code != 422:
         return False
     param = json.loads(response.content)["error"]["param"]
+    if case.path == "/v1/chat/completions":
+        try:
+            return ask_refused_as_documented(param, case.body)
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+            return False  # a body not of the schema's shape: generated invalid, and judged as such
     if case.path.startswith("/v1/cameras") and case.method in ("POST", "PATCH"):
         # The operations' descriptions: a camera's source is checked as a pipeline file's is (an absolute path,
         # a camera URL without inline secrets), its overrides against the pipeline's settings, a PATCH as merged.
@@ -197,6 +208,41 @@ def refused_as_documented(response: schemathesis.Response, case: schemathesis.Ca
         return bool(semantic)
     since, until = _utc(case.query.get("since")), _utc(case.query.get("until"))
     return param == "until" and since is not None and until is not None and since >= until
+
+
+ASK = ApiSettings.model_fields  # Ask's limits: this API runs with their defaults
+ASK_SYSTEM_TOKENS = 400  # more than Ask's system prompt and message framing take (visioncap/ask/prompt.py)
+
+
+def ask_refused_as_documented(param: str | None, body: Any) -> bool:
+    """Ask's 422 description: too many messages, one too long or with a NUL, a last turn (system messages aside)
+    that is not a non-empty question, `max_tokens` above the API's, a question the context cannot hold."""
+    messages = body.get("messages", []) if isinstance(body, dict) else []
+
+    def text(message: dict[str, Any]) -> str:
+        content = message.get("content", "")
+        return content if isinstance(content, str) else "\n".join(part.get("text", "") for part in content)
+
+    if param is None:
+        return False
+    if param.startswith("messages.") and param.endswith(".content"):
+        said = text(messages[int(param.split(".")[1])])
+        return len(said) > ASK["ask_max_message_chars"].default or "\x00" in said
+    if param == "max_tokens":
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        return asked is not None and asked > ASK["ask_max_tokens"].default
+    if param != "messages":
+        return False
+    turns = [message for message in messages if message.get("role") != "system"]
+    if len(messages) > ASK["ask_max_messages"].default or not turns:
+        return True
+    question = turns[-1]
+    if question.get("role") != "user" or not text(question).strip():
+        return True
+    # Too long for the context: tokens are over-estimated as UTF-8 bytes / 2 (documented in the README).
+    asked = body.get("max_completion_tokens") or body.get("max_tokens") or ASK["ask_max_tokens"].default
+    room = ASK["ask_context_tokens"].default - asked - ASK_SYSTEM_TOKENS
+    return len(text(question).encode()) // 2 > room
 
 
 def positive_data_accepted_unless_refused_as_documented(
@@ -243,6 +289,17 @@ def negative_data_rejected_unless_sent_valid(
     return negative_data_rejection(ctx, response, case)
 
 
+def not_a_server_error_but_ask_without_its_vlm(
+    ctx: schemathesis.CheckContext, response: schemathesis.Response, case: schemathesis.Case
+) -> bool | None:
+    """Schemathesis' not_a_server_error, less Ask's documented 503 for a question whose captions need the VLM,
+    which this tier has not got: any other 5xx, and a 503 for any other reason, is a fault."""
+    ask = case.path == "/v1/chat/completions" and response.status_code == 503
+    if ask and json.loads(response.content)["error"]["message"].startswith("the VLM is unreachable"):
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
 def test_the_server_serves_the_document_fuzzed(api_url: str) -> None:
     response = httpx.get(f"{api_url}/openapi.json", timeout=TIMEOUT)
     assert response.status_code == 200 and response.json() == DOCUMENT
@@ -255,10 +312,11 @@ def test_api_answers_every_generated_request_as_its_schema_says(case: schemathes
         base_url=api_url,
         headers={"Authorization": f"Bearer {KEY}"},
         timeout=TIMEOUT,
-        excluded_checks=[positive_data_acceptance, negative_data_rejection],
+        excluded_checks=[positive_data_acceptance, negative_data_rejection, not_a_server_error],
         additional_checks=[
             positive_data_accepted_unless_refused_as_documented,
             negative_data_rejected_unless_sent_valid,
+            not_a_server_error_but_ask_without_its_vlm,
         ],
     )
     TALLY.count(case, response.status_code)

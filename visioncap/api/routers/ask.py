@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from visioncap.api.errors import ApiError
 from visioncap.api.protocol import ChatCompletion, ChatModelList, ChatRequest, ErrorResponse
-from visioncap.api.routers.common import ERRORS, SECURED, ClosingStreamingResponse, service
+from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, ClosingStreamingResponse, service
 from visioncap.api.serving import ApiService
 
 router = APIRouter(prefix="/v1", tags=["ask"], dependencies=SECURED, responses=ERRORS)
@@ -35,10 +35,32 @@ _STARTED = int(time.time())
     "is on the first `chat.completion.chunk`, before any text. When nothing matches, the VLM is not asked: the "
     'answer says "No stored captions match ..." with empty citations.',
     responses={
+        **BAD_BODY,
+        200: {
+            "description": "The answer: a `chat.completion` (JSON), or with `stream: true` server-sent events, each "
+            "`data:` line a `chat.completion.chunk`, the last `data: [DONE]`.",
+            # OpenAPI before 3.2: a stream's `schema` describes one event.
+            "content": {
+                "text/event-stream": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "data": {
+                                "type": "string",
+                                "description": "A `chat.completion.chunk` as JSON, or `[DONE]` after the last.",
+                            }
+                        },
+                        "required": ["data"],
+                    }
+                }
+            },
+        },
         422: {
             "model": ErrorResponse,
-            "description": "A malformed body, too many or too long messages, "
-            "`max_tokens` above VISIONCAP_ASK_MAX_TOKENS, or a question longer than the model's context.",
+            "description": "A malformed body; more than VISIONCAP_ASK_MAX_MESSAGES messages, or one longer than "
+            "VISIONCAP_ASK_MAX_MESSAGE_CHARS or with a NUL character; a last message (`system` messages aside) that "
+            "is not a non-empty `user` message, the question; `max_tokens` (or `max_completion_tokens`) above "
+            "VISIONCAP_ASK_MAX_TOKENS; or a question longer than the model's context leaves beside the answer.",
         },
         502: {"model": ErrorResponse, "description": "The VLM refused the request."},
         503: {"model": ErrorResponse, "description": "The VLM is unreachable or busy, or the database is away."},
