@@ -531,6 +531,9 @@ def test_nothing_matched_answers_without_the_vlm(local_client: TestClient) -> No
         ({"model": "m", "messages": [user("hi\x00")]}, "messages.0.content"),
         ({"model": "m", "messages": [user("hi")], "max_tokens": 513}, "max_tokens"),
         ({"model": "m", "messages": [user("hi")], "temperature": 3}, "temperature"),
+        ({"model": "m", "messages": [user("hi")], "temperature": False}, "temperature"),
+        ({"model": "m", "messages": [user("hi")], "max_tokens": True}, "max_tokens"),
+        ({"model": "m", "messages": [user("hi")], "stream": "true"}, "stream"),
         (
             {"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "messages.0.content",

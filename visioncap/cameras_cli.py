@@ -18,7 +18,7 @@ from rich.table import Table
 
 from visioncap.config.cameras import CameraChange, CameraConfig, SubmittedCamera
 from visioncap.config.settings import load_settings
-from visioncap.config.sources import SOURCE_TAGS
+from visioncap.config.sources import field_path
 from visioncap.errors import ConfigError
 from visioncap.redact import mask_credentials
 
@@ -71,7 +71,7 @@ def _source(
 
 def _invalid(exc: ValidationError) -> ConfigError:
     first = exc.errors()[0]
-    where = ".".join(str(part) for part in first["loc"] if part not in SOURCE_TAGS)
+    where = field_path(tuple(first["loc"]))
     return ConfigError(f"{where}: {first['msg']}" if where else first["msg"])
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from visioncap.config.sources import SOURCE_TAGS
+from visioncap.config.sources import field_path
 from visioncap.store.safety import describe, is_unavailable
 
 log = logging.getLogger(__name__)
@@ -76,9 +76,7 @@ def validation_problem(errors: Sequence[Any]) -> ApiError:
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     where = tuple(first.get("loc", ()))
     if where[:1] == ("body",):
-        # The union's tags (source.stream.url) name a model, not a field the client sent.
-        parts = [str(part) for part in where[1:] if part not in SOURCE_TAGS]
-        param = ".".join(parts) or None
+        param = field_path(where[1:]) or None
     else:
         loc = [str(part) for part in where if part not in ("query", "path", "header")]
         param = loc[0] if loc else None

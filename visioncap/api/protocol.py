@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import to_json
 from sqlalchemy import Row
 
@@ -384,11 +384,31 @@ class ChatMessage(_ChatIn):
 class ChatRequest(_ChatIn):
     """An OpenAI chat completions request, of which these fields are used."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {"model": "visioncap-ask", "messages": [{"role": "user", "content": "Who came to the door today?"}]},
+                {
+                    "model": "visioncap-ask",
+                    "stream": True,
+                    "max_tokens": 200,
+                    "messages": [
+                        {"role": "user", "content": "Was there a delivery yesterday after 6 pm?"},
+                        {"role": "assistant", "content": "Yes: a courier left a parcel at 18:40 [12]."},
+                        {"role": "user", "content": "and in the last 2 hours on the driveway?"},
+                    ],
+                },
+            ]
+        },
+    )
+
     model: str = Field(max_length=200, description="Echoed in the answer; the VLM asked is the configured one.")
     messages: list[ChatMessage] = Field(
         min_length=1, description="The conversation; the last `user` message is the question."
     )
-    stream: bool = Field(default=False, description="Server-sent events of `chat.completion.chunk` objects.")
+    stream: bool = Field(
+        default=False, strict=True, description="Server-sent events of `chat.completion.chunk` objects."
+    )
     max_tokens: int | None = Field(
         default=None, ge=1, description="Longest answer in tokens; at most VISIONCAP_ASK_MAX_TOKENS (its default)."
     )
@@ -396,6 +416,15 @@ class ChatRequest(_ChatIn):
     temperature: float | None = Field(
         default=None, ge=0, le=2, description="Sampling temperature; the VLM's default when left out."
     )
+
+    @field_validator("max_tokens", "max_completion_tokens", "temperature", mode="before")
+    @classmethod
+    def _a_number_not_a_boolean(cls, value: Any) -> Any:
+        # Lax numbers take JSON's 5.0 for 5, as JSON Schema's integer does, but also true for 1: the fuzzer found
+        # `"temperature": false` answered as 0.
+        if isinstance(value, bool):
+            raise ValueError("must be a number, not a boolean")
+        return value
 
 
 class Citation(_Model):

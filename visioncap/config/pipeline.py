@@ -14,7 +14,7 @@ from visioncap.config.detector import DetectorConfig
 from visioncap.config.loading import load_yaml_model
 from visioncap.config.outbox import OutboxConfig
 from visioncap.config.selection import SelectionConfig
-from visioncap.config.sources import SOURCE_TAGS, SourceConfig, url_problem
+from visioncap.config.sources import SourceConfig, field_path, url_problem
 from visioncap.config.vlm import VlmConfig
 from visioncap.errors import ConfigError
 
@@ -60,8 +60,7 @@ class PipelineConfig(StrictModel):
 
 
 def _location(loc: Sequence[int | str]) -> str:
-    parts = [str(part) for i, part in enumerate(loc) if not (i == 2 and loc[0] == "sources" and part in SOURCE_TAGS)]
-    return ".".join(parts) or "(top level)"
+    return field_path(loc) or "(top level)"
 
 
 def load_pipeline(path: Path) -> PipelineConfig:

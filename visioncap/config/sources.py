@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self, get_args
 from urllib.parse import urlsplit
@@ -212,6 +213,20 @@ SOURCE_KINDS: tuple[str, ...] = tuple(_TAG_OF_KIND)
 
 SOURCE_TAGS: frozenset[str] = frozenset(_TAG_OF_KIND.values())
 """The union's tags, which pydantic puts into error locations (sources.0.stream.url) and error messages leave out."""
+
+
+def field_path(loc: Sequence[int | str]) -> str:
+    """A pydantic error location as the user wrote the field: without the source union's tags, which name a model
+    (`sources.0.stream.url` and `source.stream.url` are `sources.0.url` and `source.url`); a field that only shares
+    a tag's name (Ask's `stream`) stays."""
+    parts: list[str] = []
+    for index, part in enumerate(loc):
+        of_a_source = loc[index - 1 : index] == ("source",) or (
+            index >= 2 and loc[index - 2] == "sources" and isinstance(loc[index - 1], int)
+        )
+        if not (part in SOURCE_TAGS and of_a_source):
+            parts.append(str(part))
+    return ".".join(parts)
 
 
 def _source_kind(value: Any) -> str | None:

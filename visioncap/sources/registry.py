@@ -2,8 +2,8 @@
 
 Each source module registers its class with `@register_source(ItsConfig)`, for every kind that config model
 accepts; `open_source` looks the kind up. Adding a kind is a config model in `visioncap.config.sources` (its
-`description`, and its entry in the `SourceConfig` union) plus one module here that registers its class and is imported by the
-package's `__init__`.
+`description`, and its entry in the `SourceConfig` union) plus one module here that registers its class and is
+imported by the package's `__init__`.
 
 The registry is filled by those imports in `visioncap/sources/__init__.py`, not by callers: Python runs a
 package's `__init__` before any of its modules, so whoever reaches this module (or any source) has already
