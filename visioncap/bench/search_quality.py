@@ -291,7 +291,11 @@ def render(data: dict[str, Any]) -> str:
         ],
         "",
     ]
-    timing = data["latency"]
+    lines += _latency_section(data["latency"])
+    return "\n".join(lines)
+
+
+def _latency_section(timing: dict[str, Any]) -> list[str]:
     busy = timing.get("busy_cases") or {}
     cores = timing.get("busy_cores", 0)
     searches = [name for name in timing["cases"] if name != "ask_retrieval"]
@@ -301,7 +305,7 @@ def render(data: dict[str, Any]) -> str:
     def cells(case: dict[str, Any] | None) -> str:
         return f"{case['p50_ms']} | {case['p99_ms']}" if case else "- | -"
 
-    lines += [
+    return [
         f"## Latency at {timing['rows']:,} rows (SQLite)",
         "",
         f"Each request ranks a window of the newest {timing['window_rows']:,} rows meeting the filters "
@@ -337,7 +341,6 @@ def render(data: dict[str, Any]) -> str:
         ),
         "",
     ]
-    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
