@@ -376,7 +376,7 @@ def test_workers_and_replicas_fail_and_every_event_is_captioned_exactly_once(
         answers.set()
         # The timeline of however far it got, for whoever reads a failure.
         (ARTIFACTS / "fleet-timeline.json").write_text(
-            json.dumps(timeline(origin, rows_of(engine), leases.history, chats.results), indent=1)
+            json.dumps(timeline(origin, rows_of(engine), selected_at(engine), leases.history, chats.results), indent=1)
         )
         for worker in workers:
             if worker.poll() is None:
@@ -464,11 +464,27 @@ Rows = dict[int, tuple[str, str, float]]
 History = dict[str, list[tuple[float, str | None]]]
 
 
-def timeline(origin: float, final: Rows, history: History, chats: list[tuple[float, int | str]]) -> dict[str, Any]:
+def selected_at(engine: Engine) -> dict[int, float]:
+    """When each row was written: its frame's selection, on the worker's clock (this machine's)."""
+    with engine.connect() as conn:
+        return {row_id: seconds(at) for row_id, at in conn.execute(text("SELECT id, created_at FROM captions"))}
+
+
+def timeline(
+    origin: float, final: Rows, selected: dict[int, float], history: History, chats: list[tuple[float, int | str]]
+) -> dict[str, Any]:
     """What happened when, in seconds from the scene's origin: kept beside the test's logs for whoever reads a
-    failure."""
+    failure. A row: camera, frame captured, status, frame selected (its row written)."""
     return {
-        "rows": {str(row): [camera, round(at - origin, 2), status] for row, (status, camera, at) in final.items()},
+        "rows": {
+            str(row): [
+                camera,
+                round(at - origin, 2),
+                status,
+                round(selected[row] - origin, 2) if row in selected else None,
+            ]
+            for row, (status, camera, at) in final.items()
+        },
         "leases": {cam: [[round(at - origin, 2), owner] for at, owner in changes] for cam, changes in history.items()},
         "chats": [[round(at - origin, 2), outcome] for at, outcome in chats],
     }
