@@ -30,6 +30,7 @@ import hypothesis
 import pytest
 import schemathesis
 from PIL import Image
+from pydantic import ValidationError
 from schemathesis.checks import not_a_server_error
 from schemathesis.core.jsonschema import make_validator
 from schemathesis.core.parameters import ParameterLocation
@@ -37,6 +38,7 @@ from schemathesis.specs.openapi.checks import negative_data_rejection, positive_
 from taps import AsgiThread
 
 from visioncap.api import create_app
+from visioncap.api.protocol import ChatRequest
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
@@ -177,10 +179,7 @@ def refused_as_documented(response: schemathesis.Response, case: schemathesis.Ca
         return False
     param = json.loads(response.content)["error"]["param"]
     if case.path == "/v1/chat/completions":
-        try:
-            return ask_refused_as_documented(param, case.body)
-        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
-            return False  # a body not of the schema's shape: generated invalid, and judged as such
+        return ask_refused_as_documented(param, case.body)
     if case.path.startswith("/v1/cameras") and case.method in ("POST", "PATCH"):
         # The operations' descriptions: a camera's source is checked as a pipeline file's is (an absolute path,
         # a camera URL without inline secrets), its overrides against the pipeline's settings, a PATCH as merged.
@@ -216,33 +215,32 @@ ASK_SYSTEM_TOKENS = 400  # more than Ask's system prompt and message framing tak
 
 def ask_refused_as_documented(param: str | None, body: Any) -> bool:
     """Ask's 422 description: too many messages, one too long or with a NUL, a last turn (system messages aside)
-    that is not a non-empty question, `max_tokens` above the API's, a question the context cannot hold."""
-    messages = body.get("messages", []) if isinstance(body, dict) else []
-
-    def text(message: dict[str, Any]) -> str:
-        content = message.get("content", "")
-        return content if isinstance(content, str) else "\n".join(part.get("text", "") for part in content)
-
+    that is not a non-empty question, `max_tokens` above the API's, a question the context cannot hold. These
+    rules apply to a body of the schema's shape (one that is not is refused by validation, and judged as such)."""
     if param is None:
         return False
+    try:
+        request = ChatRequest.model_validate(body)
+    except ValidationError:
+        return False
+    messages = request.messages
+    asked = request.max_completion_tokens or request.max_tokens
     if param.startswith("messages.") and param.endswith(".content"):
-        said = text(messages[int(param.split(".")[1])])
+        said = messages[int(param.split(".")[1])].text()
         return len(said) > ASK["ask_max_message_chars"].default or "\x00" in said
     if param == "max_tokens":
-        asked = body.get("max_completion_tokens") or body.get("max_tokens")
         return asked is not None and asked > ASK["ask_max_tokens"].default
     if param != "messages":
         return False
-    turns = [message for message in messages if message.get("role") != "system"]
+    turns = [message for message in messages if message.role != "system"]
     if len(messages) > ASK["ask_max_messages"].default or not turns:
         return True
     question = turns[-1]
-    if question.get("role") != "user" or not text(question).strip():
+    if question.role != "user" or not question.text().strip():
         return True
     # Too long for the context: tokens are over-estimated as UTF-8 bytes / 2 (documented in the README).
-    asked = body.get("max_completion_tokens") or body.get("max_tokens") or ASK["ask_max_tokens"].default
-    room = ASK["ask_context_tokens"].default - asked - ASK_SYSTEM_TOKENS
-    return len(text(question).encode()) // 2 > room
+    room = ASK["ask_context_tokens"].default - (asked or ASK["ask_max_tokens"].default) - ASK_SYSTEM_TOKENS
+    return len(question.text().encode()) // 2 > room
 
 
 def positive_data_accepted_unless_refused_as_documented(
