@@ -109,3 +109,60 @@ def test_a_hand_written_stand_in_section_is_not_overwritten(tmp_path: Path) -> N
     profile.write_text(text + "stand_in:\n  target: x\n  workloads: {}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="not the generated block"):
         write_stand_in(profile, stand_in_spec("x", {"targets": {}}, "now"))
+
+
+def _measured(ratios: dict[str, float], within: dict[str, bool]) -> Any:
+    from visioncap.bench.fidelity import FidelityProbe, FidelityResult
+
+    target = FidelityTarget(0.93, 1.94, 1.10, "test")
+    probe = FidelityProbe(frame_width=224, frame_height=168, chat_prompt_tokens=475, frame_filler_words=688)
+    measured = {name: getattr(target, name) * ratio for name, ratio in ratios.items()}
+    return FidelityResult(
+        target=target,
+        probe=probe,
+        step_ms=3.3,
+        frame_prompt_tokens=796,  # 48 image tokens, 688 filler, 60 of caption text and template
+        chat_prompt_tokens=475,
+        measured=measured,
+        ratio=ratios,  # type: ignore[arg-type]
+        within=within,
+        tolerance=0.25,
+        faithful=all(within.values()),
+    )
+
+
+def test_refit_resizes_only_the_figures_that_missed_and_keeps_the_caption_text() -> None:
+    from visioncap.bench.standin import refit
+
+    # The committed run of 2026-12-02 13:41: encoder 1.48x, frame prefill 1.29x, chat 1.03x.
+    ratios = {"frame_encoder_steps": 1.48, "frame_prefill_steps": 1.29, "chat_prefill_steps": 1.03}
+    resized = refit(
+        _measured(ratios, {"frame_encoder_steps": False, "frame_prefill_steps": False, "chat_prefill_steps": True})
+    )
+    assert resized.changed == ("frame_encoder_steps", "frame_prefill_steps")
+    tokens = image_tokens(resized.frame_width, resized.frame_height)
+    assert abs(tokens - 48 / 1.48) <= 5 and tokens < 48  # a smaller image for a dearer encoder
+    assert 1.1 < resized.frame_width / resized.frame_height < 1.6
+    # The frame prompt shrinks by the prefill's miss; the caption text's 60 tokens stay, the filler gives way.
+    assert resized.frame_filler_words == round(796 / 1.29) - tokens - 60
+    assert resized.chat_scale == 1.0
+
+    # Only the encoder off: the frame prompt keeps its length, the filler takes up the smaller image.
+    only = refit(
+        _measured(
+            {**ratios, "frame_prefill_steps": 1.1},
+            {"frame_encoder_steps": False, "frame_prefill_steps": True, "chat_prefill_steps": True},
+        )
+    )
+    assert only.changed == ("frame_encoder_steps",)
+    assert only.frame_filler_words + image_tokens(only.frame_width, only.frame_height) + 60 == 796
+
+    # A cheap chat prompt gets longer; a figure measured at or below zero is noise and keeps its size.
+    noisy = refit(
+        _measured(
+            {"frame_encoder_steps": -0.2, "frame_prefill_steps": 1.0, "chat_prefill_steps": 0.5},
+            {"frame_encoder_steps": False, "frame_prefill_steps": True, "chat_prefill_steps": False},
+        )
+    )
+    assert noisy.changed == ("chat_prefill_steps",) and noisy.chat_scale == pytest.approx(2.0)
+    assert (noisy.frame_width, noisy.frame_height, noisy.frame_filler_words) == (224, 168, 688)

@@ -204,6 +204,26 @@ def _fidelity_text(fidelity: dict[str, Any] | None) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def _attempts_text(attempts: list[dict[str, Any]]) -> str:
+    """Each fidelity measurement of the run's start, when the workload was resized after a miss (else nothing)."""
+    if len(attempts) < 2:
+        return ""
+    lines = [
+        "The stand-in was resized on the run's first server after missing its target (visioncap.bench.standin.refit):",
+        "",
+        "| attempt | frame | filler words | chat prompt tokens | decode step ms | encoder / prefill / chat ratio |",
+        "|---:|---|---:|---:|---:|---|",
+    ]
+    for number, attempt in enumerate(attempts, 1):
+        probe, ratio = attempt["probe"], attempt["ratio"]
+        ratios = " / ".join(_f(ratio[name], 2) for name in ratio)
+        lines.append(
+            f"| {number} | {probe['frame_width']}x{probe['frame_height']} | {probe['frame_filler_words']} | "
+            f"{probe['chat_prompt_tokens']} | {_f(attempt['step_ms'], 2)} | {ratios} |"
+        )
+    return "\n".join(lines) + "\n\n"
+
+
 def markdown(results: dict[str, Any]) -> str:
     calibration = results.get("calibration") or {}
     model = results["model"]
@@ -221,7 +241,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"640x480 image prompt ({calibration.get('image_prefill_prompt_tokens')} tokens) "
         f"{_f(calibration.get('image_prefill_ms'))} ms = "
         f"{_f(calibration.get('image_prefill_over_decode_step'), 1)} decode steps.\n\n"
-        f"{_fidelity_text(results.get('fidelity'))}"
+        f"{_attempts_text(results.get('fidelity_attempts') or [])}{_fidelity_text(results.get('fidelity'))}"
         f"Gateway objectives in S3: {json.dumps(results.get('gateway_objectives'))}.\n\n"
         f"{table(results)}\n\n{goals_table(results)}\n\n"
         f"{ceiling_text(results)}{frontier_text(results)}"
