@@ -166,3 +166,16 @@ def test_refit_resizes_only_the_figures_that_missed_and_keeps_the_caption_text()
     )
     assert noisy.changed == ("chat_prefill_steps",) and noisy.chat_scale == pytest.approx(2.0)
     assert (noisy.frame_width, noisy.frame_height, noisy.frame_filler_words) == (224, 168, 688)
+
+
+def test_next_size_follows_the_line_through_two_measurements_and_falls_back_to_proportion() -> None:
+    from visioncap.bench.standin import next_size
+
+    # The run of 2026-12-02 21:00: chat prompts of 475 tokens cost 1.71 steps, cut to 305 they cost 0.81 (target
+    # 1.10): the line through both (0.0053 a token, zero at 150 tokens) asks for 360 tokens, proportion for 414.
+    assert next_size(305, 0.81, 1.10, [(475, 1.71)]) == 360
+    assert next_size(305, 0.81, 1.10, []) == 414
+    assert next_size(305, 0.81, 1.10, [(305, 0.9)]) == 414  # no earlier point at another size
+    assert next_size(305, 0.81, 1.10, [(475, 0.5)]) == 414  # cost falling with size: noise
+    assert next_size(305, 0.81, 1.10, [(302, 0.809)]) == 414  # the secant lands beyond twice the size
+    assert next_size(305, 0.81, 1.10, [(475, 1.71), (305, 0.9)]) == 360  # the latest at another size counts

@@ -150,7 +150,7 @@ class MixedOptions:
     fidelity_repeats: int = 15
     # Off target at the start: resize the frames and prompts toward it on the server at hand and measure again,
     # at most this many times (visioncap.bench.standin.refit); the last measurement gates the goals.
-    fidelity_refits: int = 1
+    fidelity_refits: int = 2
     warm_frames: int = 48  # frames each new server captions before anything is measured on it
 
     @classmethod
@@ -540,6 +540,7 @@ def _fidelity(run: Run, server: VllmServer) -> FidelityResult:
     assert o.fidelity_target is not None
     target = target_for(o.fidelity_target, o.fidelity_gpu, o.models_dir)
     attempts: list[dict[str, Any]] = run.extra.setdefault("fidelity_attempts", [])
+    measured: list[FidelityResult] = []
     while True:
         o = run.options
         run.mark(
@@ -561,7 +562,8 @@ def _fidelity(run: Run, server: VllmServer) -> FidelityResult:
         attempts.append({**attempt, "faithful": result.faithful, "steady": result.steady})
         if result.faithful or not result.steady or len(attempts) > o.fidelity_refits:
             return result
-        resized = refit(result)
+        resized = refit(result, measured)
+        measured.append(result)
         run.mark(f"stand-in off target ({', '.join(resized.changed)}): resized to {asdict(resized)}")
         run.resize(resized)
 

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from visioncap.bench.fidelity import FidelityProbe, FidelityResult, FidelityTarget, measure, report_lines
+from visioncap.bench.fidelity import FIGURES, FidelityProbe, FidelityResult, FidelityTarget, measure, report_lines
 from visioncap.config.profiles import ModelProfile, StandInSpec, StandInWorkload
 from visioncap.qwen_images import smart_resize
 
@@ -224,46 +224,74 @@ class Resized:
     changed: tuple[str, ...]  # the figures that were off and were resized for
 
 
-def refit(result: FidelityResult) -> Resized:
-    """The measured workload resized so that each figure that missed its target would hit it, if cost were
-    proportional to tokens near the measured size (it is close to: the steps are net of the one-word prompt's).
+def refit(result: FidelityResult, earlier: Sequence[FidelityResult] = ()) -> Resized:
+    """The measured workload resized so that each figure that missed its target would hit it.
 
     The profile's sizes were fitted when `visioncap bench standin` ran; the machine's load moves the decode step
     since (the committed run of 2026-12-02 13:41 met 1.48x and 1.29x of its targets 13 minutes after the sizing had
     measured 0.85x and 1.08x), so a run corrects its workload on the server it is about to measure, and measures it
     again: the refit proposes, the measurement decides. Figures within tolerance keep their size, and the frame
-    prompt keeps its length when only the image changes (the filler takes up the difference)."""
+    prompt keeps its length when only the image changes (the filler takes up the difference).
+
+    Each figure's size (image tokens, frame prompt tokens, chat prompt tokens) moves along the line through this
+    measurement and the latest `earlier` one at another size (`next_size`); with none, in proportion to the miss.
+    """
     probe, target = result.probe, result.target
     tokens = image_tokens(probe.frame_width, probe.frame_height)
     text = max(0, result.frame_prompt_tokens - tokens - probe.frame_filler_words)
+    sizes = _sizes(result)
+    history = [(_sizes(old), old.measured) for old in earlier]
 
-    def factor(name: str) -> float | None:
-        measured = result.measured[name]
-        if result.within[name] or measured <= 0:  # a cost at or below zero is noise: nothing to scale from
+    def resized(name: str) -> int | None:
+        if result.within[name] or result.measured[name] <= 0:  # at or below zero: noise, nothing to scale from
             return None
-        return getattr(target, name) / measured
+        points = [(old[name], measured[name]) for old, measured in history]
+        return next_size(sizes[name], result.measured[name], getattr(target, name), points)
 
-    changed: list[str] = []
+    new = {name: resized(name) for name in FIGURES}
     width, height = probe.frame_width, probe.frame_height
-    encoder = factor("frame_encoder_steps")
-    if encoder is not None:
-        width, height = frame_for_tokens(max(4, round(tokens * encoder)), probe.frame_width / probe.frame_height)
-        changed.append("frame_encoder_steps")
-    prompt = result.frame_prompt_tokens
-    prefill = factor("frame_prefill_steps")
-    if prefill is not None:
-        prompt = round(prompt * prefill)
-        changed.append("frame_prefill_steps")
-    chat = factor("chat_prefill_steps")
-    if chat is not None:
-        changed.append("chat_prefill_steps")
+    image = new["frame_encoder_steps"]
+    if image is not None:
+        width, height = frame_for_tokens(max(4, image), probe.frame_width / probe.frame_height)
+    prompt = new["frame_prefill_steps"] or result.frame_prompt_tokens
+    chat = new["chat_prefill_steps"]
     return Resized(
         frame_width=width,
         frame_height=height,
         frame_filler_words=max(0, prompt - image_tokens(width, height) - text),
-        chat_scale=1.0 if chat is None else chat,
-        changed=tuple(changed),
+        chat_scale=1.0 if chat is None else max(8, chat) / result.chat_prompt_tokens,
+        changed=tuple(name for name, size in new.items() if size is not None),
     )
+
+
+def _sizes(result: FidelityResult) -> dict[str, int]:
+    """The token count each figure grows with, in one measurement."""
+    return {
+        "frame_encoder_steps": image_tokens(result.probe.frame_width, result.probe.frame_height),
+        "frame_prefill_steps": result.frame_prompt_tokens,
+        "chat_prefill_steps": result.chat_prompt_tokens,
+    }
+
+
+def next_size(size: int, cost: float, target: float, earlier: Sequence[tuple[int, float]]) -> int:
+    """The size at which `cost` (measured at `size`) would be `target`.
+
+    Cost is not proportional to size on a CPU: a small prefill hides in the step's fixed overhead (chat prompts cut
+    from 475 to 305 tokens went from 1.71 to 0.81 decode steps, not 1.10), so a proportional step overshoots.
+    With an earlier point at another size, the line through the two (a secant step) is used, when it rises and
+    lands within half to twice the size; a noisy pair that does not falls back to the proportional step.
+    """
+    proportional = round(size * target / cost)
+    for old_size, old_cost in reversed(earlier):
+        if old_size == size:
+            continue
+        slope = (cost - old_cost) / (size - old_size)
+        if slope > 0:
+            secant = size + (target - cost) / slope
+            if size / 2 <= secant <= size * 2:
+                return round(secant)
+        break
+    return proportional
 
 
 # -- the profile's generated stand_in block --------------------------------------------------------------------
@@ -275,8 +303,6 @@ STAND_IN_END = "# --- end of stand_in ---"
 def stand_in_spec(target: str, result: dict[str, Any], measured_at: str) -> StandInSpec:
     """The profile's `stand_in` section from a `size_stand_in` result (every target, faithful or not: the
     fidelity figures say which, and `bench mixed` measures them again before it judges anything)."""
-    from visioncap.bench.fidelity import FIGURES
-
     workloads = {}
     for gpu, entry in result["targets"].items():
         sizes, verified = entry["sizes"], entry["verified"]
