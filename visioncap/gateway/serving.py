@@ -241,7 +241,7 @@ class Gateway:
         caller: Caller | None = None
         try:
             caller = self._authenticate(request)
-            upstream = await self._utility_upstream().open("GET", "/models", incoming=dict(request.headers))
+            upstream = await self._utility_upstream().open("GET", "/models", incoming=request.headers)
         except GatewayError as exc:
             return self._refuse(exc, caller, "models")
 
@@ -261,7 +261,7 @@ class Gateway:
             self._rate_limit(caller)
             raw = await body_in.read(self.config.limits.max_body_bytes)
             parse_body(raw, AnyObjectView)  # the same hostile-input rules as everything else
-            upstream = await self._utility_upstream().open("POST", path, raw, incoming=dict(request.headers), root=True)
+            upstream = await self._utility_upstream().open("POST", path, raw, incoming=request.headers, root=True)
         except GatewayError as exc:
             return self._refuse(exc, caller, name, body_in, self.config.limits.max_body_bytes)
 
@@ -543,7 +543,7 @@ class Gateway:
             finish(Outcome(499, completed=False), answered=False)
             return None
         if retryable and upstream.status_code >= 500:
-            await upstream.aclose()
+            upstream.release()
             error = f"upstream {replica.name} answered {upstream.status_code}"
             finish(Outcome(upstream.status_code, completed=False, error=error), answered=False)
             raise RetryElsewhereError(error)
@@ -583,8 +583,12 @@ class Gateway:
     ) -> UpstreamResponse | Abandoned:
         """vLLM's answer head, unless the caller left first or the `grant` was preempted meanwhile."""
         assert replica.upstream is not None
+        if stream and grant is None:
+            # Nothing to watch meanwhile (a stream's head comes at once): no task and no wait on the first token's
+            # path. A caller that leaves now is seen by the response's own disconnect watch.
+            return await replica.upstream.open("POST", UPSTREAM_PATHS[endpoint], payload, incoming=request.headers)
         opening = asyncio.ensure_future(
-            replica.upstream.open("POST", UPSTREAM_PATHS[endpoint], payload, incoming=dict(request.headers))
+            replica.upstream.open("POST", UPSTREAM_PATHS[endpoint], payload, incoming=request.headers)
         )
         if grant is not None:
             grant.preempt = opening.cancel  # closing the connection makes vLLM abort the request
