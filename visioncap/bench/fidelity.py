@@ -41,7 +41,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -89,6 +89,28 @@ class FidelityProbe:
     warmup_rounds: int = 4
     budget: int | None = None  # the server's max_num_batched_tokens, for prompts that take several chunks
     seed: int = 0
+
+
+class SizedWorkload(Protocol):
+    """What a bench's options say of its workload (`MixedOptions`, `TuneOptions`)."""
+
+    image_width: int
+    image_height: int
+    chat_prompt_tokens: tuple[int, int]  # shortest and longest
+    frame_filler_words: int
+    seed: int
+
+
+def probe_for(workload: SizedWorkload, repeats: int = FidelityProbe.repeats) -> FidelityProbe:
+    """The probe that measures a bench's workload: its frames and filler, and its longest chat prompt."""
+    return FidelityProbe(
+        frame_width=workload.image_width,
+        frame_height=workload.image_height,
+        chat_prompt_tokens=workload.chat_prompt_tokens[1],
+        frame_filler_words=workload.frame_filler_words,
+        repeats=repeats,
+        seed=workload.seed,
+    )
 
 
 @dataclass

@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from visioncap.bench.calibrate import calibrate, tokens_per_word
-from visioncap.bench.fidelity import FidelityProbe, FidelityResult, gate_goals, target_for
+from visioncap.bench.fidelity import FidelityResult, gate_goals, probe_for, target_for
 from visioncap.bench.fidelity import measure as measure_fidelity
 from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.frontier import FrontierPoint, frontier
@@ -547,14 +547,7 @@ def _fidelity(run: Run, server: VllmServer) -> FidelityResult:
             f"stand-in fidelity against {o.fidelity_target} on {o.fidelity_gpu}: {o.image_width}x{o.image_height} "
             f"frames, {o.frame_filler_words} filler words, chat prompts {o.chat_prompt_tokens}"
         )
-        probe = FidelityProbe(
-            frame_width=o.image_width,
-            frame_height=o.image_height,
-            chat_prompt_tokens=o.chat_prompt_tokens[1],
-            frame_filler_words=o.frame_filler_words,
-            repeats=o.fidelity_repeats,
-            seed=o.seed,
-        )
+        probe = probe_for(o, o.fidelity_repeats)
         result = measure_fidelity(server.base_url, run.model, target, probe)
         for line in fidelity_lines(result):
             log.info("%s", line)

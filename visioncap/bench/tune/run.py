@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from visioncap.bench.fidelity import FidelityProbe, FidelityResult, target_for
+from visioncap.bench.fidelity import FidelityResult, probe_for, target_for
 from visioncap.bench.fidelity import measure as measure_fidelity
 from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.load import Target
@@ -675,15 +675,8 @@ def _measured_on(
 
 def _fidelity(options: TuneOptions, server: VllmServer, model: str) -> FidelityResult:
     assert options.fidelity_target is not None
-    probe = FidelityProbe(
-        frame_width=options.image_width,
-        frame_height=options.image_height,
-        chat_prompt_tokens=options.chat_prompt_tokens[1],
-        frame_filler_words=options.frame_filler_words,
-        seed=options.seed,
-    )
     target = target_for(options.fidelity_target, options.fidelity_gpu, options.models_dir)
-    return measure_fidelity(server.base_url, model, target, probe)
+    return measure_fidelity(server.base_url, model, target, probe_for(options))
 
 
 def _jsonable(value: Any) -> Any:
