@@ -133,17 +133,17 @@ async def measure(chats: int, baseline: Path | None, work_dir: Path) -> dict[str
             processes = {name: psutil.Process(gateway.pid) for name, gateway in gateways.items()}
             code = {name: process.cwd() for name, process in processes.items()}  # whose visioncap each one runs
             times: dict[str, list[tuple[float, float]]] = {arm: [] for arm in urls}
-            cpu: dict[str, float] = {}
+            cpu_at_start: dict[str, float] = {}
             async with aiohttp.ClientSession() as session:
                 for index in range(WARMUP + chats):
                     if index == WARMUP:
-                        cpu = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
+                        cpu_at_start = {name: sum(p.cpu_times()[:2]) for name, p in processes.items()}
                     order = list(urls) if index % 2 == 0 else list(urls)[::-1]
                     for arm in order:
                         measured = await _one(session, urls[arm][0], body, urls[arm][1])
                         if index >= WARMUP:
                             times[arm].append(measured)
-            cpu = {name: (sum(p.cpu_times()[:2]) - cpu[name]) / chats * 1000 for name, p in processes.items()}
+            cpu = {name: (sum(p.cpu_times()[:2]) - cpu_at_start[name]) / chats * 1000 for name, p in processes.items()}
     direct_first = statistics.median(t[0] for t in times["direct"])
     direct_end = statistics.median(t[1] for t in times["direct"])
     arms: dict[str, Any] = {}

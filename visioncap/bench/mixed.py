@@ -539,24 +539,21 @@ def _fidelity(run: Run, server: VllmServer) -> FidelityResult:
     o = run.options
     assert o.fidelity_target is not None
     target = target_for(o.fidelity_target, o.fidelity_gpu, o.models_dir)
-    attempts: list[dict[str, Any]] = run.extra.setdefault("fidelity_attempts", [])
-    measured: list[FidelityResult] = []
+    attempts: list[FidelityResult] = run.extra.setdefault("fidelity_attempts", [])
     while True:
         o = run.options
         run.mark(
             f"stand-in fidelity against {o.fidelity_target} on {o.fidelity_gpu}: {o.image_width}x{o.image_height} "
             f"frames, {o.frame_filler_words} filler words, chat prompts {o.chat_prompt_tokens}"
         )
-        probe = probe_for(o, o.fidelity_repeats)
-        result = measure_fidelity(server.base_url, run.model, target, probe)
+        result = measure_fidelity(server.base_url, run.model, target, probe_for(o, o.fidelity_repeats))
         for line in fidelity_lines(result):
             log.info("%s", line)
-        attempt = {"probe": asdict(probe), "step_ms": result.step_ms, "ratio": result.ratio}
-        attempts.append({**attempt, "faithful": result.faithful, "steady": result.steady})
+        earlier = list(attempts)
+        attempts.append(result)
         if result.faithful or not result.steady or len(attempts) > o.fidelity_refits:
             return result
-        resized = refit(result, measured)
-        measured.append(result)
+        resized = refit(result, earlier)
         run.mark(f"stand-in off target ({', '.join(resized.changed)}): resized to {asdict(resized)}")
         run.resize(resized)
 
@@ -1021,7 +1018,7 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
         "s3_gateway_timeline": gateway_timeline(run.phases.get("S3"), o.gw_max_concurrency),
         "ratios": ratios,
         "fidelity": run.extra["fidelity"].to_dict() if "fidelity" in run.extra else None,
-        "fidelity_attempts": run.extra.get("fidelity_attempts", []),
+        "fidelity_attempts": [_attempt(result) for result in run.extra.get("fidelity_attempts", [])],
         "ceilings": run.extra.get("ceilings"),
         "intervals_95": bounds,
         "frontier": {"points": [p.to_dict() for p in points], "levels": front},
@@ -1030,6 +1027,17 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
             run.extra.get("fidelity"),
         ),
         "timeline": run.timeline,
+    }
+
+
+def _attempt(result: FidelityResult) -> dict[str, Any]:
+    """One fidelity measurement of the run's start, as mixed.json keeps it."""
+    return {
+        "probe": asdict(result.probe),
+        "step_ms": result.step_ms,
+        "ratio": result.ratio,
+        "faithful": result.faithful,
+        "steady": result.steady,
     }
 
 

@@ -237,9 +237,8 @@ def refit(result: FidelityResult, earlier: Sequence[FidelityResult] = ()) -> Res
     measurement and the latest `earlier` one at another size (`next_size`); with none, in proportion to the miss.
     """
     probe, target = result.probe, result.target
-    tokens = image_tokens(probe.frame_width, probe.frame_height)
-    text = max(0, result.frame_prompt_tokens - tokens - probe.frame_filler_words)
     sizes = _sizes(result)
+    text = max(0, result.frame_prompt_tokens - sizes["frame_encoder_steps"] - probe.frame_filler_words)
     history = [(_sizes(old), old.measured) for old in earlier]
 
     def resized(name: str) -> int | None:
