@@ -3,15 +3,16 @@
 `visioncap api` runs as a user starts it, over a real SQLite file written the way the pipeline writes it (the
 outbox saves a real JPEG and a pending row, the caption follows). The browser enters the API key in the page's
 key form, as a user does; the test checks the captions' text and thumbnails, the camera filter and the search box,
-a caption stored after the page loaded arriving through the live stream without a reload, and that the page
-needs nothing but the API's own origin (every other request is refused). Screenshot: test-artifacts/web_page.png.
+a caption stored after the page loaded arriving through the live stream without a reload (and none lost while
+the page opens: it starts its stream before it loads its list), and that the page needs nothing but the API's own
+origin (every other request is refused). Screenshot: test-artifacts/web_page.png.
 """
 
 from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -207,8 +208,7 @@ def test_web_page_shows_filters_and_follows_captions(site: tuple[str, Writer], b
         # Back to everything; then the pipeline stores a caption while the page is open.
         page.fill("#q", "")
         page.click("#filters button[type=submit]")
-        expect(cards).to_have_count(len(SEEDED))
-        wait_for(lambda: any("/v1/stream" in r for r in requests), TIMEOUT_S, "the page to open its live stream", 0.05)
+        expect(cards).to_have_count(len(SEEDED))  # the page loads its list once its stream has started
         page.evaluate("() => { window.__sameDocument = true; }")  # gone if the page reloads
         writer.add(len(SEEDED), LIVE)
         expect(cards).to_have_count(len(SEEDED) + 1)
@@ -235,6 +235,48 @@ def test_web_page_shows_filters_and_follows_captions(site: tuple[str, Writer], b
     assert SCREENSHOT.stat().st_size > 0
     assert foreign == [], f"the page requested other origins: {foreign}"
     assert all(r.startswith((f"{url}/", "blob:", "data:")) for r in requests), requests
+    assert failures == [], failures
+
+
+def test_a_caption_stored_while_the_page_opens_is_shown_once(site: tuple[str, Writer], browser: Browser) -> None:
+    """The page starts its stream, then loads its list: a caption stored before the stream's start is in the list,
+    one stored after it comes by the stream (and is in the list too when stored before the list's query: shown once).
+
+    The browser's requests are held while the test stores a caption, at the two moments a page that loaded its
+    list first lost one (stored after the list's query and before the stream's start)."""
+    url, writer = site
+    at_stream = Seeded("dock", "a guard opens the dock shutter", 200, 150)
+    at_list = Seeded("lobby", "a cleaner mops the lobby floor", 200, 150)
+    stored: list[str] = []
+
+    def store_then_continue(seeded: Seeded) -> Callable[[Route], None]:
+        def handler(route: Route) -> None:
+            if seeded.text not in stored:  # the first such request only
+                stored.append(seeded.text)
+                writer.add(len(SEEDED) + len(stored) - 1, seeded)
+            route.continue_()
+
+        return handler
+
+    expect.set_options(timeout=TIMEOUT_S * 1000)
+    context = browser.new_context()
+    failures: list[str] = []
+    page = context.new_page()
+    page.route(re.compile(r"/v1/stream(\?|$)"), store_then_continue(at_stream))
+    page.route(re.compile(r"/v1/captions(\?|$)"), store_then_continue(at_list))
+    page.on("pageerror", lambda error: failures.append(f"page error: {error}"))
+    try:
+        page.goto(url + "/")
+        page.fill("#key", KEY)
+        page.click("#keyform button[type=submit]")
+        cards = page.locator("article.card")
+        # Stored before the list's query and after the stream's start: the stream sends it as well.
+        expect(cards.filter(has_text=at_list.text)).to_have_class("card new")
+        expect(cards).to_have_count(len(SEEDED) + 2)
+        assert stored == [at_stream.text, at_list.text], "the page loaded its list before starting its stream"
+        assert card_texts(page) == [at_list.text, at_stream.text] + [s.text for s in reversed(SEEDED)]
+    finally:
+        context.close()
     assert failures == [], failures
 
 
@@ -299,7 +341,8 @@ def test_search_switch_ranks_by_meaning(site: tuple[str, Writer], browser: Brows
         expect(cards).to_have_count(len(SEEDED))
         page.fill("#q", "bike")
         page.click("#filters button[type=submit]")
-        expect(cards).to_have_count(0)  # words: every word must match
+        expect(page.locator("#status")).to_have_text("0 captions shown")  # words: every word must match
+        expect(cards).to_have_count(0)
         for mode in ("semantic", "hybrid"):
             page.select_option("#mode", mode)  # the switch searches again by itself
             expect(cards).to_have_count(len(SEEDED))  # ranked: every caption, best first

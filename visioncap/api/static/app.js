@@ -10,6 +10,7 @@ const state = {
   stream: null,
   lastEventId: null,
   shown: new Set(),
+  generation: 0, // counts refresh() calls: a list answered after a newer refresh began is not shown
 };
 const imageUrls = new Map();
 
@@ -94,14 +95,15 @@ function clearCards() {
   $("captions").replaceChildren();
 }
 
-async function loadPage(reset) {
-  if (reset) { clearCards(); state.cursor = null; }
+async function loadPage() {
+  const generation = state.generation;
   const params = filterParams();
   params.push(["limit", "48"]);
   if (state.cursor) params.push(["cursor", state.cursor]);
   setStatus("Loading...");
   try {
     const page = await (await api("/v1/captions", params)).json();
+    if (generation !== state.generation) return; // the filters changed meanwhile: a newer list is on its way
     for (const caption of page.items) {
       if (state.shown.has(caption.id)) continue;
       state.shown.add(caption.id);
@@ -158,10 +160,12 @@ function matchesFilters(caption) {
 }
 
 // `resume`: a reconnect of the same stream, which sends the last event id so the server sends what was missed.
-async function follow(resume = false) {
+// `opened` is called once the stream has started (its first block, which carries the start position, arrived)
+// or could not start: a list loaded after that misses nothing the stream does not then send.
+async function follow(resume = false, opened = () => {}) {
   if (state.stream) state.stream.abort();
   if (!resume) state.lastEventId = null;
-  if (!$("live").checked || !state.key) return;
+  if (!$("live").checked || !state.key) { opened(); return; }
   const controller = new AbortController();
   state.stream = controller;
   const params = filterParams().filter(([name]) => name === "camera" || name === "min_people");
@@ -184,11 +188,12 @@ async function follow(resume = false) {
         const lines = block.split("\n");
         const id = lines.find((line) => line.startsWith("id: "));
         if (id) state.lastEventId = id.slice(4); // keep-alives carry one too
+        opened();
         const data = lines.filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
         if (!block.includes("event: caption") || !data) continue;
         const caption = JSON.parse(data);
         if (!matchesFilters(caption)) continue;
-        // A row captioned again (regenerate) comes again: its new card replaces the old one.
+        // A row captioned again (regenerate), or one the list loaded too, comes again: its new card replaces the old.
         if (state.shown.has(caption.id)) $("captions").querySelector(`[data-id="${caption.id}"]`)?.remove();
         state.shown.add(caption.id);
         $("captions").prepend(card(caption, true));
@@ -199,6 +204,8 @@ async function follow(resume = false) {
   } catch (error) {
     if (error.name === "AbortError") return;
     setStatus(`live updates paused: ${error.message}`, true);
+  } finally {
+    opened();
   }
   if (state.stream === controller) setTimeout(() => follow(true), 3000); // reconnect where it stopped
 }
@@ -278,22 +285,28 @@ async function askQuestion(question) {
   }
 }
 
-function refresh() {
+// The stream first, the list once the stream has started: a caption stored while both open is then in the list,
+// or sent by the stream, or both (its card is replaced, not doubled), never in neither.
+async function refresh() {
+  const generation = ++state.generation;
   camerasLoadedAt = Date.now();
   loadCameras();
-  loadPage(true);
-  follow();
+  clearCards();
+  state.cursor = null;
+  await new Promise((resolve) => follow(false, resolve));
+  if (generation === state.generation) loadPage(); // else a newer refresh loads its own list
 }
 
 $("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
-$("live").addEventListener("change", () => follow());
+// Turned back on: the list again (with what came while off), then the stream; turned off: the stream closes.
+$("live").addEventListener("change", () => ($("live").checked ? refresh() : follow()));
 $("askform").addEventListener("submit", (event) => {
   event.preventDefault();
   const question = $("question").value.trim();
   if (question && state.key) askQuestion(question);
 });
 $("mode").addEventListener("change", () => { if ($("q").value.trim()) refresh(); });
-$("more").addEventListener("click", () => loadPage(false));
+$("more").addEventListener("click", () => loadPage());
 $("keyform").addEventListener("submit", (event) => {
   event.preventDefault();
   state.key = $("key").value.trim();
