@@ -11,6 +11,7 @@ import yaml
 from helpers import REPO, invoke_cli
 from typer.testing import CliRunner
 
+from visioncap.bench.standin import stand_in_tokens
 from visioncap.bench.tune.candidates import Candidate, build_candidates, parse_int_list
 from visioncap.bench.tune.run import StandInTarget, TuneError, choose, margins, objectives, reference_objectives
 from visioncap.bench.tune.write import BLOCK_END, BLOCK_START, insert_key, replace_scalar, set_serving_value
@@ -294,6 +295,7 @@ def test_tune_on_the_stand_in_serves_scaled_budgets_and_writes_the_target_only_w
     (models / "build").symlink_to(REPO / "models" / "build", target_is_directory=True)
     (models / "build_tiny_qwen2vl.py").symlink_to(REPO / "models" / "build_tiny_qwen2vl.py")
     original = (models / "qwen2.5-vl-7b.yaml").read_text()
+    original_standin = (models / "standin.yaml").read_text()
     out = tmp_path / "out"
     env = {"VISIONCAP_MODELS_DIR": str(models), "VISIONCAP_DATA_DIR": str(tmp_path / "data")}
     args = ["tune", "--profile", "qwen2.5-vl-7b", "--gpu", "h200", "--stand-in", "standin", "--budgets", "1024,2048"]
@@ -305,11 +307,26 @@ def test_tune_on_the_stand_in_serves_scaled_budgets_and_writes_the_target_only_w
     assert results["complete"], [c["error"] for c in results["candidates"]]
     assert results["stand_in_for"]["profile"] == "qwen2.5-vl-7b" and results["stand_in_for"]["gpu_class"] == "h200"
 
+    # Fidelity was measured first, and the workload resized and measured again (at most once in a quick run)
+    # while it was off target; the budgets follow the frame prompt, from the scale the stand-in was sized with.
+    attempts = results["fidelity_attempts"]
+    sized_scale = yaml.safe_load(original_standin)["stand_in"]["workloads"]["h200"]["token_scale"]
+    assert 1 <= len(attempts) <= 2 and attempts[-1]["ratio"] == results["fidelity"]["ratio"]
+    scale = results["stand_in_for"]["token_scale"]
+    if len(attempts) == 2:
+        assert not attempts[0]["faithful"] and attempts[0]["steady"]
+        assert attempts[1]["probe"] != attempts[0]["probe"]
+        moved = attempts[1]["frame_prompt_tokens"] / attempts[0]["frame_prompt_tokens"]
+        assert scale == pytest.approx(sized_scale * moved, rel=1e-3)
+        assert results["workload"]["image_width"] == attempts[1]["probe"]["frame_width"]
+    else:
+        assert scale == pytest.approx(sized_scale, rel=1e-3)
     # The stand-in served each budget in its own tokens; the results speak the target's, beside the cost model.
-    for candidate, served in zip(results["candidates"], (1808, 3616), strict=True):
-        args = candidate["vllm_args"]
+    for candidate, budget in zip(results["candidates"], (1024, 2048), strict=True):
+        args, served = candidate["vllm_args"], stand_in_tokens(budget, scale)
         assert args[args.index("--max-num-batched-tokens") + 1] == str(served)
-        assert args[args.index("--long-prefill-token-threshold") + 1] == "1808"  # the target's 1024 on h200
+        threshold = stand_in_tokens(1024, scale)  # the target's 1024 on h200
+        assert args[args.index("--long-prefill-token-threshold") + 1] == str(threshold)
         m = candidate["measurement"]
         assert m["served_max_num_batched_tokens"] == served
         assert m["estimate"]["decode_step_ms"] > 0 and m["estimate"]["frames_encoded_per_step"] >= 1
@@ -319,7 +336,7 @@ def test_tune_on_the_stand_in_serves_scaled_budgets_and_writes_the_target_only_w
     assert results["objectives"]["itl_p99_ms"] == round(1.25 * reference["itl_ms"]["p99"], 1)
     assert results["objectives"]["ttft_p99_ms"] == round(1.5 * reference["ttft_ms"]["p99"], 1)
 
-    # Fidelity was measured first; only a faithful stand-in's choice reaches the target profile.
+    # Only a faithful stand-in's choice reaches the target profile.
     fidelity = results["fidelity"]
     assert fidelity is not None and set(fidelity["ratio"]) >= {"frame_encoder_steps", "frame_prefill_steps"}
     profile = load_profile("qwen2.5-vl-7b", models)

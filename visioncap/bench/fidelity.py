@@ -610,3 +610,15 @@ def gate_goals(goals: dict[str, Any], fidelity: FidelityResult | None) -> dict[s
     for name, goal in goals.items():
         gated[name] = goal if reason is None else {**goal, "met": None, "not_judged": reason}
     return gated
+
+
+def attempt_record(result: FidelityResult) -> dict[str, Any]:
+    """One fidelity measurement of a run's start, as results files keep each attempt (a refit makes several)."""
+    return {
+        "probe": asdict(result.probe),
+        "frame_prompt_tokens": result.frame_prompt_tokens,
+        "step_ms": result.step_ms,
+        "ratio": result.ratio,
+        "faithful": result.faithful,
+        "steady": result.steady,
+    }

@@ -38,7 +38,7 @@ from typing import Any
 import httpx
 
 from visioncap.bench.calibrate import calibrate, tokens_per_word
-from visioncap.bench.fidelity import FidelityResult, gate_goals, probe_for, target_for
+from visioncap.bench.fidelity import FidelityResult, attempt_record, gate_goals, probe_for, target_for
 from visioncap.bench.fidelity import measure as measure_fidelity
 from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.frontier import FrontierPoint, frontier
@@ -251,6 +251,29 @@ class Run:
         )
         self.frames = FramePool(self.options.image_width, self.options.image_height, self.options.seed)
         self.filler = filler_text(self.options.frame_filler_words, self.options.seed)
+
+    def fit_stand_in(self, server: VllmServer, target_name: str, gpu: str, refits: int) -> list[FidelityResult]:
+        """Does this stand-in cost what the target costs on `server`? When it does not (and the machine was steady
+        enough to tell), the workload is resized toward the target (visioncap.bench.standin.refit) and measured
+        again, up to `refits` times. Every measurement, printed and returned; the last one decides."""
+        target = target_for(target_name, gpu, self.options.models_dir)
+        attempts: list[FidelityResult] = []
+        while True:
+            o = self.options
+            self.mark(
+                f"stand-in fidelity against {target_name} on {gpu}: {o.image_width}x{o.image_height} frames, "
+                f"{o.frame_filler_words} filler words, chat prompts {o.chat_prompt_tokens}"
+            )
+            result = measure_fidelity(server.base_url, self.model, target, probe_for(o, o.fidelity_repeats))
+            for line in fidelity_lines(result):
+                log.info("%s", line)
+            earlier = list(attempts)
+            attempts.append(result)
+            if result.faithful or not result.steady or len(attempts) > refits:
+                return attempts
+            resized = refit(result, earlier)
+            self.mark(f"stand-in off target ({', '.join(resized.changed)}): resized to {asdict(resized)}")
+            self.resize(resized)
 
     def mark(self, what: str) -> None:
         self.timeline.append((what, round(time.monotonic() - self._t0, 1)))
@@ -533,29 +556,12 @@ def _budget_frontier(run: Run) -> None:
 
 
 def _fidelity(run: Run, server: VllmServer) -> FidelityResult:
-    """Does this stand-in cost what the target costs? When it does not (and the machine was steady enough to
-    tell), the workload is resized toward the target and measured again, up to `fidelity_refits` times. Each
-    measurement is printed and kept (`fidelity_attempts`); the goals are judged only if the last one is on target."""
+    """The stand-in fitted on this server (`Run.fit_stand_in`); every attempt kept (`fidelity_attempts`)."""
     o = run.options
     assert o.fidelity_target is not None
-    target = target_for(o.fidelity_target, o.fidelity_gpu, o.models_dir)
-    attempts: list[FidelityResult] = run.extra.setdefault("fidelity_attempts", [])
-    while True:
-        o = run.options
-        run.mark(
-            f"stand-in fidelity against {o.fidelity_target} on {o.fidelity_gpu}: {o.image_width}x{o.image_height} "
-            f"frames, {o.frame_filler_words} filler words, chat prompts {o.chat_prompt_tokens}"
-        )
-        result = measure_fidelity(server.base_url, run.model, target, probe_for(o, o.fidelity_repeats))
-        for line in fidelity_lines(result):
-            log.info("%s", line)
-        earlier = list(attempts)
-        attempts.append(result)
-        if result.faithful or not result.steady or len(attempts) > o.fidelity_refits:
-            return result
-        resized = refit(result, earlier)
-        run.mark(f"stand-in off target ({', '.join(resized.changed)}): resized to {asdict(resized)}")
-        run.resize(resized)
+    attempts = run.fit_stand_in(server, o.fidelity_target, o.fidelity_gpu, o.fidelity_refits)
+    run.extra["fidelity_attempts"] = attempts
+    return attempts[-1]
 
 
 def _overhead(run: Run, server: VllmServer, chat_key: str, caption_key: str) -> None:
@@ -1018,7 +1024,7 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
         "s3_gateway_timeline": gateway_timeline(run.phases.get("S3"), o.gw_max_concurrency),
         "ratios": ratios,
         "fidelity": run.extra["fidelity"].to_dict() if "fidelity" in run.extra else None,
-        "fidelity_attempts": [_attempt(result) for result in run.extra.get("fidelity_attempts", [])],
+        "fidelity_attempts": [attempt_record(result) for result in run.extra.get("fidelity_attempts", [])],
         "ceilings": run.extra.get("ceilings"),
         "intervals_95": bounds,
         "frontier": {"points": [p.to_dict() for p in points], "levels": front},
@@ -1027,17 +1033,6 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
             run.extra.get("fidelity"),
         ),
         "timeline": run.timeline,
-    }
-
-
-def _attempt(result: FidelityResult) -> dict[str, Any]:
-    """One fidelity measurement of the run's start, as mixed.json keeps it."""
-    return {
-        "probe": asdict(result.probe),
-        "step_ms": result.step_ms,
-        "ratio": result.ratio,
-        "faithful": result.faithful,
-        "steady": result.steady,
     }
 
 

@@ -11,7 +11,9 @@ With a stand-in (`StandInTarget`), the candidates are a GPU profile's budgets in
 on the CPU stand-in scaled by the stand-in's token ratio, with the stand-in's workload for that GPU class (frames,
 filler text, chat prompts that cost what the target's cost there, in decode steps), and the choice is written in
 the target's tokens into the target profile, with the cost model's figures for each budget beside the measurement.
-Its fidelity is measured first: an off-target stand-in writes nothing.
+Its fidelity is measured first, on the first candidate's server, and an off-target workload is resized and measured
+again (`Run.fit_stand_in`, as `bench mixed` does); the budgets follow the frame prompt. A stand-in still off target
+after that writes nothing.
 """
 
 from __future__ import annotations
@@ -27,8 +29,7 @@ from typing import Any
 
 import httpx
 
-from visioncap.bench.fidelity import FidelityResult, probe_for, target_for
-from visioncap.bench.fidelity import measure as measure_fidelity
+from visioncap.bench.fidelity import FidelityResult, attempt_record
 from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.load import Target
 from visioncap.bench.machine import hardware, machine_facts
@@ -128,6 +129,9 @@ class TuneOptions:
     # candidate's server; when the stand-in is off target nothing is judged and the profile is not written.
     fidelity_target: str | None = None
     fidelity_gpu: str = "h200"
+    # An off-target workload is resized toward the target and measured again at most this many times (the load of
+    # this shared machine moves its decode step, the unit of every figure, since the stand-in was sized).
+    fidelity_refits: int = 2
     # Tune a GPU profile on this (the served) stand-in; the fidelity target is then that profile on its class.
     stand_in_for: StandInTarget | None = None
     # Objectives as `level` x chat alone's inter-token p99 and TTFT_FACTOR x its TTFT p99 (the frontier objective
@@ -137,7 +141,7 @@ class TuneOptions:
     @classmethod
     def quick_defaults(cls) -> dict[str, Any]:
         """About a minute per candidate on 2 CPU cores: short phases."""
-        return {"duration_s": 14.0, "warmup_s": 2.0, "reference_s": 8.0, "quick": True}
+        return {"duration_s": 14.0, "warmup_s": 2.0, "reference_s": 8.0, "fidelity_refits": 1, "quick": True}
 
     def workload_line(self) -> str:
         return (
@@ -183,8 +187,13 @@ def steps_per_candidate() -> int:
     return 3  # start, warm-up, measure (the stop is part of measure)
 
 
+def first_server_steps(options: TuneOptions) -> int:
+    """The first candidate's server also fits the stand-in and measures chat alone, when asked to."""
+    return (options.fidelity_target is not None or options.stand_in_for is not None) + (options.reference_s > 0)
+
+
 def total_steps(options: TuneOptions) -> int:
-    return len(options.candidates) * steps_per_candidate() + (1 if options.reference_s > 0 else 0)
+    return len(options.candidates) * steps_per_candidate() + first_server_steps(options)
 
 
 def mixed_options(options: TuneOptions) -> MixedOptions:
@@ -395,6 +404,7 @@ def run_tune(options: TuneOptions, progress: TuneProgress | None = None) -> dict
     options.work_dir.mkdir(parents=True, exist_ok=True)
     measured = _Candidates(options, profile, Run(mixed_options(options), profile), report)
     measured.measure()
+    options = measured.options  # with the workload the stand-in's fit settled on
     choice = _judge(options, measured)
     finished_at = datetime.now(UTC)
     results = _results(options, profile, measured, choice, started_at, finished_at, time.monotonic() - started)
@@ -433,21 +443,27 @@ class _Candidates:
         self.runs: list[CandidateRun] = []
         self.reference: dict[str, Any] | None = None
         self.reference_missing: str | None = None  # why the reference was not measured, when it was not
-        self.fidelity: FidelityResult | None = None
+        self.fidelity: FidelityResult | None = None  # the last of fidelity_attempts, which decides
+        self.fidelity_attempts: list[FidelityResult] = []
 
     def measure(self) -> None:
         for index, candidate in enumerate(self.options.candidates):
             self.runs.append(self._measure(candidate, first=index == 0))
 
-    def _measure(self, candidate: Candidate, first: bool) -> CandidateRun:
-        options, target_of = self.options, self.options.stand_in_for
-        served = candidate_profile(
-            self.profile, options.gpu_class, target_of.served(candidate) if target_of is not None else candidate
+    def _served(self, candidate: Candidate) -> ModelProfile:
+        target_of = self.options.stand_in_for
+        return candidate_profile(
+            self.profile, self.options.gpu_class, target_of.served(candidate) if target_of is not None else candidate
         )
+
+    def _measure(self, candidate: Candidate, first: bool) -> CandidateRun:
+        options = self.options
+        served = self._served(candidate)
         current = CandidateRun(candidate, served.command_args(options.gpu_class))
         flood_priority = BACKGROUND_PRIORITY if _uses_priority(served, options.gpu_class) else None
-        steps = _Steps(self.report, steps_per_candidate() + (1 if first and options.reference_s > 0 else 0))
+        steps = _Steps(self.report, steps_per_candidate() + (first_server_steps(options) if first else 0))
         steps.next(f"{candidate.label}: starting vLLM")
+        rescaled = False
         try:
             t0 = time.monotonic()
             with candidate_server(served, options, candidate.label.replace("/", "-")) as server:
@@ -456,14 +472,18 @@ class _Candidates:
                 self.run.warm(server)
                 if first:
                     self._on_first_server(server, candidate, steps)
-                steps.next(f"{candidate.label}: chat + camera flood, {options.duration_s:g} s")
-                current.summary = self.run.phase(
-                    f"mixed-{candidate.label}",
-                    server.root_url,
-                    chat=Target(server.base_url),
-                    flood=Target(server.base_url),
-                    flood_priority=flood_priority,
-                )
+                    # The fit may move the stand-in's token scale, and with it the candidate's budget in the
+                    # stand-in's tokens: this server would no longer serve the candidate.
+                    rescaled = self._served(candidate).command_args(options.gpu_class) != current.profile_args
+                if not rescaled:
+                    steps.next(f"{candidate.label}: chat + camera flood, {options.duration_s:g} s")
+                    current.summary = self.run.phase(
+                        f"mixed-{candidate.label}",
+                        server.root_url,
+                        chat=Target(server.base_url),
+                        flood=Target(server.base_url),
+                        flood_priority=flood_priority,
+                    )
         except (ServerError, httpx.HTTPError) as exc:
             current.error = f"{type(exc).__name__}: {str(exc)[:500]}"
             self.report.note(f"[red]{candidate.label}: failed: {current.error.splitlines()[0]}[/]")
@@ -471,6 +491,9 @@ class _Candidates:
             if first and self.reference is None:
                 self.reference_missing = f"{candidate.label}'s server failed before it: {current.error}"
         steps.finish()  # steps a failed candidate did not reach count too, so the bar ends full
+        if rescaled:
+            self.report.note(f"{candidate.label}: its budget moved with the resized workload; served again")
+            return self._measure(candidate, first=False)
         if current.summary is not None:
             current.measurement = self._measurement(candidate, current.summary)
             m = current.measurement
@@ -483,9 +506,15 @@ class _Candidates:
     def _on_first_server(self, server: VllmServer, candidate: Candidate, steps: _Steps) -> None:
         options = self.options
         if options.fidelity_target is not None:
-            self.fidelity = _fidelity(options, server, self.run.model)
+            steps.next(f"{candidate.label}: stand-in fidelity against {options.fidelity_target}")
+            self.fidelity_attempts = self.run.fit_stand_in(
+                server, options.fidelity_target, options.fidelity_gpu, options.fidelity_refits
+            )
+            self.fidelity = self.fidelity_attempts[-1]
             for line in fidelity_lines(self.fidelity):
                 self.report.note(line)
+            if len(self.fidelity_attempts) > 1:
+                self._settle_workload()
         if options.reference_s > 0:
             steps.next(f"{candidate.label}: chat alone (reference), {options.reference_s:g} s")
             self.reference = self.run.phase(
@@ -497,6 +526,24 @@ class _Candidates:
                 warmup_s=0.5,
                 schedule_seed=options.seed + 1,
             )
+
+    def _settle_workload(self) -> None:
+        """The options take the workload the fit settled on. A stand-in's budgets follow its frame prompt: they are
+        the target's scaled by the frame prompts' ratio (`StandInTarget.token_scale`), so that a frame takes the
+        same share of a step's budget on both."""
+        sent, first, last = self.run.options, self.fidelity_attempts[0], self.fidelity_attempts[-1]
+        self.options = replace(
+            self.options,
+            image_width=sent.image_width,
+            image_height=sent.image_height,
+            frame_filler_words=sent.frame_filler_words,
+            chat_prompt_tokens=sent.chat_prompt_tokens,
+        )
+        target_of = self.options.stand_in_for
+        if target_of is not None and first.frame_prompt_tokens > 0:
+            scale = target_of.token_scale * last.frame_prompt_tokens / first.frame_prompt_tokens
+            self.options = replace(self.options, stand_in_for=replace(target_of, token_scale=round(scale, 4)))
+        self.report.note(f"workload resized to fit the target: {self.options.workload_line()}")
 
     def _measurement(self, candidate: Candidate, summary: dict[str, Any]) -> TunedMeasurement:
         """The phase's figures; on a stand-in, with the budget it served and the cost model's on the target."""
@@ -584,6 +631,7 @@ def _results(
         "chosen": marked[choice.chosen].model_dump() | {"label": _label(marked[choice.chosen])},
         "objectives_met": choice.met,
         "fidelity": fidelity.to_dict() if fidelity is not None else None,
+        "fidelity_attempts": [attempt_record(result) for result in measured.fidelity_attempts],
         "not_judged": choice.not_judged,
         "margins": margins(marked, choice.chosen),
         "warnings": warnings(measured.runs, offered_rate=options.objective_level is not None),
@@ -671,12 +719,6 @@ def _measured_on(
         ratios = ", ".join(f"{k} {v:.2f}" for k, v in fidelity.ratio.items() if v is not None)
         measured_on += f"; fidelity (measured / target, decode steps): {ratios}"
     return measured_on
-
-
-def _fidelity(options: TuneOptions, server: VllmServer, model: str) -> FidelityResult:
-    assert options.fidelity_target is not None
-    target = target_for(options.fidelity_target, options.fidelity_gpu, options.models_dir)
-    return measure_fidelity(server.base_url, model, target, probe_for(options))
 
 
 def _jsonable(value: Any) -> Any:
