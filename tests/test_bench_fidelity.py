@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -11,6 +12,7 @@ from visioncap.bench.fidelity import (
     FidelityProbe,
     FidelityTarget,
     Injection,
+    _bodies,
     encoder_steps,
     gate_goals,
     histogram_totals,
@@ -130,3 +132,25 @@ def test_fidelity_is_measured_against_real_vllm(vllm_server: VllmServer) -> None
     assert result.step_ms > 0 and all(math.isfinite(v) for v in result.measured.values())
     lines = report_lines(result)
     assert lines[0].startswith("stand-in fidelity against test") and len(lines) == 5
+
+
+def test_a_second_measurement_on_the_same_server_sends_frames_it_has_not_seen(vllm_server: VllmServer) -> None:
+    """A refit measures again on the same server (prefix cache on), often at the same frame size with more filler.
+    Its frames must be new images: the same image again, with the old filler a prefix of the new, is found in
+    vLLM's prefix cache and costs no encoder pass (a tune run measured a frame's encoder at -1.1 steps)."""
+    import httpx
+
+    first_probe = FidelityProbe(frame_width=196, frame_height=140, frame_filler_words=20, repeats=2)
+    refit_probe = FidelityProbe(frame_width=196, frame_height=140, frame_filler_words=40, repeats=2)
+
+    def images(probe: FidelityProbe) -> list[str]:
+        async def made() -> list[str]:
+            async with httpx.AsyncClient(timeout=60) as client:
+                bodies = await _bodies(client, vllm_server.base_url, TINY_MODEL, probe)
+            return [body["messages"][0]["content"][1]["image_url"]["url"] for body in bodies.frames]
+
+        return asyncio.run(made())
+
+    first, again = images(first_probe), images(refit_probe)
+    assert len(set(first)) == len(first) == (2 + first_probe.warmup_rounds) * 2
+    assert not set(first) & set(again)

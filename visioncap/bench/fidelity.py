@@ -313,12 +313,16 @@ async def _text_body(
     return body, counted
 
 
-def _frame_body(model: str, probe: FidelityProbe, index: int) -> dict[str, Any]:
+def _frame_body(model: str, probe: FidelityProbe, index: int, salt: str) -> dict[str, Any]:
+    """Frame number `index` of the measurement salted `salt`.
+
+    Its image is drawn from the salt too: a refit (`Run.fit_stand_in`) measures again on the same server, with
+    prefix caching on, often at the same frame size and with more filler. Frames drawn from the seed alone came
+    back identical there, image and the old filler a prefix of the new, and vLLM's prefix cache skipped their
+    encoder and most of their prefill (a tune run measured a frame at -1.1 encoder steps)."""
     import random
 
-    jpeg = camera_frame(probe.frame_width, probe.frame_height, random.Random(f"{probe.seed}:fidelity:{index}"))
-    # The same seed gives the same frames in the next run: servers that measure the stand-in run without a prefix
-    # cache (`visioncap.bench.servers.without_prefix_cache`).
+    jpeg = camera_frame(probe.frame_width, probe.frame_height, random.Random(f"{probe.seed}:{salt}:fidelity:{index}"))
     body = caption_body(model, jpeg_data_uri(jpeg), 1, "fidelity", filler=filler_text(probe.frame_filler_words, index))
     return {key: body[key] for key in ("model", "messages", "temperature")}
 
@@ -380,10 +384,11 @@ class _Bodies:
 async def _bodies(client: httpx.AsyncClient, base_url: str, model: str, probe: FidelityProbe) -> _Bodies:
     """Counts the frame's tokens (which warms the image path, processor and encoder, before anything is timed) and
     sizes a text prompt of as many tokens and the chat prompt."""
-    frame_tokens = await _prompt_tokens(client, base_url, _frame_body(model, probe, -1))
     # Every injected text starts with a unique word: a vocabulary word, this run's salt (so an earlier run's
-    # texts on the same server, same seed and same words, are not found in the prefix cache) and a counter.
+    # texts on the same server, same seed and same words, are not found in the prefix cache) and a counter; the
+    # salt draws the frames' images too.
     salt = secrets.token_hex(3)
+    frame_tokens = await _prompt_tokens(client, base_url, _frame_body(model, probe, -1, salt))
     shape = f"{WORDS[0]}{salt}10"
     same_body, _ = await _text_body(client, base_url, model, frame_tokens, probe.seed + 1, shape)
     chat_body, chat_tokens = await _text_body(client, base_url, model, probe.chat_prompt_tokens, probe.seed + 2, shape)
@@ -397,7 +402,7 @@ async def _bodies(client: httpx.AsyncClient, base_url: str, model: str, probe: F
         tiny={"model": model, "messages": [{"role": "user", "content": "Hi"}], "temperature": 0},
         # One per frame injection and a spare per round for retries: a frame sent twice would find its prompt in
         # vLLM's prefix cache.
-        frames=[_frame_body(model, probe, i) for i in range((probe.repeats + probe.warmup_rounds) * 2)],
+        frames=[_frame_body(model, probe, i, salt) for i in range((probe.repeats + probe.warmup_rounds) * 2)],
     )
 
 
