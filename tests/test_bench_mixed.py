@@ -6,6 +6,7 @@ import base64
 import io
 import itertools
 import json
+import math
 import random
 from pathlib import Path
 
@@ -15,7 +16,15 @@ from PIL import Image
 from visioncap.bench.frontier import FrontierPoint, frontier
 from visioncap.bench.load import CaptionResult, ChatResult, PhaseResult
 from visioncap.bench.mixed import GOALS, compute_ratios, evaluate_goals, with_policy
-from visioncap.bench.stats import bootstrap_ratio_interval, ecdf, percentile, poisson_arrivals, ratio, summarize
+from visioncap.bench.stats import (
+    bootstrap_interval,
+    bootstrap_ratio_interval,
+    ecdf,
+    percentile,
+    poisson_arrivals,
+    ratio,
+    summarize,
+)
 from visioncap.bench.workload import FramePool, caption_bodies, chat_body, chat_schedule
 from visioncap.config.gateway import ImagesConfig
 from visioncap.config.profiles import load_profile
@@ -227,6 +236,13 @@ def test_bootstrap_interval_brackets_the_ratio_and_narrows_with_more_chats() -> 
     assert few[0] < 2.0 < few[1] and many[0] < 2.0 < many[1]
     assert many[1] - many[0] < few[1] - few[0]
     assert bootstrap_ratio_interval([], chats(5, 1.0), 99) is None
+    # One arm: the p99 itself (an exponential's is ln 100 times its mean).
+    few_p99 = bootstrap_interval(chats(20, 1.0), 99, resamples=300, seed=3)
+    many_p99 = bootstrap_interval(chats(400, 1.0), 99, resamples=300, seed=3)
+    assert few_p99 is not None and many_p99 is not None
+    assert few_p99[0] < math.log(100) < few_p99[1] and many_p99[0] < math.log(100) < many_p99[1]
+    assert many_p99[1] - many_p99[0] < few_p99[1] - few_p99[0]
+    assert bootstrap_interval([], 99) is None
 
 
 def test_profile_policy_switch_keeps_everything_else() -> None:

@@ -13,7 +13,15 @@ from typer.testing import CliRunner
 
 from visioncap.bench.standin import stand_in_tokens
 from visioncap.bench.tune.candidates import Candidate, build_candidates, parse_int_list
-from visioncap.bench.tune.run import StandInTarget, TuneError, choose, margins, objectives, reference_objectives
+from visioncap.bench.tune.run import (
+    StandInTarget,
+    TuneError,
+    choose,
+    margins,
+    objectives,
+    reference_objectives,
+    tied_with,
+)
 from visioncap.bench.tune.write import BLOCK_END, BLOCK_START, insert_key, replace_scalar, set_serving_value
 from visioncap.cli import app
 from visioncap.config.profiles import load_profile
@@ -90,6 +98,43 @@ def test_when_none_meets_the_objectives_the_lowest_inter_token_p99_is_taken() ->
     marked, chosen, met = choose(runs, [True, True], target)
     assert not met and chosen == 1
     assert not any(m.meets_objectives for m in marked)
+
+
+def with_interval(m: TunedMeasurement, low: float, high: float, worst_step_ms: float) -> TunedMeasurement:
+    return m.model_copy(update={"itl_p99_interval_ms": [low, high], "estimate": {"worst_step_ms": worst_step_ms}})
+
+
+def test_candidates_the_measurement_cannot_tell_apart_are_decided_by_the_cost_model() -> None:
+    target = TunedObjectives(ttft_p99_ms=50, itl_p99_ms=20, ttft_source="given", itl_source="given")
+    # None meets; the lowest p99 (4096) is not told apart from 512 and 2048, whose intervals overlap its own;
+    # among those, 512 lets the fewest frames' encoders share a step on the target.
+    runs = [
+        with_interval(measured(512, 4.0, 31.8, 212), 25.0, 36.0, 16.5),
+        with_interval(measured(1024, 4.0, 40.0, 291), 37.0, 45.0, 31.5),
+        with_interval(measured(2048, 4.0, 28.5, 312), 24.0, 33.0, 72.1),
+        with_interval(measured(4096, 4.0, 25.1, 266), 21.0, 29.0, 145.5),
+    ]
+    assert tied_with(runs, [0, 1, 2, 3], False) == [0, 2, 3]
+    _, chosen, met = choose(runs, [True] * 4, target)
+    assert not met and chosen == 0
+    # Apart (no overlap), the measurement decides, whatever the cost model prefers.
+    apart = [runs[0].model_copy(update={"itl_p99_interval_ms": [30.0, 36.0]}), runs[3]]
+    assert choose(apart, [True, True], target)[1] == 1
+    # Without intervals (a run that kept no gaps) the lowest p99 alone is the best.
+    bare = [measured(512, 4.0, 31.8, 212), measured(4096, 4.0, 25.1, 266)]
+    assert choose(bare, [True, True], target)[1] == 1
+
+
+def test_meeting_candidates_within_a_percent_of_the_best_throughput_are_tied() -> None:
+    target = TunedObjectives(ttft_p99_ms=500, itl_p99_ms=50, ttft_source="given", itl_source="given")
+    runs = [
+        with_interval(measured(512, 3.97, 31.0, 212), 25.0, 36.0, 16.5),
+        with_interval(measured(2048, 4.0, 28.0, 312), 24.0, 33.0, 72.1),
+        with_interval(measured(4096, 3.5, 20.0, 266), 18.0, 22.0, 145.5),
+    ]
+    assert tied_with(runs, [0, 1, 2], True) == [0, 1]  # 4096 keeps up with fewer captions: not tied
+    _, chosen, met = choose(runs, [True] * 3, target)
+    assert met and chosen == 0
 
 
 def test_objectives_relative_to_chat_alone_are_the_frontier_objective() -> None:
@@ -331,6 +376,11 @@ def test_tune_on_the_stand_in_serves_scaled_budgets_and_writes_the_target_only_w
         assert m["served_max_num_batched_tokens"] == served
         assert m["estimate"]["decode_step_ms"] > 0 and m["estimate"]["frames_encoded_per_step"] >= 1
     assert [c["max_num_batched_tokens"] for c in results["candidates"]] == [1024, 2048]
+    # Each p99 has its bootstrap interval over chats; the chosen one is among the candidates tied with the best.
+    for candidate in results["candidates"]:
+        low, high = candidate["measurement"]["itl_p99_interval_ms"]
+        assert low <= high and low > 0
+    assert results["chosen"]["label"] in results["tied"]
     # The frontier objective: relative to chat alone, measured on the same server.
     reference = results["reference_chat_alone"]["chat"]
     assert results["objectives"]["itl_p99_ms"] == round(1.25 * reference["itl_ms"]["p99"], 1)

@@ -67,6 +67,31 @@ def ecdf(values: Sequence[float]) -> tuple[list[float], list[float]]:
     return ordered, [(index + 1) / n for index in range(n)]
 
 
+def _resampled(clusters: Sequence[Sequence[float]], q: float, rng: random.Random) -> float | None:
+    """Percentile q of the values of len(clusters) clusters drawn with replacement, pooled."""
+    return percentile([v for c in rng.choices(clusters, k=len(clusters)) for v in c], q)
+
+
+def _interval(values: list[float]) -> tuple[float, float] | None:
+    if not values:
+        return None
+    low, high = percentile(values, 2.5), percentile(values, 97.5)
+    assert low is not None and high is not None
+    return low, high
+
+
+def bootstrap_interval(
+    clusters: Sequence[Sequence[float]], q: float, resamples: int = 1000, seed: int = 0
+) -> tuple[float, float] | None:
+    """95 % interval of percentile-q of the pooled values, resampling whole clusters (see
+    `bootstrap_ratio_interval`). None when there are none."""
+    if not clusters:
+        return None
+    rng = random.Random(seed)
+    found = (_resampled(clusters, q, rng) for _ in range(resamples))
+    return _interval([v for v in found if v is not None])
+
+
 def bootstrap_ratio_interval(
     numerator: Sequence[Sequence[float]],
     denominator: Sequence[Sequence[float]],
@@ -85,13 +110,7 @@ def bootstrap_ratio_interval(
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
-        top = percentile([v for c in rng.choices(numerator, k=len(numerator)) for v in c], q)
-        bottom = percentile([v for c in rng.choices(denominator, k=len(denominator)) for v in c], q)
-        value = ratio(top, bottom)
+        value = ratio(_resampled(numerator, q, rng), _resampled(denominator, q, rng))
         if value is not None:
             ratios.append(value)
-    if not ratios:
-        return None
-    low, high = percentile(ratios, 2.5), percentile(ratios, 97.5)
-    assert low is not None and high is not None
-    return low, high
+    return _interval(ratios)

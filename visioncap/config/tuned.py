@@ -21,6 +21,11 @@ class TunedMeasurement(StrictModel):
     # Inter-token latency as visioncap.gateway.sse defines it: per token, chunks read together share their gap.
     itl_p50_ms: float | None = Field(description="Chat inter-token latency, median (ms).")
     itl_p99_ms: float | None = Field(description="Chat inter-token latency, 99th percentile (ms).")
+    itl_p99_interval_ms: list[float] | None = Field(
+        default=None,
+        description="95 % bootstrap interval of itl_p99_ms, resampling whole chats (visioncap.bench.stats); "
+        "candidates whose intervals overlap the best one's are tied, and the tie goes to the cost model.",
+    )
     captions_per_s: float | None = Field(description="Captions completed per second in the measured window.")
     chat_requests: int = Field(description="Chat requests answered with at least one token in the phase.")
     meets_objectives: bool = Field(description="Both p99 objectives met and the phase measured without failures.")

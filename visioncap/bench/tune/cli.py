@@ -35,6 +35,10 @@ class BarProgress(TuneProgress):
     def advance(self) -> None:
         self.bar.advance(self.task)
 
+    def more(self, steps: int) -> None:
+        total = self.bar.tasks[self.task].total or 0
+        self.bar.update(self.task, total=total + steps)
+
     def note(self, line: str) -> None:
         self.bar.console.print(line, highlight=False)
 
@@ -53,19 +57,21 @@ def results_table(results: dict[str, Any]) -> Table:
         title=f"{results['profile']} on {results['gpu_class']}: objectives TTFT p99 <= {o['ttft_p99_ms']:g} ms, "
         f"inter-token p99 <= {o['itl_p99_ms']:g} ms"
     )
-    for column in ("candidate", "captions/s", "ITL p50", "ITL p99", "TTFT p50", "TTFT p99", "chats", "meets"):
+    columns = ("candidate", "captions/s", "ITL p50", "ITL p99", "ITL p99 CI", "TTFT p50", "TTFT p99", "chats", "meets")
+    for column in columns:
         table.add_column(column, justify="left" if column == "candidate" else "right")
     for c in results["candidates"]:
         m = c.get("measurement")
         label = c["label"] + (" (chosen)" if c["label"] == results["chosen"]["label"] else "")
         if m is None:
-            table.add_row(label, "failed: " + (c.get("error") or "?").splitlines()[0][:60], *[""] * 6)
+            table.add_row(label, "failed: " + (c.get("error") or "?").splitlines()[0][:60], *[""] * 7)
             continue
         table.add_row(
             label,
             _f(m["captions_per_s"], 2),
             _f(m["itl_p50_ms"], 1),
             _f(m["itl_p99_ms"], 1),
+            "-" if not m.get("itl_p99_interval_ms") else "{:.1f}-{:.1f}".format(*m["itl_p99_interval_ms"]),
             _f(m["ttft_p50_ms"]),
             _f(m["ttft_p99_ms"]),
             str(m["chat_requests"]),
@@ -214,6 +220,10 @@ def print_results(results: dict[str, Any]) -> None:
     chosen = results["chosen"]
     margins = results["margins"]
     lines = [f"chosen: {chosen['label']} ({chosen['captions_per_s']} captions/s, ITL p99 {chosen['itl_p99_ms']} ms)"]
+    tied = [label for label in results.get("tied") or () if label != chosen["label"]]
+    if tied:
+        why = "the cost model's shortest worst step on the target" if chosen.get("estimate") else "its lower p99"
+        lines.append(f"tied with {', '.join(tied)} (inter-token p99 95 % intervals overlap): chosen for {why}")
     low = margins.get("lowest_throughput")
     if low and low["candidate"] != chosen["label"]:
         lines.append(f"vs the lowest throughput ({low['candidate']}): {low['throughput_gain_pct']:+} % captions/s")

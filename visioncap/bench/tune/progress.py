@@ -12,5 +12,8 @@ class TuneProgress:
     def advance(self) -> None:
         """The current step is done."""
 
+    def more(self, steps: int) -> None:
+        """The run found `steps` more to do than it said at the start (a candidate served again)."""
+
     def note(self, line: str) -> None:
         """A result worth a line of its own."""

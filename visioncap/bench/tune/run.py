@@ -33,9 +33,10 @@ from visioncap.bench.fidelity import FidelityResult, attempt_record
 from visioncap.bench.fidelity import report_lines as fidelity_lines
 from visioncap.bench.load import Target
 from visioncap.bench.machine import hardware, machine_facts
-from visioncap.bench.mixed import MixedOptions, Run
+from visioncap.bench.mixed import MixedOptions, Run, gap_clusters
 from visioncap.bench.servers import measured_vllm
 from visioncap.bench.standin import stand_in_tokens, workload_for, workload_options
+from visioncap.bench.stats import bootstrap_interval
 from visioncap.bench.tune.candidates import Candidate, candidate_profile
 from visioncap.bench.tune.progress import TuneProgress
 from visioncap.config.profiles import ModelProfile, load_profile
@@ -310,11 +311,17 @@ def objectives(measured: list[TunedMeasurement], ttft_ms: float | None, itl_ms: 
     )
 
 
+# Caption throughputs closer than this share of the best one's are a tie: frames are offered at a fixed rate, so
+# candidates that keep up differ by a frame or two over a phase.
+THROUGHPUT_TIE = 0.01
+
+
 def choose(
     measured: list[TunedMeasurement], clean: list[bool], target: TunedObjectives
 ) -> tuple[list[TunedMeasurement], int, bool]:
-    """Mark which candidates meet the objectives; pick the highest caption throughput among them (ties: the
-    lower inter-token p99). When none does, pick the lowest inter-token p99 and say so (False)."""
+    """Mark which candidates meet the objectives; pick the highest caption throughput among them. When none does,
+    pick the lowest inter-token p99 and say so (False). Either way the measurement may not tell the best from
+    others (`tied_with`); the tie goes to `_preferred`."""
     marked = [
         m.model_copy(
             update={
@@ -328,14 +335,47 @@ def choose(
         )
         for m, ok in zip(measured, clean, strict=True)
     ]
+    pool, met = choice_pool(marked)
+    return marked, min(tied_with(marked, pool, met), key=lambda i: _preferred(marked[i])), met
+
+
+def choice_pool(marked: list[TunedMeasurement]) -> tuple[list[int], bool]:
+    """The candidates to choose among: those meeting the objectives (True), else every one that measured chat
+    inter-token latency (False)."""
     meeting = [i for i, m in enumerate(marked) if m.meets_objectives]
     if meeting:
-        best = max(meeting, key=lambda i: (marked[i].captions_per_s or 0.0, -(marked[i].itl_p99_ms or 0.0)))
-        return marked, best, True
+        return meeting, True
     usable = [i for i, m in enumerate(marked) if m.itl_p99_ms is not None]
     if not usable:
         raise TuneError("no candidate measured chat inter-token latency")
-    return marked, min(usable, key=lambda i: marked[i].itl_p99_ms or 0.0), False
+    return usable, False
+
+
+def tied_with(marked: list[TunedMeasurement], pool: list[int], by_throughput: bool) -> list[int]:
+    """The candidates of `pool` the measurement cannot tell from its best: by throughput, those within
+    THROUGHPUT_TIE of the highest captions/s and, among them, the inter-token p99s tied as below; by inter-token
+    p99, those whose 95 % interval overlaps the lowest one's (without intervals, the lowest alone)."""
+    if by_throughput:
+        top = max(marked[i].captions_per_s or 0.0 for i in pool)
+        pool = [i for i in pool if (marked[i].captions_per_s or 0.0) >= top * (1 - THROUGHPUT_TIE)]
+    best = min(pool, key=lambda i: marked[i].itl_p99_ms or 0.0)
+    best_interval = marked[best].itl_p99_interval_ms
+    if best_interval is None:
+        return [best]
+    return [
+        i
+        for i in pool
+        if i == best
+        or (marked[i].itl_p99_interval_ms is not None and marked[i].itl_p99_interval_ms[0] <= best_interval[1])
+    ]
+
+
+def _preferred(m: TunedMeasurement) -> tuple[float, float]:
+    """Among tied candidates: on a stand-in, the cost model's shortest worst step on the target (the budget that
+    lets fewest frames' encoders, never split, share one step when frames arrive together: what evenly offered
+    frames do not exercise and a draining backlog does); then the lower inter-token p99."""
+    worst_step = (m.estimate or {}).get("worst_step_ms")
+    return (float(worst_step) if worst_step is not None else 0.0, m.itl_p99_ms or 0.0)
 
 
 def margins(marked: list[TunedMeasurement], chosen: int) -> dict[str, Any]:
@@ -493,6 +533,7 @@ class _Candidates:
         steps.finish()  # steps a failed candidate did not reach count too, so the bar ends full
         if rescaled:
             self.report.note(f"{candidate.label}: its budget moved with the resized workload; served again")
+            self.report.more(steps_per_candidate())
             return self._measure(candidate, first=False)
         if current.summary is not None:
             current.measurement = self._measurement(candidate, current.summary)
@@ -548,6 +589,10 @@ class _Candidates:
     def _measurement(self, candidate: Candidate, summary: dict[str, Any]) -> TunedMeasurement:
         """The phase's figures; on a stand-in, with the budget it served and the cost model's on the target."""
         found = measurement(candidate, summary)
+        clusters = gap_clusters(self.run.phases[f"mixed-{candidate.label}"])
+        interval = bootstrap_interval(clusters, 99, seed=self.options.seed)
+        if interval is not None:
+            found = found.model_copy(update={"itl_p99_interval_ms": [round(v * 1000, 1) for v in interval]})
         target_of = self.options.stand_in_for
         if target_of is None:
             return found
@@ -569,6 +614,7 @@ class _Choice:
     chosen: int
     met: bool | None  # None: not judged
     not_judged: str | None  # why, when the stand-in was off target
+    tied: list[str]  # the candidates the measurement could not tell from the best (the chosen one among them)
 
 
 def _judge(options: TuneOptions, measured: _Candidates) -> _Choice:
@@ -586,6 +632,7 @@ def _judge(options: TuneOptions, measured: _Candidates) -> _Choice:
         target = objectives(found, options.ttft_p99_ms, options.itl_p99_ms)
     clean = [_clean(r.summary or {}) for r in measured_runs]
     marked, chosen, met = choose(found, clean, target)
+    tied = [_label(marked[i]) for i in tied_with(marked, *choice_pool(marked))]
     not_judged = None
     fidelity = measured.fidelity
     if fidelity is not None and not fidelity.faithful:
@@ -593,7 +640,7 @@ def _judge(options: TuneOptions, measured: _Candidates) -> _Choice:
         not_judged = "stand-in off target or machine too busy: " + "; ".join(fidelity_lines(fidelity)[2:])
     for r, m in zip(measured_runs, marked, strict=True):
         r.measurement = m
-    return _Choice(measured_runs, target, marked, chosen, None if not_judged else met, not_judged)
+    return _Choice(measured_runs, target, marked, chosen, None if not_judged else met, not_judged, tied)
 
 
 def _results(
@@ -629,6 +676,9 @@ def _results(
         "reference_chat_alone": measured.reference,
         "candidates": [_candidate_record(r) for r in measured.runs],
         "chosen": marked[choice.chosen].model_dump() | {"label": _label(marked[choice.chosen])},
+        # Tied: inter-token p99 intervals overlapping the best one's (and, when candidates met the objectives,
+        # captions/s within THROUGHPUT_TIE); the chosen one is the cost model's shortest worst step among them.
+        "tied": choice.tied,
         "objectives_met": choice.met,
         "fidelity": fidelity.to_dict() if fidelity is not None else None,
         "fidelity_attempts": [attempt_record(result) for result in measured.fidelity_attempts],
