@@ -20,8 +20,13 @@ QWEN7B = "Qwen/Qwen2.5-VL-7B-Instruct"
 REAL_PROFILES = ("qwen2.5-vl-7b", "qwen2.5-vl-3b", "qwen3-vl-4b", "qwen3-vl-8b", "smolvlm")
 
 
-def cost(profile: str, gpu_class: str) -> cm.CostModel:
-    return cm.for_profile(load_profile(profile, MODELS), gpu_class)
+def cost(profile: str, gpu_class: str, budget: int | None = None) -> cm.CostModel:
+    """The cost model of a profile as committed, or with its chunk budget on `gpu_class` set to `budget` (the
+    committed one is `visioncap tune`'s to change)."""
+    loaded = load_profile(profile, MODELS)
+    if budget is not None:
+        loaded = loaded.with_serving(gpu_class, max_num_batched_tokens=budget)
+    return cm.for_profile(loaded, gpu_class)
 
 
 def test_qwen25_vl_7b_parameter_counts_match_the_published_ones() -> None:
@@ -113,17 +118,19 @@ def test_monotonic_in_batch_and_context() -> None:
 
 
 def test_step_budget_from_the_profile() -> None:
-    h200, l4 = cost("qwen2.5-vl-7b", "h200"), cost("qwen2.5-vl-7b", "l4")
+    h200, l4 = cost("qwen2.5-vl-7b", "h200", 2048), cost("qwen2.5-vl-7b", "l4", 512)
     assert h200.budget.max_num_batched_tokens == 2048 and l4.budget.max_num_batched_tokens == 512
     # vLLM 0.32: encoder budget = max(chunk budget, largest image = 512 tokens); a frame is 391 tokens.
     assert h200.budget.encoder_budget_tokens == 2048 and h200.budget.frames_encoded_per_step == 5
     assert l4.budget.frames_encoded_per_step == 1
+    below_an_image = cost("qwen2.5-vl-7b", "h200", 256).budget
+    assert below_an_image.encoder_budget_tokens == 512 and below_an_image.frames_encoded_per_step == 1
     # 451 prompt tokens at most 256 a step (long_prefill_token_threshold) on the L4: two steps.
     assert l4.budget.frame_prefill_steps == 2 and h200.budget.frame_prefill_steps == 1
 
 
 def test_the_worst_step_runs_every_frame_the_encoder_budget_holds() -> None:
-    h200, l4 = cost("qwen2.5-vl-7b", "h200"), cost("qwen2.5-vl-7b", "l4")
+    h200, l4 = cost("qwen2.5-vl-7b", "h200", 2048), cost("qwen2.5-vl-7b", "l4", 512)
     text, batch, context = cm.BUILTIN_SHAPES[QWEN7B].text, 8, 1024
     assert h200.encoder_ms_per_frame is not None and l4.encoder_ms_per_frame is not None
     # H200: 5 frames' encoders, then their 5 x 451 prompt tokens cut to the 2048-token budget less the batch.
@@ -163,11 +170,15 @@ def test_dry_run_prints_the_cost_model() -> None:
     assert f"1: {model.decode_ms[1]:.2f}" in result.stderr
     assert f"encoder {model.encoder_ms_per_frame:.2f} ms" in result.stderr
     assert "parameters: language model 7.616B (published 7.60B" in result.stderr
-    assert "encoder budget 2048 tokens = 5 frame encoder pass(es) per step" in result.stderr
-    assert model.budget.worst_step_ms is not None
+    budget = model.budget  # the profile's h200 budget, whatever `visioncap tune` last wrote there
+    frames = budget.frames_encoded_per_step
+    assert f"encoder budget {budget.encoder_budget_tokens} tokens = {frames} frame encoder pass(es) per step" in (
+        result.stderr
+    )
+    assert budget.worst_step_ms is not None
     assert (
-        "the worst step, a batch-8 step that runs 5 frame encoder pass(es) (the encoder budget) and their prefill: "
-        f"{model.budget.worst_step_ms:.2f} ms" in result.stderr
+        f"the worst step, a batch-8 step that runs {frames} frame encoder pass(es) (the encoder budget) and their "
+        f"prefill: {budget.worst_step_ms:.2f} ms" in result.stderr
     )
     # The gateway's pacing default comes from here: one step in a hundred may carry a frame.
     typical = model.decode_ms[model.workload.typical_batch] / 1000

@@ -251,7 +251,7 @@ def _exit_unless_tuned(results: dict[str, Any], work_dir: Path) -> None:
         raise typer.Exit(1)
     if not results["objectives_met"]:
         err.print(
-            "[red]no candidate met the objectives[/]: the lowest inter-token p99 was chosen and recorded with "
-            "objectives_met: false; relax --ttft-p99-ms/--itl-p99-ms or lighten the workload"
+            "[red]no candidate met the objectives[/]: the lowest inter-token p99 (or one tied with it) was "
+            "chosen and recorded with objectives_met: false; relax --ttft-p99-ms/--itl-p99-ms or lighten the workload"
         )
         raise typer.Exit(1)
