@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import httpx
 import pytest
 from helpers import REPO, TINY_MODEL
 
@@ -138,8 +139,6 @@ def test_a_second_measurement_on_the_same_server_sends_frames_it_has_not_seen(vl
     """A refit measures again on the same server (prefix cache on), often at the same frame size with more filler.
     Its frames must be new images: the same image again, with the old filler a prefix of the new, is found in
     vLLM's prefix cache and costs no encoder pass (a tune run measured a frame's encoder at -1.1 steps)."""
-    import httpx
-
     first_probe = FidelityProbe(frame_width=196, frame_height=140, frame_filler_words=20, repeats=2)
     refit_probe = FidelityProbe(frame_width=196, frame_height=140, frame_filler_words=40, repeats=2)
 

@@ -79,7 +79,7 @@ def test_highest_throughput_that_meets_the_objectives_is_chosen() -> None:
     runs = [measured(128, 2.0, 100, 300), measured(512, 2.6, 120, 400), measured(1024, 3.0, 200, 500)]
     target = objectives(runs, None, None)  # 1.25 x 100 ms inter-token, 1.5 x 300 ms TTFT
     assert (target.itl_p99_ms, target.ttft_p99_ms) == (125.0, 450.0)
-    marked, chosen, met = choose(runs, [True, True, True], target)
+    marked, chosen, met, _ = choose(runs, [True, True, True], target)
     assert met and chosen == 1
     assert [m.meets_objectives for m in marked] == [True, True, False]
     found = margins(marked, chosen)
@@ -88,14 +88,14 @@ def test_highest_throughput_that_meets_the_objectives_is_chosen() -> None:
     assert found["highest_itl_p99"]["candidate"] == "1024"
     assert found["highest_itl_p99"]["itl_p99_reduction_pct"] == 40.0
     # A phase with failures cannot be chosen, whatever its numbers.
-    _, chosen, met = choose(runs, [True, False, True], target)
+    _, chosen, met, _ = choose(runs, [True, False, True], target)
     assert met and chosen == 0
 
 
 def test_when_none_meets_the_objectives_the_lowest_inter_token_p99_is_taken() -> None:
     runs = [measured(128, 2.0, 100, 300), measured(512, 2.6, 90, 400)]
     target = TunedObjectives(ttft_p99_ms=50, itl_p99_ms=50, ttft_source="given", itl_source="given")
-    marked, chosen, met = choose(runs, [True, True], target)
+    marked, chosen, met, _ = choose(runs, [True, True], target)
     assert not met and chosen == 1
     assert not any(m.meets_objectives for m in marked)
 
@@ -115,7 +115,7 @@ def test_candidates_the_measurement_cannot_tell_apart_are_decided_by_the_cost_mo
         with_interval(measured(4096, 4.0, 25.1, 266), 21.0, 29.0, 145.5),
     ]
     assert tied_with(runs, [0, 1, 2, 3], False) == [0, 2, 3]
-    _, chosen, met = choose(runs, [True] * 4, target)
+    _, chosen, met, _ = choose(runs, [True] * 4, target)
     assert not met and chosen == 0
     # Apart (no overlap), the measurement decides, whatever the cost model prefers.
     apart = [runs[0].model_copy(update={"itl_p99_interval_ms": [30.0, 36.0]}), runs[3]]
@@ -133,7 +133,7 @@ def test_meeting_candidates_within_a_percent_of_the_best_throughput_are_tied() -
         with_interval(measured(4096, 3.5, 20.0, 266), 18.0, 22.0, 145.5),
     ]
     assert tied_with(runs, [0, 1, 2], True) == [0, 1]  # 4096 keeps up with fewer captions: not tied
-    _, chosen, met = choose(runs, [True] * 3, target)
+    _, chosen, met, _ = choose(runs, [True] * 3, target)
     assert met and chosen == 0
 
 
@@ -186,7 +186,7 @@ def test_the_choice_is_written_into_the_target_profile_in_its_tokens(tmp_path: P
         measured(2048, 4.0, 30, 80).model_copy(update={"estimate": target.estimate(Candidate(2048))}),
     ]
     goal = reference_objectives({"chat": {"itl_ms": {"p99": 20.0}, "ttft_ms": {"p99": 80.0}}}, 1.25)
-    marked, chosen, met = choose(runs, [True, True], goal)
+    marked, chosen, met, _ = choose(runs, [True, True], goal)
     assert met and chosen == 0
     options = TuneOptions(profile="standin", gpu_class="cpu", candidates=[Candidate(1024), Candidate(2048)])
     results = {"chosen": marked[chosen].model_dump(), "hardware": "CPU test"}

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -316,9 +316,17 @@ def objectives(measured: list[TunedMeasurement], ttft_ms: float | None, itl_ms: 
 THROUGHPUT_TIE = 0.01
 
 
-def choose(
-    measured: list[TunedMeasurement], clean: list[bool], target: TunedObjectives
-) -> tuple[list[TunedMeasurement], int, bool]:
+class Chosen(NamedTuple):
+    """The candidates marked against the objectives, the index chosen, whether it met them, and the indices the
+    measurement could not tell from the best (the chosen one among them)."""
+
+    marked: list[TunedMeasurement]
+    chosen: int
+    met: bool
+    tied: list[int]
+
+
+def choose(measured: list[TunedMeasurement], clean: list[bool], target: TunedObjectives) -> Chosen:
     """Mark which candidates meet the objectives; pick the highest caption throughput among them. When none does,
     pick the lowest inter-token p99 and say so (False). Either way the measurement may not tell the best from
     others (`tied_with`); the tie goes to `_preferred`."""
@@ -335,11 +343,12 @@ def choose(
         )
         for m, ok in zip(measured, clean, strict=True)
     ]
-    pool, met = choice_pool(marked)
-    return marked, min(tied_with(marked, pool, met), key=lambda i: _preferred(marked[i])), met
+    pool, met = _choice_pool(marked)
+    tied = tied_with(marked, pool, met)
+    return Chosen(marked, min(tied, key=lambda i: _preferred(marked[i])), met, tied)
 
 
-def choice_pool(marked: list[TunedMeasurement]) -> tuple[list[int], bool]:
+def _choice_pool(marked: list[TunedMeasurement]) -> tuple[list[int], bool]:
     """The candidates to choose among: those meeting the objectives (True), else every one that measured chat
     inter-token latency (False)."""
     meeting = [i for i, m in enumerate(marked) if m.meets_objectives]
@@ -631,8 +640,8 @@ def _judge(options: TuneOptions, measured: _Candidates) -> _Choice:
     else:
         target = objectives(found, options.ttft_p99_ms, options.itl_p99_ms)
     clean = [_clean(r.summary or {}) for r in measured_runs]
-    marked, chosen, met = choose(found, clean, target)
-    tied = [_label(marked[i]) for i in tied_with(marked, *choice_pool(marked))]
+    marked, chosen, met, tied_at = choose(found, clean, target)
+    tied = [_label(marked[i]) for i in tied_at]
     not_judged = None
     fidelity = measured.fidelity
     if fidelity is not None and not fidelity.faithful:
