@@ -911,6 +911,7 @@ def test_gateway_metrics(tapped_gateway: Callable[..., GatewayThread], tap: Tap)
         "visioncap_gateway_background_concurrency_cap",
         "visioncap_gateway_background_image_tokens_cap",
         "visioncap_gateway_background_starts_per_second",
+        "visioncap_gateway_learnt_starts_per_second",
         "visioncap_gateway_image_tokens_in_flight",
         "visioncap_gateway_queue_depth",
     ):

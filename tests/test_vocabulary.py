@@ -239,7 +239,26 @@ def every_kind_of_step(pacing: PacingConfig | None) -> list[Decision]:
     healthy.observe_itl(0.1, 0.005)
     healthy.observe_ttft(0.1, 0.01)
     steps.append(healthy.tick(0.2, 1, background_waiting=1))
+    if pacing is not None and pacing.learn_rate:
+        steps.append(learnt_step(pacing))
     return steps
+
+
+def learnt_step(pacing: PacingConfig) -> Decision:
+    """A pacer whose learnt model holds enough evidence that every frame start costs a gap above the objective."""
+    settled = pacing.model_copy(update={"model_min_frames": 10, "model_min_gaps": 200, "evidence_z": 50.0})
+    learner = AdmissionController(OBJECTIVES, BACKGROUND, CONTROLLER, pacing=settled)
+    learner.interactive_started(0.0)
+    learner.tick(0.0, 1)  # interactive time counts from the first tick
+    for i in range(400):  # 2 s of 5 ms gaps; a frame start every 0.1 s, whose next gap is 60 ms
+        if i % 20 == 0:
+            learner.background_started(i * 0.005)
+        learner.observe_itl(i * 0.005 + 0.005, 0.060 if i % 20 == 1 else 0.005)
+        if i % 50 == 49:  # the controller's 0.25 s ticks
+            step = learner.tick(i * 0.005 + 0.005, 1, background_waiting=1)
+            if step.learnt is not None:
+                return step  # the first step with an estimate: 10 starts/s, 5 % above, 0.7 % allows 1.4/s
+    raise AssertionError("the model never had enough evidence")
 
 
 @pytest.mark.parametrize(
@@ -247,7 +266,15 @@ def every_kind_of_step(pacing: PacingConfig | None) -> list[Decision]:
 )
 def test_controller_steps_speak_the_action_and_violation_vocabularies(pacing: PacingConfig | None) -> None:
     steps = every_kind_of_step(pacing)
-    assert [step.action for step in steps] == [Action.IDLE, Action.DECREASE, Action.HOLD, Action.HOLD, Action.INCREASE]
+    learnt = [Action.LEARNT] if pacing is not None else []
+    assert [step.action for step in steps] == [
+        Action.IDLE,
+        Action.DECREASE,
+        Action.HOLD,
+        Action.HOLD,
+        Action.INCREASE,
+        *learnt,
+    ]
     assert all(type(step.action) is Action for step in steps)
     assert set(steps[1].reasons) == set(steps[3].reasons) == set(Violation)
     assert all(type(reason) is Violation for step in steps for reason in step.reasons)
@@ -259,6 +286,7 @@ def test_controller_steps_speak_the_action_and_violation_vocabularies(pacing: Pa
         Action.DECREASE: 1.0,
         Action.HOLD: 2.0,
         Action.INCREASE: 1.0,
+        Action.LEARNT: float(len(learnt)),  # the limit policy has no learnt rate
     }
     # A hold at the floor was asked for by the same misses, but only a decrease counts them.
     assert counted(metrics, "visioncap_gateway_controller_decreases") == dict.fromkeys(values(Violation), 1.0)

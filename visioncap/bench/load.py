@@ -347,6 +347,7 @@ def probe_value(url: str, text: str) -> Any:
         "limit": background.get("limit"),
         "starts_per_s": background.get("starts_per_s"),
         "interactive_active": interactive.get("active"),
+        "learnt": background.get("learnt"),  # the learnt rate's model (None: off, or too little evidence)
     }
 
 

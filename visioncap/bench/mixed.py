@@ -986,6 +986,9 @@ def gateway_timeline(phase: PhaseResult | None, max_concurrency: int) -> dict[st
             sum(v.get("in_flight") or 0 for v in chat_samples) / len(chat_samples) if chat_samples else None
         ),
         "cap_jumps_to_max_concurrency": jumps,
+        # The learnt rate's model as the last probe saw it, and from when it had enough evidence to act.
+        "learnt_last": next((v["learnt"] for _, v in reversed(samples) if v.get("learnt")), None),
+        "learnt_from_s": next((t for t, v in samples if v.get("learnt")), None),
     }
 
 

@@ -316,6 +316,45 @@ class PacingConfig(StrictModel):
         "request starts, so the chat's prefill never shares its engine step with a frame's encoder; 0: no hold.",
     )
 
+    learn_rate: bool = Field(
+        default=True,
+        description="Cap the start rate by what the inter-token objective allows, learnt from measured gaps "
+        "(`visioncap.gateway.miss_model`): the share of gaps above the objective near no frame (the host's own) "
+        "and what gaps near frame starts add, over the last `model_window_s`; the rate that keeps the total at "
+        "`target_share`. Additive increase and multiplicative decrease still act below that cap; false: AIMD only.",
+    )
+    target_share: float = Field(
+        default=0.007,
+        gt=0,
+        lt=0.01,
+        description="Share of inter-token gaps the learnt rate lets exceed the objective. Below the 1 % a p99 "
+        "allows, so that the p99 of a few thousand gaps stays within the objective at the upper end of its noise: "
+        "over 3,000 gaps, 0.7 % above puts the p99's upper 95 % bound at about 1 % (21 + 2 x sqrt(21) = 30).",
+    )
+    model_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds of measurements the learnt rate rests on: long enough for thousands of gaps and "
+        "tens of frame starts, short enough to follow a change of the host's speed within a minute.",
+    )
+    spike_window_s: float = Field(
+        default=0.15,
+        gt=0,
+        description="A gap counts as near a frame when a background request started at most this long before "
+        "the gap ended: a frame's encoder and prefill run within a few engine steps of its start, after vLLM's "
+        "input processing and queue. Longer windows leave fewer gaps near no frame to measure the host by.",
+    )
+    model_min_frames: int = Field(
+        default=20, ge=1, description="Frame starts in the window before the learnt rate applies."
+    )
+    model_min_gaps: int = Field(
+        default=1000,
+        ge=4,
+        description="Inter-token gaps in the window before the learnt rate applies (a minute of one chat at a "
+        "time is about 2,000): 10 gaps above in 1,000 are told from 5 by about 1.3 standard errors, and the "
+        "estimate keeps improving as the window fills.",
+    )
+
     @model_validator(mode="after")
     def _ordered(self) -> PacingConfig:
         if not self.min_per_s <= self.start_per_s <= self.max_per_s:

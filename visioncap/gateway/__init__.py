@@ -2,9 +2,10 @@
 
 Laid out like vLLM's endpoint folders: `router` (thin routes), `protocol` (the request fields read),
 `serving` (the request flow), and one module per concern: `auth`, `admission` (the controller, pure logic),
-`scheduler` (background queue), `images`, `proxy`, `sse`, `metrics`, `upstream_metrics`, `replicas` (one per
-upstream: its pool, controller, queue and health checks; which replica a chat goes to). `in_thread` runs a
-gateway in a thread of the current process (tests, benchmarks).
+`miss_model` (the start rate the inter-token objective allows, learnt from measured gaps), `scheduler`
+(background queue), `images`, `proxy`, `sse`, `metrics`, `upstream_metrics`, `replicas` (one per upstream: its
+pool, controller, queue and health checks; which replica a chat goes to). `in_thread` runs a gateway in a
+thread of the current process (tests, benchmarks).
 """
 
 from __future__ import annotations

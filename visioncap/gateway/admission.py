@@ -12,7 +12,11 @@ and none starts while a chat waits for its first token (bounded by `first_token_
 since the last decrease (the newest `TTFT_EVIDENCE` of them) clear 1 % above the TTFT objective by the same margin;
 it grows by `increase_per_s` while the objectives hold and frames wait. First tokens come about once a second, so
 their evidence outlives the sliding window: a single slow first token (the host stalls now and then whatever the
-load) is not evidence, and a rate that misses often is still caught within a handful of chats.
+load) is not evidence, and a rate that misses often is still caught within a handful of chats. Above AIMD sits a
+cap learnt from measured gaps (`visioncap.gateway.miss_model`, `pacing.learn_rate`): the host's own share of gaps
+above the objective, what each frame start adds, and so the start rate that keeps the total at
+`pacing.target_share`; AIMD reacts to a clear miss, the cap keeps its additive increases from winding the rate up
+past what the gaps allow.
 
 The older policy (`pacing.enabled: false`) is AIMD on a background concurrency limit, with the image-token cap
 scaled alongside it:
@@ -42,6 +46,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from visioncap.config.gateway import BackgroundConfig, ControllerConfig, ObjectivesConfig, PacingConfig
+from visioncap.gateway.miss_model import MissEstimate, MissModel
 
 
 class Action(StrEnum):
@@ -51,6 +56,7 @@ class Action(StrEnum):
     DECREASE = "decrease"  # an objective was missed: the limit (or the start rate) shrank
     INCREASE = "increase"  # the objectives held and background wanted more: the limit (or the start rate) grew
     HOLD = "hold"  # nothing to change, or a miss that cannot shrink anything now (at the floor, not settled)
+    LEARNT = "learnt"  # the start rate was above what the learnt model allows and was lowered to it
 
 
 class Violation(StrEnum):
@@ -153,6 +159,7 @@ class Decision:
     ttft_p99_s: float | None
     itl_p99_s: float | None
     starts_per_s: float | None = None  # the paced start rate while interactive traffic is active; None: not pacing
+    learnt: MissEstimate | None = None  # what the learnt model measured (None: off, or too little evidence yet)
 
 
 @dataclass(frozen=True)
@@ -182,6 +189,16 @@ class AdmissionController:
         self.settings = controller
         self.pacing = pacing if pacing is not None and pacing.enabled else None
         self._rate = self.pacing.start_per_s if self.pacing is not None else None
+        self.miss_model: MissModel | None = None
+        if self.pacing is not None and self.pacing.learn_rate:
+            self.miss_model = MissModel(
+                objective_s=objectives.itl_p99_ms / 1000,
+                target_share=self.pacing.target_share,
+                window_s=self.pacing.model_window_s,
+                spike_window_s=self.pacing.spike_window_s,
+                min_frames=self.pacing.model_min_frames,
+                min_gaps=self.pacing.model_min_gaps,
+            )
         self._next_handle = 0
         self._awaiting_first: dict[int, float] = {}  # interactive requests without a first token: start times
         self._ttft_misses: deque[bool] = deque(maxlen=TTFT_EVIDENCE)  # since the last decrease: above objective?
@@ -223,6 +240,13 @@ class AdmissionController:
 
     def observe_itl(self, now: float, seconds: float) -> None:
         self.itl.add(now, seconds)
+        if self.miss_model is not None:
+            self.miss_model.observe_gap(now, seconds)
+
+    def background_started(self, now: float) -> None:
+        """A background request was sent upstream (its frame's encoder and prefill follow within steps)."""
+        if self.miss_model is not None and self.interactive_active(now):
+            self.miss_model.observe_start(now)
 
     def observe_upstream(self, now: float, waiting: float, running: float) -> None:
         self._upstream = UpstreamLoad(now, waiting, running)
@@ -350,12 +374,36 @@ class AdmissionController:
                 self._last_increase = now
             else:
                 action = Action.HOLD
+        learnt = self._learnt(now)
+        if action is not Action.IDLE and learnt is not None and learnt.rate_per_s is not None:
+            # The model caps AIMD from above: additive increases never wind the rate up past what it allows.
+            cap = min(pacing.max_per_s, max(pacing.min_per_s, learnt.rate_per_s))
+            if self._rate > cap:
+                self._rate = cap
+                action = Action.LEARNT if action is not Action.DECREASE else action
         self._last_tick = now
         decision = Decision(
-            now, action, self._limit, self.caps(now), reasons, ttft_p99, itl_p99, starts_per_s=self._rate
+            now,
+            action,
+            self._limit,
+            self.caps(now),
+            reasons,
+            ttft_p99,
+            itl_p99,
+            starts_per_s=self._rate,
+            learnt=learnt,
         )
         self.last_decision = decision
         return decision
+
+    def _learnt(self, now: float) -> MissEstimate | None:
+        """The learnt model's estimate at this tick (it counts the tick's interactive time first)."""
+        model = self.miss_model
+        if model is None:
+            return None
+        if self.interactive_active(now) and self._last_tick > -math.inf:
+            model.observe_active(now, min(now - self._last_tick, 2 * self.settings.interval_s))
+        return model.estimate(now)
 
     def _pace_violations(self, now: float) -> tuple[Violation, ...]:
         """Missed objectives on evidence newer than the last decrease (inter-token gaps: inside the window too)."""

@@ -135,6 +135,19 @@ class GatewayMetrics:
             ["upstream"],
             registry=r,
         )
+        self.learnt_share = Gauge(
+            "visioncap_gateway_learnt_gap_share",
+            "The learnt model's share of interactive inter-token gaps above the objective: `base` among gaps near "
+            "no frame start (the host's own), `excess` what frames add over all gaps (NaN: too little evidence).",
+            ["upstream", "part"],
+            registry=r,
+        )
+        self.learnt_rate = Gauge(
+            "visioncap_gateway_learnt_starts_per_second",
+            "The start rate the learnt model allows at the target share (NaN: no limit, or too little evidence).",
+            ["upstream"],
+            registry=r,
+        )
         self.cap_image_tokens = Gauge(
             "visioncap_gateway_background_image_tokens_cap",
             "Background image tokens allowed in flight now.",
@@ -219,6 +232,11 @@ class GatewayMetrics:
         nan = float("nan")
         self.cap_limit.labels(upstream).set(decision.limit)
         self.starts_per_s.labels(upstream).set(decision.starts_per_s if decision.starts_per_s is not None else nan)
+        learnt = decision.learnt
+        self.learnt_share.labels(upstream, "base").set(nan if learnt is None else learnt.base_share)
+        self.learnt_share.labels(upstream, "excess").set(nan if learnt is None else learnt.excess_share)
+        rate = None if learnt is None else learnt.rate_per_s
+        self.learnt_rate.labels(upstream).set(nan if rate is None else rate)
         self.cap_concurrency.labels(upstream).set(decision.caps.concurrency)
         self.cap_image_tokens.labels(upstream).set(decision.caps.image_tokens)
         self.interactive_active.labels(upstream).set(1 if decision.caps.interactive_active else 0)

@@ -328,6 +328,7 @@ class Gateway:
                 "image_tokens_cap": caps.image_tokens,
                 "limit": round(controller.limit, 3),
                 "starts_per_s": None if controller.starts_per_s is None else round(controller.starts_per_s, 3),
+                "learnt": _learnt(controller.last_decision),
             },
             "interactive": {"in_flight": controller.interactive_in_flight, "active": caps.interactive_active},
         }
@@ -464,6 +465,7 @@ class Gateway:
                 self.metrics.rejections.labels(class_name, RefusalReason.CLIENT_GONE).inc()
                 return Response(status_code=499)
             self.metrics.queue_wait.labels(class_name).observe(grant.waited_s)
+            replica.controller.background_started(self.clock())
             self.metrics.in_flight.labels(class_name).inc()
             self.metrics.image_tokens.labels(class_name).inc(grant.tokens)
             if grant.max_tokens_per_image is not None and grant.tokens < image_tokens and endpoint == "chat":
@@ -706,3 +708,18 @@ async def _unless_disconnected(request: Request, waiting: Any) -> Grant | None:
     if admission.cancelled():
         return None
     return admission.result()
+
+
+def _learnt(decision: Decision | None) -> dict[str, Any] | None:
+    """The learnt model's last estimate for /healthz (None: off, or too little evidence yet)."""
+    learnt = None if decision is None else decision.learnt
+    if learnt is None:
+        return None
+    return {
+        "gaps": learnt.gaps,
+        "frames": learnt.frames,
+        "base_share": round(learnt.base_share, 5),
+        "excess_share": round(learnt.excess_share, 5),
+        "frames_per_s": round(learnt.frames_per_s, 3),
+        "rate_per_s": None if learnt.rate_per_s is None else round(learnt.rate_per_s, 3),
+    }
