@@ -31,7 +31,7 @@ from helpers import REPO, TINY_MODEL
 from PIL import Image
 from taps import Tap, serving
 
-from visioncap.bench.load import background_held, probe_value
+from visioncap.bench.load import background_held, probe_value, upstream_states
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig
 from visioncap.config.keys import hash_key
 from visioncap.gateway.images import data_uri_size, image_tokens
@@ -500,6 +500,46 @@ def test_paced_background_keeps_flowing_while_chat_is_active(
     assert min(b - a for a, b in itertools.pairwise(admitted)) >= 1 / 5 - 1e-3
     text = httpx.get(f"{gw.root_url}/metrics").text
     assert metric(text, "visioncap_gateway_background_starts_per_second") == 5
+
+
+def test_the_pacer_learns_from_the_frames_it_starts_and_the_gaps_chat_measures(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """The learnt rate's model hears of every background start the gateway sends upstream while chat is active,
+    and of every gap of the chat streams it proxies; /healthz and the gauges show its estimate."""
+    gw = tapped_gateway(
+        background={"max_concurrency": 4, "deadline_s": 60},
+        controller={"interval_s": 0.05, "idle_after_s": 3600},
+        pacing={"first_token_hold_s": 0, "model_min_frames": 3, "model_min_gaps": 4},
+    )
+    assert post_chat(gw, INTERACTIVE_KEY, chat_body(max_tokens=2, user="chat")).status_code == 200  # chat is active
+    frames = [pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user=f"f{i}")) for i in range(3)]
+    assert all(frame.result(TIMEOUT).status_code == 200 for frame in frames)
+    # The tap holds the answer after its first chunk until released: the gateway reads the other tokens later, so
+    # it measures their gaps (vLLM alone may finish all of them before the gateway's first read: no gap).
+    release = tap.pause_after_first_chunk("stream")
+    body = chat_body(max_tokens=16, stream=True, user="stream", return_token_ids=True)
+    with httpx.stream(
+        "POST", f"{gw.base_url}/chat/completions", json=body, headers=auth(INTERACTIVE_KEY), timeout=TIMEOUT
+    ) as response:
+        lines = response.iter_lines()
+        for line in lines:  # up to the first event with output: the gateway has read it
+            if line.startswith("data:") and "[DONE]" not in line:
+                break
+        release.set()
+        rest = list(lines)
+    assert rest[-1] == "data: [DONE]" or "data: [DONE]" in rest
+    decision = gw.call_soon(gw.gateway.replicas[0].control_step)
+    learnt = decision.learnt
+    assert learnt is not None and learnt.frames == 3
+    assert learnt.gaps >= 4 and 0 <= learnt.base_share <= 1
+    health = httpx.get(f"{gw.root_url}/healthz", headers=auth(INTERACTIVE_KEY), timeout=TIMEOUT).json()
+    shown = upstream_states(health)[0]["background"]["learnt"]
+    assert shown["frames"] == 3 and shown["gaps"] == learnt.gaps
+    text = httpx.get(f"{gw.root_url}/metrics").text
+    assert metric(text, "visioncap_gateway_learnt_gap_share", upstream="vllm", part="base") == pytest.approx(
+        learnt.base_share
+    )
 
 
 def test_a_chat_waiting_for_its_first_token_holds_background_starts_back(

@@ -63,11 +63,15 @@ def test_no_estimate_before_the_window_holds_enough_frames_and_gaps() -> None:
     assert m.estimate(end) is None
 
 
-def test_a_host_that_uses_the_target_up_asks_for_the_floor() -> None:
+def test_a_host_that_uses_the_target_up_leaves_frames_half_of_it() -> None:
+    """No start rate meets the objective when the host alone misses it that often: frames are not held to the floor
+    for nothing, they keep half the target share."""
     m = model()
-    end = feed(m, 60.0, frames_per_s=2.0, host_every=100)  # 1 % of far gaps above: more than the 0.7 % target
+    end = feed(m, 60.0, frames_per_s=2.0, host_every=100)  # 1 % of gaps near no frame above: past the 0.7 % target
     est = m.estimate(end)
-    assert est is not None and est.base_share > 0.007 and est.rate_per_s == 0.0
+    assert est is not None and est.base_share > 0.007
+    assert est.rate_per_s == pytest.approx(est.frames_per_s * 0.0035 / est.excess_share)
+    assert est.rate_per_s > 0.3
 
 
 def test_frames_that_cost_nothing_measurable_do_not_limit_the_rate() -> None:
