@@ -63,15 +63,14 @@ def test_no_estimate_before_the_window_holds_enough_frames_and_gaps() -> None:
     assert m.estimate(end) is None
 
 
-def test_a_host_that_uses_the_target_up_leaves_frames_half_of_it() -> None:
-    """No start rate meets the objective when the host alone misses it that often: frames are not held to the floor
-    for nothing, they keep half the target share."""
+def test_a_host_that_uses_the_target_up_sets_no_cap() -> None:
+    """No start rate meets the objective when the host alone misses it that often: the model does not hold frames
+    back for nothing (the rate is AIMD's), though it still reports what it measured."""
     m = model()
     end = feed(m, 60.0, frames_per_s=2.0, host_every=100)  # 1 % of gaps near no frame above: past the 0.7 % target
     est = m.estimate(end)
-    assert est is not None and est.base_share > 0.007
-    assert est.rate_per_s == pytest.approx(est.frames_per_s * 0.0035 / est.excess_share)
-    assert est.rate_per_s > 0.3
+    assert est is not None and est.base_share > 0.007 and est.excess_share > 0.005
+    assert est.rate_per_s is None
 
 
 def test_frames_that_cost_nothing_measurable_do_not_limit_the_rate() -> None:

@@ -321,8 +321,8 @@ class PacingConfig(StrictModel):
         description="Cap the start rate by what the inter-token objective allows, learnt from measured gaps "
         "(`visioncap.gateway.miss_model`): the share of gaps above the objective near no frame (the host's own) "
         "and what gaps near frame starts add, over the last `model_window_s`; the rate that keeps the total at "
-        "`target_share` (frames keep at least half of it when the host's own share is larger: no rate meets the "
-        "objective then). Additive increase and multiplicative decrease still act below that cap; false: AIMD only.",
+        "`target_share` (no cap when the host's own share reaches the target: no rate meets the objective then). "
+        "Additive increase and multiplicative decrease still act below that cap; false: AIMD only.",
     )
     target_share: float = Field(
         default=0.007,
