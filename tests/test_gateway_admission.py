@@ -510,6 +510,19 @@ def test_pacing_grows_while_healthy_only_when_frames_wait() -> None:
     assert grown == [2.5, 3.0]  # up to max_per_s
 
 
+def test_pacing_grows_in_proportion_far_from_the_objectives_and_by_steps_near_them() -> None:
+    """A loose objective is reached in a few increases; near the objective increases stay small."""
+    ctl = pacer(max_per_s=50.0, increase_per_s=0.25, increase_factor=1.5, headroom=0.8)
+    far = merged([(0.0, "start", 0)], itl_stream(0.0, 1.0, gap_ms=5), ticks(0.25, 1.0, in_flight=FULL))
+    assert [d.starts_per_s for d in replay(ctl, far) if d.action == "increase"] == [3.0, 4.5, 6.75]
+    # Gaps at 90 % of the 20 ms objective: healthy, but no longer within 80 % of it. The window still holds the
+    # 5 ms gaps; from the first tick the 18 ms ones are more than 1 % of it, so its p99 is 18 ms.
+    near = merged(itl_stream(1.0, 2.0, gap_ms=18), ticks(1.25, 2.0, in_flight=FULL))
+    assert [d.starts_per_s for d in replay(ctl, near) if d.action == "increase"] == [7.0, 7.25, 7.5]
+    additive = pacer(max_per_s=50.0, increase_per_s=0.25, increase_factor=1.0)
+    assert [d.starts_per_s for d in replay(additive, far) if d.action == "increase"] == [2.25, 2.5, 2.75]
+
+
 def test_a_chat_awaiting_its_first_token_holds_background_starts_for_at_most_the_hold() -> None:
     ctl = pacer(first_token_hold_s=0.5)
     first = ctl.interactive_started(1.0)

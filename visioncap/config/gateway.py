@@ -294,6 +294,21 @@ class PacingConfig(StrictModel):
     decrease_factor: float = Field(
         default=0.7, gt=0, lt=1, description="The start rate is multiplied by this when an objective is missed."
     )
+    increase_factor: float = Field(
+        default=1.25,
+        ge=1,
+        description="While chat's windowed p99s sit far inside their objectives (at most `headroom` of them), an "
+        "increase multiplies the start rate by this instead of adding `increase_per_s`, so a loose objective is "
+        "reached in seconds rather than minutes (additive steps of 0.25/s take a minute from 2 to 16 frames/s); "
+        "near the objectives increases stay additive. 1: additive only.",
+    )
+    headroom: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Fraction of each objective that chat's windowed TTFT and inter-token p99s must stay within "
+        "for an increase to be multiplicative (`increase_factor`).",
+    )
     min_fresh_gaps: int = Field(
         default=100,
         ge=1,

@@ -5,18 +5,19 @@ Pure logic, no I/O and no clock of its own: the gateway feeds it measurements wi
 requests starting and ending) and asks it for decisions, so recorded sequences replay exactly in tests.
 
 Two policies, both AIMD. The default paces (`PacingConfig`): while interactive traffic is active, background
-requests start one at a time at an adaptive rate (starts per second) under the idle caps, never below a floor,
-and none starts while a chat waits for its first token (bounded by `first_token_hold_s`). The rate falls by
+requests start one at a time at an adaptive rate (starts per second) under the idle caps, never below a floor, and
+none starts while a chat waits for its first token (bounded by `first_token_hold_s`). The rate falls by
 `decrease_factor` when clearly more than 1 % of the inter-token gaps measured since the last decrease (at least
 `min_fresh_gaps` of them; `evidence_z` standard errors above 1 %) exceed the objective, or when the first tokens
 since the last decrease (the newest `TTFT_EVIDENCE` of them) clear 1 % above the TTFT objective by the same margin;
-it grows by `increase_per_s` while the objectives hold and frames wait. First tokens come about once a second, so
-their evidence outlives the sliding window: a single slow first token (the host stalls now and then whatever the
-load) is not evidence, and a rate that misses often is still caught within a handful of chats. Above AIMD sits a
-cap learnt from measured gaps (`visioncap.gateway.miss_model`, `pacing.learn_rate`): the host's own share of gaps
-above the objective, what each frame start adds, and so the start rate that keeps the total at
-`pacing.target_share`; AIMD reacts to a clear miss, the cap keeps its additive increases from winding the rate up
-past what the gaps allow.
+it grows while the objectives hold and frames wait: by `increase_factor` while chat's windowed p99s are within
+`headroom` of their objectives (far from a miss, as TCP's slow start), else by `increase_per_s`. First tokens come
+about once a second, so their evidence outlives the sliding window: a single slow first token (the host stalls now
+and then whatever the load) is not evidence, and a rate that misses often is still caught within a handful of
+chats. Above AIMD sits a cap learnt from measured gaps (`visioncap.gateway.miss_model`, `pacing.learn_rate`): the
+host's own share of gaps above the objective, what each frame start adds, and so the start rate that keeps the
+total at `pacing.target_share`; AIMD reacts to a clear miss, the cap keeps its additive increases from winding the
+rate up past what the gaps allow.
 
 The older policy (`pacing.enabled: false`) is AIMD on a background concurrency limit, with the image-token cap
 scaled alongside it:
@@ -370,7 +371,9 @@ class AdmissionController:
                 and self._healthy_since(max(self._last_tick, self._last_increase))
             ):
                 action = Action.INCREASE
-                self._rate = min(pacing.max_per_s, self._rate + pacing.increase_per_s)
+                far = self._within(ttft_p99, itl_p99, pacing.headroom)
+                grown = self._rate * pacing.increase_factor if far else self._rate
+                self._rate = min(pacing.max_per_s, max(grown, self._rate + pacing.increase_per_s))
                 self._last_increase = now
             else:
                 action = Action.HOLD
@@ -449,10 +452,12 @@ class AdmissionController:
         """Fresh interactive samples exist and every windowed percentile meets its objective."""
         if not (self.ttft.any_since(since) or self.itl.any_since(since)):
             return False
-        ttft_p99 = self.ttft.percentile(99)
-        itl_p99 = self.itl.percentile(99)
-        return (ttft_p99 is None or ttft_p99 <= self.objectives.ttft_p99_ms / 1000) and (
-            itl_p99 is None or itl_p99 <= self.objectives.itl_p99_ms / 1000
+        return self._within(self.ttft.percentile(99), self.itl.percentile(99), 1.0)
+
+    def _within(self, ttft_p99: float | None, itl_p99: float | None, fraction: float) -> bool:
+        """Both windowed p99s (seconds; None: no samples) are at most `fraction` of their objectives."""
+        return (ttft_p99 is None or ttft_p99 <= fraction * self.objectives.ttft_p99_ms / 1000) and (
+            itl_p99 is None or itl_p99 <= fraction * self.objectives.itl_p99_ms / 1000
         )
 
 
