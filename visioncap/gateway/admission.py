@@ -10,14 +10,14 @@ none starts while a chat waits for its first token (bounded by `first_token_hold
 `decrease_factor` when clearly more than 1 % of the inter-token gaps measured since the last decrease (at least
 `min_fresh_gaps` of them; `evidence_z` standard errors above 1 %) exceed the objective, or when the first tokens
 since the last decrease (the newest `TTFT_EVIDENCE` of them) clear 1 % above the TTFT objective by the same margin;
-it grows while the objectives hold and frames wait: by `increase_factor` while chat's windowed p99s are within
-`headroom` of their objectives (far from a miss, as TCP's slow start), else by `increase_per_s`. First tokens come
-about once a second, so their evidence outlives the sliding window: a single slow first token (the host stalls now
-and then whatever the load) is not evidence, and a rate that misses often is still caught within a handful of
-chats. Above AIMD sits a cap learnt from measured gaps (`visioncap.gateway.miss_model`, `pacing.learn_rate`): the
-host's own share of gaps above the objective, what each frame start adds, and so the start rate that keeps the
-total at `pacing.target_share`; AIMD reacts to a clear miss, the cap keeps its additive increases from winding the
-rate up past what the gaps allow.
+it grows while the objectives hold and frames wait: by `increase_factor` (when above 1) while chat's windowed p99s
+are within `headroom` of their objectives (far from a miss, as TCP's slow start), else by `increase_per_s`. First
+tokens come about once a second, so their evidence outlives the sliding window: a single slow first token (the host
+stalls now and then whatever the load) is not evidence, and a rate that misses often is still caught within a
+handful of chats. Above AIMD sits a cap learnt from measured gaps (`visioncap.gateway.miss_model`,
+`pacing.learn_rate`): the host's own share of gaps above the objective, what each frame start adds, and so the
+start rate that keeps the total at `pacing.target_share`; AIMD reacts to a clear miss, the cap keeps its additive
+increases from winding the rate up past what the gaps allow.
 
 The older policy (`pacing.enabled: false`) is AIMD on a background concurrency limit, with the image-token cap
 scaled alongside it:
