@@ -31,6 +31,7 @@ def test_a_gateway_that_adds_ten_to_fifteen_percent_is_judged_by_the_ratio_of_po
     assert goals["overhead_itl_p99"]["value"] == 1.15 and not goals["overhead_itl_p99"]["met"]
     assert results["arms"]["direct"]["chats"] == 400 and results["arms"]["gateway"]["gaps"] == 4000
     assert [p["ttft_p50"] for p in results["pairs"]] == [1.1] * 4
+    assert results["arms"]["gateway"]["client_policies"] == ["other"]  # the blocks here say how they were run
 
 
 def test_the_bootstrap_interval_is_wide_when_pairs_disagree_and_tight_when_they_agree() -> None:

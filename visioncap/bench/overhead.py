@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from visioncap.bench.client_priority import policy_of, realtime_child
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.machine import machine_facts
 from visioncap.bench.servers import measured_vllm, without_prefix_cache
@@ -70,6 +71,7 @@ class Block:
     wall_s: float
     summary: dict[str, Any] = field(default_factory=dict)
     cpu_s: dict[str, float] = field(default_factory=dict)  # CPU seconds used meanwhile: gateway, vllm
+    client_policy: str = "other"  # how `vllm bench serve` was scheduled (visioncap.bench.client_priority)
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -144,8 +146,18 @@ def _run_block(
     log_file.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     cpu_before = {name: cpu_seconds(pids) for name, pids in processes.items()}
-    with log_file.open("wb") as out:
-        subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, check=True, timeout=1800)
+    with (
+        log_file.open("wb") as out,
+        subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=realtime_child()) as process,
+    ):
+        client_policy = policy_of(process.pid)
+        try:
+            returncode = process.wait(timeout=1800)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
+        if returncode != 0:
+            raise subprocess.CalledProcessError(returncode, command)
     wall_s = time.monotonic() - started
     cpu = {name: round(cpu_seconds(pids) - cpu_before[name], 2) for name, pids in processes.items()}
     data = json.loads(result_file.read_text())
@@ -164,7 +176,7 @@ def _run_block(
         data.get("p99_itl_ms", 0.0),
         wall_s,
     )
-    return Block(arm, pair, seed, ttfts, gaps, len(errors), wall_s, summary, cpu)
+    return Block(arm, pair, seed, ttfts, gaps, len(errors), wall_s, summary, cpu, client_policy)
 
 
 def _pooled(blocks: Sequence[Block], arm: str) -> tuple[list[float], list[float]]:
@@ -215,6 +227,7 @@ def summarize(blocks: Sequence[Block], options: OverheadOptions) -> dict[str, An
             "failed": sum(b.failed for b in blocks if b.arm == arm),
             "ttft_ms": {f"p{q}": _ms(percentile(ttfts, q)) for q in (50, 90, 99)},
             "itl_ms": {f"p{q}": _ms(percentile(gaps, q)) for q in (50, 90, 99)},
+            "client_policies": sorted({b.client_policy for b in blocks if b.arm == arm}),
         }
         # The gateway's CPU per chat in its own arm: what it takes from vLLM's cores on a machine this small.
         cpu = {name: sum(b.cpu_s.get(name, 0.0) for b in blocks if b.arm == arm) for name in ("gateway", "vllm")}
