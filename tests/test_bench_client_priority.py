@@ -69,3 +69,9 @@ def test_a_measuring_client_started_as_a_process_runs_real_time_where_allowed() 
         child.communicate(b"")
     assert policy == ("fifo" if _allowed() else "other")
     assert policy_of(os.getpid()) == "other"
+
+
+def test_a_phase_asked_to_stay_fair_scheduled_does_and_says_so() -> None:
+    spec = PhaseSpec("fair", duration_s=0.05, warmup_s=0.0, realtime=False)
+    summary = run_phase_sync(spec).summary()
+    assert summary["client"]["policy"] == "other" and summary["client"]["reason"] == "not asked"

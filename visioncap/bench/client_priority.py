@@ -64,6 +64,12 @@ def realtime_thread(priority: int = REALTIME_PRIORITY) -> Iterator[ClientSchedul
         setter(0, policy, param)
 
 
+@contextmanager
+def fair_thread() -> Iterator[ClientScheduling]:
+    """The block as it is (ordinary scheduling), reported the way `realtime_thread` reports: for comparisons."""
+    yield ClientScheduling("other", reason="not asked")
+
+
 def realtime_child(priority: int = REALTIME_PRIORITY) -> Callable[[], None]:
     """A `preexec_fn` for a measuring client started as a process (`vllm bench serve`): it starts under SCHED_FIFO
     where the OS allows it, as it is where not; `policy_of(pid)` reads back which."""

@@ -33,9 +33,10 @@ def gateway_config(
     controller: dict[str, Any],
     max_tokens_per_image: int,
     pacing: dict[str, Any] | None = None,
+    realtime_priority: int | None = None,
 ) -> GatewayConfig:
     """A gateway with one interactive and one background key, validated as `visioncap gateway` would;
-    `pacing`: the pacing section (None: its defaults)."""
+    `pacing`: the pacing section (None: its defaults); `realtime_priority`: process.realtime_priority."""
     return GatewayConfig.model_validate(
         {
             "upstreams": [{"name": "vllm", "base_url": upstream_base_url, "metrics_poll_s": 0.5}],
@@ -52,6 +53,7 @@ def gateway_config(
             "controller": controller,
             "images": {"max_tokens_per_image": max_tokens_per_image},
             **({} if pacing is None else {"pacing": pacing}),
+            "process": {"realtime_priority": realtime_priority},
         }
     )
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from visioncap.bench.client_priority import realtime_thread
+from visioncap.bench.client_priority import fair_thread, realtime_thread
 from visioncap.bench.stats import percentile, summarize
 from visioncap.bench.workload import ChatTurn
 from visioncap.gateway.sse import CountingTransport, StreamObserver, network_reads
@@ -85,6 +85,7 @@ class PhaseSpec:
     chat_grace_s: float = 120.0
     probe_urls: dict[str, str] = field(default_factory=dict)  # name -> URL sampled every probe_interval_s
     probe_interval_s: float = 1.0
+    realtime: bool = True  # the load generator's thread real-time where allowed; False: fair-scheduled (a comparison)
 
 
 @dataclass
@@ -385,7 +386,7 @@ def new_client() -> httpx.AsyncClient:
 
 
 async def run_phase(spec: PhaseSpec) -> PhaseResult:
-    with realtime_thread() as scheduling:
+    with realtime_thread() if spec.realtime else fair_thread() as scheduling:
         cpu_before = time.thread_time()
         async with new_client() as client:
             result = await _Phase(spec, client).run()

@@ -56,6 +56,8 @@ class OverheadOptions:
     output_len: int = 32
     seed: int = 0
     bootstrap_rounds: int = 1000
+    # The gateway's process.realtime_priority (None: fair-scheduled), as `bench mixed` runs it on this host.
+    gateway_realtime_priority: int | None = 10
 
 
 @dataclass(slots=True)
@@ -292,6 +294,7 @@ def run_overhead(options: OverheadOptions) -> dict[str, Any]:
             background={},
             controller={},
             max_tokens_per_image=16384,
+            realtime_priority=options.gateway_realtime_priority,
         )
         with GatewayProcess(config, options.work_dir, name="gateway-overhead") as gateway:
             urls = {"direct": server.root_url, "gateway": gateway.root_url}

@@ -463,6 +463,20 @@ def _default_classes() -> dict[str, TrafficClassConfig]:
     }
 
 
+class ProcessConfig(StrictModel):
+    """How the gateway process is scheduled on its host."""
+
+    realtime_priority: int | None = Field(
+        default=None,
+        ge=1,
+        le=49,
+        description="SCHED_FIFO priority of the gateway's event loop (1-49: above every ordinarily scheduled "
+        "process, below the kernel's interrupt threads at 50), for hosts where vLLM keeps the gateway's cores busy; "
+        "needs CAP_SYS_NICE (or RLIMIT_RTPRIO), else the gateway refuses to start. Unset: ordinary scheduling, "
+        "right where the gateway has a core to itself.",
+    )
+
+
 class GatewayConfig(StrictModel):
     """Everything `visioncap gateway` needs."""
 
@@ -489,6 +503,9 @@ class GatewayConfig(StrictModel):
     )
     images: ImagesConfig = Field(default_factory=ImagesConfig, description="Image token estimates and URL policy.")
     limits: LimitsConfig = Field(default_factory=LimitsConfig, description="Body size limits and refused bodies.")
+    process: ProcessConfig = Field(
+        default_factory=ProcessConfig, description="How the gateway process is scheduled on its host."
+    )
 
     @model_validator(mode="after")
     def _upstreams_named_once(self) -> GatewayConfig:

@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.errors import ErrorType, error_body
+from visioncap.gateway.realtime import run_realtime
 from visioncap.gateway.router import GENERATION_PATHS, router
 from visioncap.gateway.safety import check_gateway_can_serve
 from visioncap.gateway.serving import Gateway
@@ -150,6 +151,8 @@ def run_gateway(
     app = build_gateway(config, host, source)
     targets = ", ".join(f"{upstream.name} {upstream.base_url}" for upstream in config.upstreams)
     log.info("gateway on http://%s:%d/v1 -> %s", host, port, targets)
+    if run_realtime(config.process.realtime_priority, source) == "fifo":
+        log.info("gateway event loop under SCHED_FIFO %d", config.process.realtime_priority)
     # The startup heap (imports, the app, its models) never becomes garbage: out of the collector's sight, the
     # oldest generation's collections no longer walk it while chats stream (vLLM's API server does the same).
     gc.collect()

@@ -13,6 +13,7 @@ import uvicorn
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.app import create_app
+from visioncap.gateway.realtime import run_realtime
 from visioncap.gateway.serving import Gateway
 
 T = TypeVar("T")
@@ -65,6 +66,7 @@ class GatewayThread:
     def _run(self) -> None:
         assert self._server is not None and self._socket is not None
         try:
+            run_realtime(self.config.process.realtime_priority)  # this thread is the gateway's event loop
             self._server.run(sockets=[self._socket])
         except BaseException as exc:
             self._error = exc
