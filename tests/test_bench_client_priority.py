@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import os
-import resource
 import subprocess
 import sys
+
+from realtime_rights import realtime_allowed, without_realtime_rights
 
 from visioncap.bench.client_priority import REALTIME_PRIORITY, policy_of, realtime_child, realtime_thread
 from visioncap.bench.load import PhaseSpec, run_phase_sync
 
 
 def _allowed() -> bool:
-    """Root has CAP_SYS_NICE; anyone else needs an RLIMIT_RTPRIO that reaches the priority."""
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_RTPRIO)[0] >= REALTIME_PRIORITY
+    return realtime_allowed(REALTIME_PRIORITY)
 
 
 def test_the_thread_is_fifo_inside_the_block_and_as_before_after_it() -> None:
@@ -32,23 +31,11 @@ def test_the_thread_is_fifo_inside_the_block_and_as_before_after_it() -> None:
 
 
 def test_without_the_right_it_runs_as_it_is_and_says_why() -> None:
-    # A forked child gives the right up for real: no real-time rlimit, and no longer root where it was.
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
-        try:
-            resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
-            if os.geteuid() == 0:
-                os.setuid(65534)
-            with realtime_thread() as scheduling:
-                inside = os.sched_getscheduler(0)
-            os.write(write_end, json.dumps([scheduling.policy, scheduling.reason, inside]).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        policy, reason, inside = json.loads(pipe.read())
-    os.waitpid(pid, 0)
+    def inside_the_block() -> list[object]:
+        with realtime_thread() as scheduling:
+            return [scheduling.policy, scheduling.reason, os.sched_getscheduler(0)]
+
+    policy, reason, inside = without_realtime_rights(inside_the_block)
     assert policy == "other"
     assert reason.startswith("SCHED_FIFO not permitted")
     assert inside == os.SCHED_OTHER

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import resource
 import threading
 from collections.abc import Callable
 
 import pytest
 from pydantic import ValidationError
+from realtime_rights import realtime_allowed, without_realtime_rights
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
@@ -16,10 +16,6 @@ from visioncap.errors import ConfigError
 from visioncap.gateway.in_thread import GatewayThread
 from visioncap.gateway.realtime import run_realtime
 from visioncap.serve import free_port
-
-
-def _allowed(priority: int) -> bool:
-    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_RTPRIO)[0] >= priority
 
 
 def config(**process: object) -> GatewayConfig:
@@ -52,7 +48,7 @@ def in_a_thread(action: Callable[[], object]) -> tuple[object, int]:
 def test_the_loop_thread_runs_fifo_when_asked_and_as_it_was_when_not() -> None:
     assert in_a_thread(lambda: run_realtime(None)) == ("other", os.SCHED_OTHER)
     result, policy = in_a_thread(lambda: run_realtime(10))
-    if _allowed(10):
+    if realtime_allowed(10):
         assert (result, policy) == ("fifo", os.SCHED_FIFO)
     else:
         assert isinstance(result, ConfigError) and policy == os.SCHED_OTHER
@@ -60,25 +56,14 @@ def test_the_loop_thread_runs_fifo_when_asked_and_as_it_was_when_not() -> None:
 
 
 def test_where_the_os_refuses_the_gateway_refuses_to_start_and_says_what_it_needs() -> None:
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child reports through the pipe
+    def apply() -> str:
         try:
-            resource.setrlimit(resource.RLIMIT_RTPRIO, (0, 0))
-            if os.geteuid() == 0:
-                os.setuid(65534)  # root's CAP_SYS_NICE given up for real
-            try:
-                run_realtime(10, "gateway file g.yaml")
-                message = "applied"
-            except ConfigError as exc:
-                message = str(exc)
-            os.write(write_end, message.encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as pipe:
-        message = pipe.read()
-    os.waitpid(pid, 0)
+            run_realtime(10, "gateway file g.yaml")
+        except ConfigError as exc:
+            return str(exc)
+        return "applied"
+
+    message = without_realtime_rights(apply)
     assert message.startswith("gateway file g.yaml: process.realtime_priority: 10 cannot be applied here")
     assert "CAP_SYS_NICE" in message and "leave it unset" in message
 
@@ -90,7 +75,7 @@ def test_a_priority_outside_1_to_49_is_refused_by_the_config(priority: int) -> N
 
 
 def test_a_gateway_thread_serves_on_a_fifo_loop_when_its_config_asks() -> None:
-    if not _allowed(10):
+    if not realtime_allowed(10):
         with pytest.raises(RuntimeError, match="realtime_priority"):
             GatewayThread(config(realtime_priority=10)).start()
         return
