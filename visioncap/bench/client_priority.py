@@ -4,8 +4,8 @@ Why (measured 2026-12-03, vLLM alone, chat at 1/s beside 3 frames/s on this 2-co
 benchmarks/mixed/README.md, "Whose stall"): with the server saturating both cores, the kernel's fair scheduler
 left the load generator's event loop runnable but unscheduled for 50-330 ms at a time (the wait column of its
 /proc/self/task/TID/schedstat), about 20 times in 150 s, with no garbage collection. `tcpdump` on vLLM's port showed
-the server writing each such chat's first token 17-34 ms after the request and the rest over 150-275 ms; the
-client read the whole answer in one read 190-325 ms after sending it. So the TTFT p99 of a bench phase measured
+the server writing each such chat's first token 13-34 ms after the request and the rest over 60-275 ms; the
+client read the whole answer at once, 87-325 ms after sending it. So the TTFT p99 of a bench phase measured
 the client's wait for a core, in every set-up alike (0-2 of 222 chats alone, 5-9 of S3's 215). `nice -10` did not
 help (the waits stayed). SCHED_FIFO for the loop thread did: no wait over 60 ms, no one-read answer, TTFT max
 61 ms where the fair-scheduled phase before it had 334 ms.
@@ -13,7 +13,8 @@ help (the waits stayed). SCHED_FIFO for the loop thread did: no wait over 60 ms,
 A chat user's client does not share the server's cores; a real-time loop thread is the nearest this host gets.
 The thread only sends pre-built bodies, reads and stamps times (its CPU seconds are recorded beside each phase),
 and the kernel keeps `sched_rt_runtime_us` (95 % by default) as the most real-time threads may take in any case.
-The gateway and vLLM, the systems measured, keep their ordinary scheduling: their own waits are part of what is
+vLLM, the system measured, keeps its ordinary scheduling, and the gateway runs as its config says
+(`process.realtime_priority`, which `bench mixed` and `bench overhead` set): their own waits are part of what is
 measured. The camera flood shares the loop, so it is sent on time too; it is a few HTTP posts a second.
 `bench overhead` starts `vllm bench serve`, its measuring client, the same way (`realtime_child`).
 """
