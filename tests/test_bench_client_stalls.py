@@ -21,9 +21,10 @@ def test_the_watcher_sees_a_loop_held_up_and_whether_it_waited_for_a_core() -> N
         return result
 
     _, stalls = asyncio.run(hold_the_loop())
-    assert len(stalls) == 1
-    assert 190 <= stalls[0]["late_ms"] < 400
-    assert stalls[0]["waiting_ms"] < stalls[0]["late_ms"] / 2 and stalls[0]["on_cpu_ms"] < 50
+    # On a loaded machine the test's own process may also wait a tick or two; the hold is the one long stall.
+    held = [stall for stall in stalls if stall["late_ms"] >= 190]
+    assert len(held) == 1 and held[0]["late_ms"] < 400
+    assert held[0]["waiting_ms"] < held[0]["late_ms"] / 2 and held[0]["on_cpu_ms"] < 50
 
 
 def test_a_phase_record_counts_answers_that_came_whole_and_the_stalls_spent_waiting() -> None:
