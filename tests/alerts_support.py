@@ -20,7 +20,7 @@ from typing import Any
 from helpers import wait_for
 
 from visioncap.frames import Caption, SelectionReason
-from visioncap.serve import free_port
+from visioncap.serve import check_own, free_port
 from visioncap.store import CaptionStore
 from visioncap.store.captions import NewCaption
 
@@ -78,9 +78,11 @@ class Mosquitto:
         def listening() -> bool:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return True
             except OSError:
                 return False
+            assert self.process is not None
+            check_own(self.process.pid, self.port)  # not another process on a port both picked
+            return True
 
         wait_for(listening, 20, "mosquitto to listen")
 

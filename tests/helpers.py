@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -24,7 +25,8 @@ from sqlalchemy import Engine, text
 
 from visioncap.bench.netns import Host
 from visioncap.config.keys import hash_key
-from visioncap.serve import free_port
+from visioncap.serve import PortTakenError, check_own, free_port
+from visioncap.serve.ports import holders
 from visioncap.store.schema import MIGRATIONS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +34,7 @@ ARTIFACTS = REPO / "test-artifacts"
 TINY_MODEL = "visioncap-tiny"
 PERSON_DETECTOR = "pkg:fall_detection/models/best.pt"
 API_START_S = 120  # a bound on a `visioncap api` that never answers or never stops, never a measurement
+PORT_TRIES = 3  # starts on fresh ports when other processes took them (each a collision of two random picks)
 
 
 def pipeline_dict(video: Path, **sections: dict[str, Any]) -> dict[str, Any]:
@@ -129,36 +132,57 @@ def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
 def serve_cli(args: list[str], env: dict[str, str], *, cwd: Path = REPO, port: int | None = None) -> Iterator[str]:
     """`visioncap ARGS --port PORT` (a free port unless given) in the environment `env` as it is (not added to this
     one), running until the block ends; its base URL once it answers /healthz. Stopped (killed if it will not stop)
-    after."""
-    port = port or free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "visioncap", *args, "--port", str(port), "--log-level", "WARNING"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-    )
-    url = f"http://127.0.0.1:{port}"
+    after. A free port another process took before the command bound it (visioncap.serve.ports) is replaced by a new
+    one, at most PORT_TRIES times."""
     command = " ".join(args)
+    for attempt in range(1, PORT_TRIES + 1):
+        chosen = port or free_port()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "visioncap", *args, "--port", str(chosen), "--log-level", "WARNING"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=cwd,
+        )
+        url = f"http://127.0.0.1:{chosen}"
 
-    def answers() -> bool:
-        assert process.poll() is None, f"`visioncap {command}` exited: {process.communicate()[1]}"
         try:
-            return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+            try:
+                wait_for(
+                    partial(_answers_healthz, process, chosen, command),
+                    API_START_S,
+                    f"`visioncap {command}` to answer /healthz",
+                )
+            except PortTakenError:
+                if port is not None or attempt == PORT_TRIES:
+                    raise
+                continue
+            yield url
+            return
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=API_START_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
+
+def _answers_healthz(process: subprocess.Popen[str], port: int, command: str) -> bool:
+    """Whether `process` answers /healthz on `port`; PortTakenError where another process holds the port."""
+    if process.poll() is not None:
+        said = process.communicate()[1]
+        if "address already in use" in said:
+            raise PortTakenError(port, holders(port))
+        raise AssertionError(f"`visioncap {command}` exited: {said}")
     try:
-        wait_for(answers, API_START_S, f"`visioncap {command}` to answer /healthz")
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=API_START_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code != 200:
+            return False
+    except httpx.HTTPError:
+        return False
+    check_own(process.pid, port)  # not another server's /healthz
+    return True
 
 
 @contextmanager

@@ -38,7 +38,7 @@ from visioncap.gateway.images import data_uri_size, image_tokens
 from visioncap.gateway.in_thread import GatewayThread
 from visioncap.gateway.scheduler import SchedulerState
 from visioncap.gateway.sse import StreamObserver
-from visioncap.serve import VllmServer, free_port
+from visioncap.serve import VllmServer, check_own, free_port
 
 INTERACTIVE_KEY = "test-interactive-key"
 BACKGROUND_KEY = "test-background-key"
@@ -174,6 +174,7 @@ def test_serve_runs_a_gateway_from_a_file_until_sigterm(vllm_server: VllmServer,
             assert process.poll() is None, "gateway exited"
             try:
                 if httpx.get(f"{root}/healthz", timeout=5).status_code == 200:
+                    check_own(process.pid, port)  # not another test's gateway on a port both picked
                     break
             except httpx.HTTPError:
                 assert time.monotonic() < give_up, "gateway never answered"

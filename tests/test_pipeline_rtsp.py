@@ -10,7 +10,7 @@ from helpers import pipeline_dict, scrape_metric, start_cli, wait_for, write_pip
 from streams import RtspServer, skip_unless_gstreamer
 from videos import make_event_video
 
-from visioncap.serve import VllmServer, free_port
+from visioncap.serve import VllmServer, check_own, free_port
 from visioncap.store import CaptionStore, create_db_engine
 
 
@@ -54,6 +54,7 @@ def test_pipeline_reconnects_to_a_restarted_camera_and_goes_on(tmp_path: Path, v
         try:
             wait_for(lambda: store.count(status="captioned") >= 1, 120, "a caption from the live camera")
             assert camera_state(metrics_url, "online") == 1
+            check_own(run.pid, metrics_port)  # the answer was this run's, not another process's on a port both picked
 
             camera.kill()
             wait_for(lambda: camera_state(metrics_url, "reconnecting") == 1, 30, "the camera to count as lost")

@@ -27,7 +27,7 @@ from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import DISK_WARN_EVERY_S, Outbox, PutResult
-from visioncap.serve import VllmServer, free_port
+from visioncap.serve import VllmServer, check_own, free_port
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
 from visioncap.store.cameras import camera_states
 
@@ -372,6 +372,7 @@ def test_pipeline_keeps_going_through_a_postgres_outage_and_loses_nothing(
         try:
             wait_for(lambda: store.count(status="captioned") >= 2, 180, "captions from the live cameras")
             assert readiness(root).get("code") == 200
+            check_own(run.pid, port)  # the answer was this run's, not another process's on a port both picked
 
             cluster.stop()
             stopped_at = datetime.now(UTC)

@@ -24,7 +24,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from visioncap.bench.stats import percentile
 from visioncap.config.api import ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.frames import Caption
+from visioncap.serve.ports import check_own, free_port
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import MIGRATIONS, ensure_schema
@@ -551,12 +551,6 @@ class PostgresCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 # -- the API and the load ---------------------------------------------------------------------------------------
 
 
@@ -588,6 +582,7 @@ class ApiProcess:
                 raise RuntimeError(f"visioncap api exited with {self.process.returncode}; see {self.log.name}")
             try:
                 if httpx.get(f"{self.url}/readyz", headers=auth(), timeout=5).status_code == 200:
+                    check_own(self.process.pid, self.port)  # not another process's API on a port both picked
                     return
             except httpx.HTTPError:
                 pass

@@ -25,13 +25,12 @@ from typing import Annotated, Any
 import typer
 
 from visioncap.bench.detection import detector_machine_facts  # sets the YOLO_* defaults first
-from visioncap.bench.fleet_parts import free_port
 from visioncap.bench.fleet_render import render
 from visioncap.bench.machine import REPO
 from visioncap.bench.netns import SUBNET_PREFIX, netns_problem
 from visioncap.bench.outputs import RESULTS_DIR, command_line
 from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
-from visioncap.serve import VllmServer
+from visioncap.serve import VllmServer, free_port
 
 log = logging.getLogger("visioncap.bench.fleet")
 VLLM_START_LIMIT_S = 900.0  # a bound on a broken start, not a figure

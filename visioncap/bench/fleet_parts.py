@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from sqlalchemy import Engine, text
 
 from visioncap.bench.detection import PERSON_CLASSES, WEIGHTS
 from visioncap.bench.machine import REPO
+from visioncap.serve.ports import free_port
 
 BOUNDARY = "visioncapframe"
 WIDTH, HEIGHT = 640, 480
@@ -198,12 +198,6 @@ class Worker:
                 self.process.wait(60)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def start_worker(

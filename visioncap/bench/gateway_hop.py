@@ -37,7 +37,6 @@ from aiohttp import web
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.machine import REPO, machine_facts
 from visioncap.bench.outputs import command_line, machine_line, write_results
-from visioncap.serve import free_port
 
 OUT_DIR = REPO / "benchmarks" / "overhead"
 WARMUP = 20  # chats per arm not kept: connection pools and lazy imports
@@ -61,15 +60,17 @@ async def _empty(_request: web.Request) -> web.Response:
 
 @contextlib.asynccontextmanager
 async def instant_upstream() -> Any:
-    """An OpenAI-shaped server on a free port that streams `ANSWER` at once; yields its /v1 URL."""
+    """An OpenAI-shaped server on a port of the kernel's choosing that streams `ANSWER` at once; yields its /v1
+    URL."""
     app = web.Application()
     app.router.add_post("/v1/chat/completions", _chat)
     for path in ("/metrics", "/health"):
         app.router.add_get(path, _empty)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    site = web.TCPSite(runner, "127.0.0.1", 0)  # bound here: no window for another process to take the port
+    await site.start()
+    port = runner.addresses[0][1]
     try:
         yield f"http://127.0.0.1:{port}/v1"
     finally:

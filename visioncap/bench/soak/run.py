@@ -13,7 +13,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import psutil
 
 from visioncap.bench.machine import REPO, machine_facts
 from visioncap.bench.soak.analysis import MODULE, analyse_file
+from visioncap.serve.ports import free_port
 
 OUT_DIR = REPO / "benchmarks" / "soak"  # where the committed results live (samples.jsonl, soak.json, README.md)
 RTSP_SERVER = REPO / "tests" / "servers" / "rtsp_server.py"
@@ -73,12 +73,6 @@ SOURCE_YAML = """\
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _version(name: str) -> str | None:
@@ -409,7 +403,7 @@ def run(args: argparse.Namespace) -> Path:
         work=Path(tempfile.mkdtemp(prefix="visioncap-soak-", dir=args.work_parent)),
         samples_path=out_dir / "samples.jsonl",
         server_python=Path(os.environ.get("VISIONCAP_SERVER_PYTHON") or REPO / ".venv-vllm" / "bin" / "python"),
-        metrics_port=_free_port(),
+        metrics_port=free_port(),
     )
     soak.data_dir.mkdir()
     previous = {sig: signal.signal(sig, soak.stop) for sig in (signal.SIGINT, signal.SIGTERM)}
