@@ -294,3 +294,22 @@ def test_frontier_takes_each_configurations_best_point_meeting_the_level_and_jud
     assert table["2.0"]["gateway_over_vllm"] == pytest.approx(3.5 / 4.0) and table["2.0"]["met"] is False
     alone = frontier([FrontierPoint("S3", "gateway", "objective 1.25x", 0.5, 1.2, 1.0)], (1.25,))
     assert alone["1.25"]["met"] is True  # vLLM alone meets nothing, the gateway delivers > 0
+
+
+def test_a_frontier_point_on_few_samples_is_judged_on_its_upper_bounds_and_the_point_estimates_are_kept() -> None:
+    few = {"itl_on_value": False, "ttft_on_value": False}  # a 40 s phase: ~35 chats, ~1,500 gaps
+    points = [
+        # vLLM alone: TTFT p99 1.48x on its value, but its interval reaches 1.68x.
+        FrontierPoint("F-b1024", "vllm-priority-b1024", "16/s", 16.0, 1.9, 1.48, (1.8, 2.06), (1.1, 1.68), **few),
+        FrontierPoint("F-gateway-2x", "gateway", "objective 2x", 6.0, 1.6, 1.3, (1.4, 1.77), (1.0, 1.48), **few),
+        # Enough samples: judged on its values whatever its interval.
+        FrontierPoint("S3", "gateway", "objective 1.25x", 1.4, 1.2, 1.24, (1.1, 1.31), (0.97, 1.7)),
+    ]
+    table = frontier(points, (1.25, 2.0))
+    assert table["2.0"]["best"]["vllm-priority-b1024"] is None
+    assert table["2.0"]["best"]["gateway"] == {"captions_per_s": 6.0, "phase": "F-gateway-2x"}
+    assert table["2.0"]["met"] is True  # vLLM alone has not shown it meets 2x
+    assert table["2.0"]["on_values"]["best"]["vllm-priority-b1024"] == {"captions_per_s": 16.0, "phase": "F-b1024"}
+    assert table["2.0"]["on_values"]["gateway_over_vllm"] == pytest.approx(6.0 / 16.0)
+    assert table["2.0"]["on_values"]["met"] is False
+    assert table["1.25"]["best"]["gateway"] == {"captions_per_s": 1.4, "phase": "S3"}

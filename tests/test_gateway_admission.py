@@ -47,6 +47,8 @@ def replay(ctl: AdmissionController, events: Iterable[tuple[float, str, float]])
             ctl.observe_itl(t, value / 1000)
         elif kind == "waiting":
             ctl.observe_upstream(t, waiting=value, running=1)
+        elif kind == "bg":
+            ctl.background_started(t)
         elif kind == "tick":
             in_flight = int(ctl.limit) if value == FULL else int(value)
             decisions.append(ctl.tick(t, in_flight, background_waiting=1 if value == FULL else 0))
@@ -510,17 +512,49 @@ def test_pacing_grows_while_healthy_only_when_frames_wait() -> None:
     assert grown == [2.5, 3.0]  # up to max_per_s
 
 
-def test_pacing_grows_in_proportion_far_from_the_objectives_and_by_steps_near_them() -> None:
+def measured_prelude(seconds: float, host_misses: int = 0) -> list[tuple[float, str, float]]:
+    """Chat active for `seconds` with 5 ms gaps every 10 ms and a frame start every 0.5 s, nothing waiting: enough
+    for the learnt model's evidence (1,000 gaps, 20 frames). `host_misses` gaps of 50 ms fall far from any frame
+    start (0.35 s after one): the host's own share above the objective."""
+    gaps = itl_stream(0.0, seconds, gap_ms=5)
+    far_from_frames = [i for i, (t, _, _) in enumerate(gaps) if round(t * 100) % 50 == 35][:host_misses]
+    for i in far_from_frames:
+        gaps[i] = (gaps[i][0], "itl", 50.0)
+    starts = [(i * 0.5, "bg", 0.0) for i in range(round(seconds / 0.5))]
+    return merged([(0.0, "start", 0)], gaps, starts, ticks(0.25, seconds, in_flight=1))
+
+
+def test_pacing_grows_in_proportion_far_from_the_objectives_once_the_model_has_measured_room() -> None:
     """A loose objective is reached in a few increases; near the objective increases stay small."""
     ctl = pacer(max_per_s=50.0, increase_per_s=0.25, increase_factor=1.5, headroom=0.8)
-    far = merged([(0.0, "start", 0)], itl_stream(0.0, 1.0, gap_ms=5), ticks(0.25, 1.0, in_flight=FULL))
+    assert {d.action for d in replay(ctl, measured_prelude(10.0))} == {"hold"} and ctl.starts_per_s == 2.0
+    far = merged(itl_stream(10.0, 11.0, gap_ms=5), ticks(10.25, 11.0, in_flight=FULL))
     assert [d.starts_per_s for d in replay(ctl, far) if d.action == "increase"] == [3.0, 4.5, 6.75]
     # Gaps at 90 % of the 20 ms objective: healthy, but no longer within 80 % of it. The window still holds the
     # 5 ms gaps; from the first tick the 18 ms ones are more than 1 % of it, so its p99 is 18 ms.
-    near = merged(itl_stream(1.0, 2.0, gap_ms=18), ticks(1.25, 2.0, in_flight=FULL))
+    near = merged(itl_stream(11.0, 12.0, gap_ms=18), ticks(11.25, 12.0, in_flight=FULL))
     assert [d.starts_per_s for d in replay(ctl, near) if d.action == "increase"] == [7.0, 7.25, 7.5]
     additive = pacer(max_per_s=50.0, increase_per_s=0.25, increase_factor=1.0)
+    replay(additive, measured_prelude(10.0))
     assert [d.starts_per_s for d in replay(additive, far) if d.action == "increase"] == [2.25, 2.5, 2.75]
+
+
+def test_pacing_grows_by_steps_until_the_model_has_measured_room() -> None:
+    """Far inside the objectives by a few seconds of gaps is not enough to grow in proportion: before the learnt
+    model has its evidence a fast-growing rate overshoots before its frames show in the window; and where the host's
+    own gaps already use the target share up there is no room to grow into."""
+    unmeasured = pacer(max_per_s=50.0, increase_per_s=0.25, increase_factor=1.5, headroom=0.8)
+    far = merged([(0.0, "start", 0)], itl_stream(0.0, 1.0, gap_ms=5), ticks(0.25, 1.0, in_flight=FULL))
+    decisions = replay(unmeasured, far)
+    assert [d.starts_per_s for d in decisions if d.action == "increase"] == [2.25, 2.5, 2.75]
+    assert all(d.learnt is None for d in decisions)
+    crowded = pacer(max_per_s=50.0, increase_per_s=0.25, increase_factor=1.5, headroom=0.8)
+    replay(crowded, measured_prelude(10.0, host_misses=8))  # 8 of ~700 gaps far from frames: 1.1 % > 0.7 %
+    far = merged(itl_stream(10.0, 11.0, gap_ms=5), ticks(10.25, 11.0, in_flight=FULL))
+    decisions = replay(crowded, far)
+    assert [d.starts_per_s for d in decisions if d.action == "increase"] == [2.25, 2.5, 2.75]
+    learnt = decisions[-1].learnt
+    assert learnt is not None and learnt.base_share > 0.007
 
 
 def test_a_chat_awaiting_its_first_token_holds_background_starts_for_at_most_the_hold() -> None:

@@ -295,15 +295,15 @@ class PacingConfig(StrictModel):
         default=0.7, gt=0, lt=1, description="The start rate is multiplied by this when an objective is missed."
     )
     increase_factor: float = Field(
-        default=1.0,
+        default=1.25,
         ge=1,
-        description="While chat's windowed p99s sit far inside their objectives (at most `headroom` of them), an "
-        "increase multiplies the start rate by this instead of adding `increase_per_s`, so a loose objective is "
-        "reached in seconds rather than minutes (additive steps of 0.25/s take a minute from 2 to 16 frames/s); "
-        "near the objectives increases stay additive. 1 (the default): additive only. Measured at 1.25 in bench "
-        "mixed (2026-12-03 14:03): 11.6 captions/s at a 2x objective (5.35 with additive steps in the run of 11:45), "
-        "but at 1.25x the windowed p99 of a few seconds of gaps looked far inside while the rate overshot to 8.8/s, "
-        "and chat's inter-token p99 missed.",
+        description="While chat's windowed p99s sit far inside their objectives (at most `headroom` of them) and the "
+        "learnt model (`learn_rate`) has measured room for more frames, an increase multiplies the start rate by "
+        "this instead of adding `increase_per_s`, so a loose objective is reached in seconds rather than minutes "
+        "(additive steps of 0.25/s take a minute from 2 to 16 frames/s) while the learnt cap bounds the growth; "
+        "near the objectives, and before the model has its evidence, increases stay additive (bench mixed "
+        "2026-12-03 14:03, without that condition: at 1.25x a few seconds of gaps looked far inside while the rate "
+        "overshot to 8.8/s, and chat's inter-token p99 missed). 1: additive only.",
     )
     headroom: float = Field(
         default=0.8,

@@ -11,7 +11,8 @@ none starts while a chat waits for its first token (bounded by `first_token_hold
 `min_fresh_gaps` of them; `evidence_z` standard errors above 1 %) exceed the objective, or when the first tokens
 since the last decrease (the newest `TTFT_EVIDENCE` of them) clear 1 % above the TTFT objective by the same margin;
 it grows while the objectives hold and frames wait: by `increase_factor` (when above 1) while chat's windowed p99s
-are within `headroom` of their objectives (far from a miss, as TCP's slow start), else by `increase_per_s`. First
+are within `headroom` of their objectives (far from a miss, as TCP's slow start) and the learnt model below has
+measured room for more frames (so its cap bounds the growth), else by `increase_per_s`. First
 tokens come about once a second, so their evidence outlives the sliding window: a single slow first token (the host
 stalls now and then whatever the load) is not evidence, and a rate that misses often is still caught within a
 handful of chats. Above AIMD sits a cap learnt from measured gaps (`visioncap.gateway.miss_model`,
@@ -352,6 +353,7 @@ class AdmissionController:
         pacing = self.pacing
         assert pacing is not None and self._rate is not None
         reasons: tuple[Violation, ...] = ()
+        learnt = self._learnt(now)
         if not self.interactive_active(now):
             action = Action.IDLE
         else:
@@ -371,13 +373,12 @@ class AdmissionController:
                 and self._healthy_since(max(self._last_tick, self._last_increase))
             ):
                 action = Action.INCREASE
-                far = self._within(ttft_p99, itl_p99, pacing.headroom)
+                far = self._within(ttft_p99, itl_p99, pacing.headroom) and _room_measured(learnt, pacing)
                 grown = self._rate * pacing.increase_factor if far else self._rate
                 self._rate = min(pacing.max_per_s, max(grown, self._rate + pacing.increase_per_s))
                 self._last_increase = now
             else:
                 action = Action.HOLD
-        learnt = self._learnt(now)
         if action is not Action.IDLE and learnt is not None and learnt.rate_per_s is not None:
             # The model caps AIMD from above: additive increases never wind the rate up past what it allows.
             cap = min(pacing.max_per_s, max(pacing.min_per_s, learnt.rate_per_s))
@@ -459,6 +460,15 @@ class AdmissionController:
         return (ttft_p99 is None or ttft_p99 <= fraction * self.objectives.ttft_p99_ms / 1000) and (
             itl_p99 is None or itl_p99 <= fraction * self.objectives.itl_p99_ms / 1000
         )
+
+
+def _room_measured(learnt: MissEstimate | None, pacing: PacingConfig) -> bool:
+    """Whether the learnt model has measured room for more frames: enough evidence, and the host's own share of gaps
+    above the objective below the target. Only then may an increase be multiplicative: a window of a few seconds of
+    gaps looks far inside the objective while a fast-growing rate's frames have yet to show in it (bench mixed at
+    a 1.25x objective, 2026-12-03 14:03: the rate overshot to 8.8/s and chat's p99 missed), whereas the learnt cap
+    then bounds the growth. Without the model (`learn_rate` false) increases stay additive."""
+    return learnt is not None and learnt.base_share < pacing.target_share
 
 
 def _clearly_above_one_percent(above: int, count: int, z: float) -> bool:
