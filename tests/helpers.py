@@ -26,7 +26,7 @@ from sqlalchemy import Engine, text
 from visioncap.bench.netns import Host
 from visioncap.config.keys import hash_key
 from visioncap.serve import PortTakenError, check_own, free_port
-from visioncap.serve.ports import holders
+from visioncap.serve.ports import bind_refused
 from visioncap.store.schema import MIGRATIONS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,8 +173,9 @@ def _answers_healthz(process: subprocess.Popen[str], port: int, command: str) ->
     """Whether `process` answers /healthz on `port`; PortTakenError where another process holds the port."""
     if process.poll() is not None:
         said = process.communicate()[1]
-        if "address already in use" in said:
-            raise PortTakenError(port, holders(port))
+        taken = bind_refused(port, said)
+        if taken is not None:
+            raise taken
         raise AssertionError(f"`visioncap {command}` exited: {said}")
     try:
         if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code != 200:

@@ -20,7 +20,7 @@ import yaml
 
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import generate_key, hash_key
-from visioncap.serve.ports import PortTakenError, check_own, free_port, holders
+from visioncap.serve.ports import PortTakenError, bind_refused, check_own, free_port
 
 # Starts of one gateway on fresh ports when other processes took them (each a collision of two random picks).
 PORT_TRIES = 3
@@ -128,8 +128,9 @@ class GatewayProcess:
                     with self.log_path.open("rb") as log:
                         log.seek(logged)
                         said = log.read().decode(errors="replace")
-                    if "address already in use" in said:
-                        raise PortTakenError(self.port, holders(self.port))
+                    taken = bind_refused(self.port, said)
+                    if taken is not None:
+                        raise taken
                     raise RuntimeError(f"gateway exited with {self._process.returncode}; see {self.log_path}")
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.root_url}/healthz").status_code == 200:

@@ -882,7 +882,7 @@ def _p99_goal(
     key = f"s3_{metric}_p99_over_s0"
     value, interval, limit, need = ratios.get(key), bounds.get(key), GOALS[name], JUDGED_SAMPLES[metric]
     samples = {phase: _p(summaries.get(phase), "chat", f"{metric}_ms", "n") for phase in ("S3", "S0")}
-    enough = all(isinstance(n, int) and n >= need for n in samples.values())
+    enough = _enough_samples(metric, summaries.get("S3"), summaries.get("S0"))
     on_bound = None if interval is None else interval[1] <= limit
     on_value = None if value is None else value <= limit
     unit = "chats" if metric == "ttft" else "gaps"
@@ -896,6 +896,13 @@ def _p99_goal(
         "met": on_value if enough else on_bound,
         "met_on_upper_bound": on_bound,
     }
+
+
+def _enough_samples(metric: str, *summaries: dict[str, Any] | None) -> bool:
+    """Every one of `summaries` rests on JUDGED_SAMPLES of `metric` ("ttft": chats, "itl": gaps), so that its p99
+    is judged on its value (#12 item 3)."""
+    counts = [_p(summary, "chat", f"{metric}_ms", "n") for summary in summaries]
+    return all(isinstance(n, int) and n >= JUDGED_SAMPLES[metric] for n in counts)
 
 
 def _at_least(value: float | None, limit: float) -> dict[str, Any]:
@@ -975,11 +982,6 @@ def frontier_points(summaries: dict[str, dict[str, Any]], bounds: dict[str, Any]
             continue
         key = name.lower().replace("-", "_")
         itl, ttft = bounds.get(f"{key}_itl_p99_over_s0"), bounds.get(f"{key}_ttft_p99_over_s0")
-
-        def enough(metric: str, summary: dict[str, Any] = summary) -> bool:
-            counts = (_p(summary, "chat", f"{metric}_ms", "n"), _p(s0, "chat", f"{metric}_ms", "n"))
-            return all(isinstance(n, int) and n >= JUDGED_SAMPLES[metric] for n in counts)
-
         points.append(
             FrontierPoint(
                 phase=name,
@@ -990,8 +992,8 @@ def frontier_points(summaries: dict[str, dict[str, Any]], bounds: dict[str, Any]
                 ttft_p99_ratio=ratio(_p(summary, "chat", "ttft_ms", "p99"), _p(s0, "chat", "ttft_ms", "p99")),
                 itl_interval=None if itl is None else (itl[0], itl[1]),
                 ttft_interval=None if ttft is None else (ttft[0], ttft[1]),
-                itl_on_value=enough("itl"),
-                ttft_on_value=enough("ttft"),
+                itl_on_value=_enough_samples("itl", summary, s0),
+                ttft_on_value=_enough_samples("ttft", summary, s0),
             )
         )
     return points

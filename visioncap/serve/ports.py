@@ -10,11 +10,22 @@ uploads answered and cut off by the other test's gateway). Readiness therefore a
 from __future__ import annotations
 
 import socket
+from typing import Any, Protocol
 
 import psutil
-from psutil._ntuples import pconn, sconn
 
-_Connection = pconn | sconn  # a process's sockets carry no pid; the system's do
+# What a server prints when its port is taken (uvicorn and aiohttp both report errno 98 so).
+ADDRESS_IN_USE = "address already in use"
+
+
+class _Connection(Protocol):
+    """A socket as psutil lists it (a process's or the system's)."""
+
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def laddr(self) -> Any: ...
 
 
 class PortTakenError(RuntimeError):
@@ -58,6 +69,11 @@ def holders(port: int) -> set[int]:
     except psutil.AccessDenied:
         return set()
     return {c.pid for c in connections if c.pid is not None and _listening_on(c, port)}
+
+
+def bind_refused(port: int, output: str) -> PortTakenError | None:
+    """The PortTakenError for `port` when an exited server's `output` says its port was taken; None otherwise."""
+    return PortTakenError(port, holders(port)) if ADDRESS_IN_USE in output else None
 
 
 def check_own(pid: int, port: int) -> None:
