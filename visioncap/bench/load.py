@@ -331,7 +331,7 @@ class _Phase:
 
 
 def probe_value(url: str, text: str) -> Any:
-    if url.endswith("/metrics"):
+    if "/metrics" in url:
         values: dict[str, float] = {}
         for line in text.splitlines():
             for series, short in (("vllm:num_requests_running", "running"), ("vllm:num_requests_waiting", "waiting")):

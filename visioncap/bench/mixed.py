@@ -45,6 +45,8 @@ from visioncap.bench.frontier import FrontierPoint, frontier
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import PhaseResult, PhaseSpec, Target, background_held, paired_streams, run_phase_sync
 from visioncap.bench.machine import machine_facts
+from visioncap.bench.phase_costs import phase_costs, vllm_pids
+from visioncap.bench.phase_costs import snapshot as cost_snapshot
 from visioncap.bench.servers import measured_vllm
 from visioncap.bench.standin import Resized, refit, with_vllm_flag, workload_for, workload_options
 from visioncap.bench.stats import bootstrap_ratio_interval, percentile, ratio
@@ -57,6 +59,7 @@ from visioncap.bench.workload import (
     filler_text,
 )
 from visioncap.config.profiles import ModelProfile, load_profile
+from visioncap.gateway.upstream_metrics import gauges_url
 from visioncap.serve import VllmServer
 from visioncap.serve.ceiling import ceiling, step_of
 
@@ -77,6 +80,7 @@ GOALS = {
 JUDGED_SAMPLES = {"ttft": 200, "itl": 5000}
 LEVELS = (1.25, 1.5, 2.0, 3.0)  # chat objectives: inter-token p99 as a multiple of chat alone
 OVERHEAD_RESULTS = Path("benchmarks/overhead/overhead.json")
+PROBE_INTERVAL_S = 0.5  # every phase's probes (S3's gateway timeline reads them at this pace)
 
 
 @dataclass
@@ -360,19 +364,28 @@ class Run:
             spec.flood = flood
             spec.flood_rate_per_s = flood_rate_per_s if flood_rate_per_s is not None else o.flood_rate_per_s
             uris, spec.flood_bodies, spec.flood_cameras = self.flood(duration + 30, flood_priority)
-        spec.probe_urls = {"vllm": f"{root_url}/metrics"}
+        # The same probes at the same pace in every phase, so that no set-up carries more of the benchmark's own
+        # load than another: vLLM's two load gauges (its whole page costs its API server ~9 ms a read, the
+        # gauges ~2 ms) and, where a gateway runs, its /healthz.
+        spec.probe_urls = {"vllm": gauges_url(f"{root_url}/metrics")}
         if gateway is not None:
             spec.probe_urls["gateway"] = f"{gateway.root_url}/healthz"
-            spec.probe_interval_s = 0.5
+        spec.probe_interval_s = PROBE_INTERVAL_S
         self.mark(f"{name}: start ({duration:.0f} s)")
         load_before = os.getloadavg()[0]
-        result = run_phase_sync(spec)
-        self.frames.give_back([uris[i] for i in result.unsent_flood])
-        load_after = os.getloadavg()[0]
-        drained = drain(root_url, gateway.root_url if gateway is not None else None)
+        vllm = vllm_pids(root_url)
+        others = {"gateway": gateway.pid} if gateway is not None and gateway.pid is not None else {}
+        with httpx.Client() as client:
+            costs_before = cost_snapshot(client, root_url, vllm, others)
+            result = run_phase_sync(spec)
+            self.frames.give_back([uris[i] for i in result.unsent_flood])
+            load_after = os.getloadavg()[0]
+            drained = drain(root_url, gateway.root_url if gateway is not None else None)
+            costs = phase_costs(costs_before, cost_snapshot(client, root_url, vllm, others))
         summary = result.summary()
         summary["loadavg_1m"] = [round(load_before, 2), round(load_after, 2)]
         summary["drain_s"] = round(drained, 1)
+        summary["host"] = costs
         summary["offered_per_s"] = round(spec.flood_rate_per_s, 3) if flood is not None else None
         self.phases[name] = result
         self.summaries[name] = summary
@@ -608,7 +621,8 @@ def _overhead(run: Run, server: VllmServer, chat_key: str, caption_key: str) -> 
                 duration_s=o.overhead_block_s,
                 warmup_s=0.5,
                 schedule_seed=o.seed * 100 + 50 + pair,
-                gateway=gateway if arm == "gateway" else None,
+                # Both arms probe (and count the CPU of) the running gateway, so they carry the same load.
+                gateway=gateway,
             )
             names[arm].append(name)
         run.extra["overhead_blocks"] = names
@@ -649,9 +663,22 @@ def pool_phases(run: Run, name: str, parts: list[str]) -> None:
     summary = pooled.summary()
     summary["blocks"] = parts
     summary["loadavg_1m"] = [run.summaries[p]["loadavg_1m"] for p in parts]
+    summary["host"] = pooled_costs([run.summaries[p].get("host") or {} for p in parts])
     run.phases[name] = pooled
     run.summaries[name] = summary
     run.mark(f"{name}: pooled from {', '.join(parts)} ({_line(summary)})")
+
+
+def pooled_costs(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Blocks' `host` costs as one: vLLM's inter-token mean weighted by its counts, CPU seconds summed."""
+    counted = [p for p in parts if p.get("vllm_itl_mean_ms") is not None and p.get("vllm_itl_count")]
+    count = sum(p["vllm_itl_count"] for p in counted)
+    mean = sum(p["vllm_itl_mean_ms"] * p["vllm_itl_count"] for p in counted) / count if count else None
+    cpu: dict[str, float] = {}
+    for part in parts:
+        for group, seconds in (part.get("cpu_s") or {}).items():
+            cpu[group] = round(cpu.get(group, 0.0) + seconds, 2)
+    return {"vllm_itl_mean_ms": None if mean is None else round(mean, 3), "vllm_itl_count": count, "cpu_s": cpu}
 
 
 def _throttled(run: Run, server: VllmServer, priority: int | None) -> None:
@@ -1020,6 +1047,12 @@ def block_pair_ratios(
             entry[f"{metric.removesuffix('_ms')}_p50_ratio"] = ratio(
                 _p(summaries.get(through), "chat", metric, "p50"), _p(summaries.get(direct), "chat", metric, "p50")
             )
+        # vLLM's own inter-token mean (stamped before any relay): above 1 where vLLM made the tokens slower.
+        arms = (("direct", direct), ("gateway", through))
+        hosts = {arm: (summaries.get(block) or {}).get("host") or {} for arm, block in arms}
+        means = {arm: host.get("vllm_itl_mean_ms") for arm, host in hosts.items()}
+        entry["vllm_itl_mean_ratio"] = ratio(means["gateway"], means["direct"])
+        entry["cpu_s"] = {arm: host.get("cpu_s") for arm, host in hosts.items()}
         pairs.append(entry)
     return pairs
 

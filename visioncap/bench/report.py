@@ -224,11 +224,31 @@ def _attempts_text(attempts: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def host_costs_table(results: dict[str, Any]) -> str:
+    """Per set-up: vLLM's own inter-token mean (stamped before any relay) and CPU seconds per process group."""
+    rows = [(name, s["host"]) for name, s in (results.get("setups") or {}).items() if (s or {}).get("host")]
+    if not rows:
+        return ""
+    groups = sorted({group for _, host in rows for group in host.get("cpu_s") or {}})
+    lines = [
+        "What each set-up cost the host: vLLM's own inter-token mean (`vllm:inter_token_latency_seconds`, "
+        "stamped before any relay) and CPU seconds per process group over the phase.\n",
+        "| set-up | vLLM ITL mean (ms) | " + " | ".join(groups) + " |",
+        "|---|---:|" + "---:|" * len(groups),
+    ]
+    for name, host in rows:
+        cpu = host.get("cpu_s") or {}
+        cells = " | ".join(_f(cpu.get(group), 1) for group in groups)
+        lines.append(f"| {name} | {_f(host.get('vllm_itl_mean_ms'), 2)} | {cells} |")
+    return "\n".join(lines) + "\n\n"
+
+
 def markdown(results: dict[str, Any]) -> str:
     calibration = results.get("calibration") or {}
     model = results["model"]
     pairs = "; ".join(
-        f"{p['gateway']}/{p['direct']}: TTFT {_f(p['ttft_p50_ratio'], 2)}, ITL {_f(p['itl_p50_ratio'], 2)}"
+        f"{p['gateway']}/{p['direct']}: TTFT {_f(p['ttft_p50_ratio'], 2)}, ITL {_f(p['itl_p50_ratio'], 2)}, "
+        f"vLLM's own ITL mean {_f(p.get('vllm_itl_mean_ratio'), 2)}"
         for p in results.get("overhead_block_pairs") or []
     )
     return (
@@ -246,6 +266,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{table(results)}\n\n{goals_table(results)}\n\n"
         f"{ceiling_text(results)}{frontier_text(results)}"
         f"S0 blocks, gateway / direct p50 per ABBA pair: {pairs}.\n\n"
+        f"{host_costs_table(results)}"
         f"S3 gateway probes (every 0.5 s): {json.dumps(results.get('s3_gateway_timeline'))}.\n"
     )
 

@@ -39,6 +39,11 @@ def parse_vllm_load(text: str) -> VllmLoad | None:
     return VllmLoad(totals[WAITING], totals[RUNNING]) if seen else None
 
 
+def gauges_url(metrics_url: str) -> str:
+    """vLLM's /metrics asking for the two load gauges only (prometheus_client's `name[]` filter)."""
+    return f"{metrics_url.rstrip('/')}/?name[]={WAITING}&name[]={RUNNING}"
+
+
 class UpstreamPoller:
     """Polls vLLM's /metrics and hands each reading to `on_load` (None when it failed).
 
@@ -63,7 +68,7 @@ class UpstreamPoller:
     ) -> None:
         self._fetch = fetch  # (url, timeout in seconds) -> the answer's text
         self.url = url  # the whole page
-        self._filtered: str | None = f"{url.rstrip('/')}/?name[]={WAITING}&name[]={RUNNING}"
+        self._filtered: str | None = gauges_url(url)
         self.interval_s = interval_s
         self.idle_interval_s = max(interval_s, idle_interval_s or interval_s)
         self._on_load = on_load
