@@ -8,6 +8,8 @@ from typing import Annotated, Any
 
 import typer
 
+from visioncap.bench.machine import portable
+
 bench_app = typer.Typer(help="Benchmarks against a real vLLM server.", no_args_is_help=True, add_completion=False)
 
 
@@ -207,7 +209,7 @@ def standin_command(
     result = {"profile": profile, "target": target, "command": command, "machine": machine_facts(), **result}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{served.name}-sized-for-{target}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(portable(result), indent=2) + "\n")
     typer.echo(f"wrote {path}")
     if write:
         assert served.path is not None
@@ -256,6 +258,6 @@ def overhead_command(
     lines = report_lines(results)
     typer.echo("\n".join(lines))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "overhead.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out_dir / "overhead.json").write_text(json.dumps(portable(results), indent=2) + "\n")
     (out_dir / "overhead.md").write_text(f"`{results['command']}`\n\n" + "\n".join(lines) + "\n")
     typer.echo(f"wrote {out_dir}/overhead.json and overhead.md")

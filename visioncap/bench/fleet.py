@@ -26,7 +26,7 @@ import typer
 
 from visioncap.bench.detection import detector_machine_facts  # sets the YOLO_* defaults first
 from visioncap.bench.fleet_render import render
-from visioncap.bench.machine import REPO
+from visioncap.bench.machine import REPO, portable
 from visioncap.bench.netns import SUBNET_PREFIX, netns_problem
 from visioncap.bench.outputs import RESULTS_DIR, command_line
 from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
@@ -76,7 +76,7 @@ def _tiny_vllm(work: Path) -> Iterator[VllmServer]:
 def _save(data: dict[str, Any], out_dir: Path) -> None:
     """After every part: a later part that fails keeps the earlier ones."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "fleet.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "fleet.json").write_text(json.dumps(portable(data), indent=2) + "\n", encoding="utf-8")
     (out_dir / "fleet.md").write_text(render(data), encoding="utf-8")
     log.info("wrote %s and %s", out_dir / "fleet.json", out_dir / "fleet.md")
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from visioncap.bench.gateway_proc import GatewayProcess, gateway_config, new_key
 from visioncap.bench.load import Target
-from visioncap.bench.machine import REPO, machine_facts
+from visioncap.bench.machine import REPO, machine_facts, portable
 from visioncap.bench.mixed import (
     MixedOptions,
     Run,
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
         "workload": {"chat_per_s": options.chat_rate_per_s, "frames_per_s": options.flood_rate_per_s, "block_s": 60},
         "arms": arms,
     }
-    OUT.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    OUT.write_text(json.dumps(portable(results), indent=1) + "\n", encoding="utf-8")
     for arm, row in arms.items():
         print(arm, json.dumps(row))
 

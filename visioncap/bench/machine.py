@@ -31,6 +31,21 @@ VERSIONED = (
 )
 
 
+def portable(value: Any) -> Any:
+    """`value` (a results record: dicts, lists, strings) with this checkout's and this user's absolute paths made
+    relative to the repository (or `~`), so that a committed results file names no path of the machine it ran on."""
+    if isinstance(value, dict):
+        return {key: portable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [portable(item) for item in value]
+    if not isinstance(value, str):
+        return value
+    repo = str(REPO)
+    value = value.replace(repo + os.sep, "").replace(repo, ".")
+    home = str(Path.home())
+    return value.replace(home + os.sep, "~" + os.sep) if home not in ("/", "") else value
+
+
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (else what `platform` knows)."""
     with contextlib.suppress(OSError):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from visioncap.bench.machine import REPO
+from visioncap.bench.machine import REPO, portable
 
 RESULTS_DIR = REPO / "benchmarks" / "results"
 # The offline Ultralytics settings the detector benchmarks default to (visioncap.bench.detection), as recorded.
@@ -28,7 +28,7 @@ def write_results(
     directory.mkdir(parents=True, exist_ok=True)
     json_path = directory / f"{name}.json"
     md_path = directory / f"{name}.md"
-    json_path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    json_path.write_text(json.dumps(portable(data), indent=2) + "\n", encoding="utf-8")
     md_path.write_text(render(data), encoding="utf-8")
     print(f"wrote {json_path} and {md_path}")
     return json_path, md_path

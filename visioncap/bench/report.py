@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from visioncap.bench.machine import portable
 from visioncap.bench.stats import ecdf
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def write_outputs(results: dict[str, Any], run: Run, options: MixedOptions) -> d
         "markdown": out / f"{options.name}.md",
         "png": out / f"{options.name}.png",
     }
-    paths["json"].write_text(json.dumps(_round(results, 3), indent=1) + "\n", encoding="utf-8")
+    paths["json"].write_text(json.dumps(portable(_round(results, 3)), indent=1) + "\n", encoding="utf-8")
     if options.keep_raw:
         paths["raw"] = out / f"{options.name}-raw.json"
         raw = {name: phase.raw() for name, phase in run.phases.items()}

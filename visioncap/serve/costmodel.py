@@ -26,7 +26,7 @@ model, P_head = vocabulary x hidden, L layers, H_q query heads, d head dim, C co
   max_num_batched_tokens; frames whose encoder passes fit one step: vLLM 0.32's encoder compute budget is
   max(max_num_batched_tokens, the largest image's tokens) and a frame's pass is never split across steps.
 
-Efficiencies (sources: /work/shared/GPU-REFERENCE.md for the spec sheet and the H200 measurements):
+Efficiencies (sources: the repository's docs/gpu-reference.md for the spec sheet and the H200 measurements):
 - achieved matmul fraction of peak: 0.80 measured on an H200 (8192^3 bf16 product, 788 of 989 TFLOP/s);
   achieved copy fraction of bandwidth: 0.90 measured on an H200 (4.3 of 4.8 TB/s). Other GPUs: the same
   fractions, assumed (not measured here).
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from visioncap.config.profiles import ModelProfile
 
 BYTES_PER_VALUE = 2  # bf16 weights and KV cache
-REFERENCE = "/work/shared/GPU-REFERENCE.md"
+REFERENCE = "docs/gpu-reference.md"  # in the repository: the spec sheet and the H200 measurements
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from visioncap.bench.machine import portable
+
 RSS_GOAL_MB_H = 10.0
 MIN_POST_SAMPLES = 3  # fewer after the warm-up and no slope is worth printing
 FLAT_TOLERANCE = 5  # open files or threads: largest minus smallest count after the warm-up that still counts as flat
@@ -364,9 +366,10 @@ def _method(result: dict[str, Any]) -> list[str]:
         "",
         "```bash",
         "# from a frozen worktree of the commit measured, so that edits elsewhere do not change what runs",
-        "git worktree add --detach /tmp/soak-tree HEAD && cd /tmp/soak-tree",
-        "PYTHONPATH=/tmp/soak-tree VISIONCAP_SERVER_PYTHON=/work/main/.venv-vllm/bin/python \\",
-        f"  {result['command'].replace('.venv/bin/python', '/work/main/.venv/bin/python')}",
+        "# (from the repository root; the worktree uses the checkout's environments)",
+        "repo=$PWD && git worktree add --detach /tmp/soak-tree HEAD && cd /tmp/soak-tree",
+        'PYTHONPATH=/tmp/soak-tree VISIONCAP_SERVER_PYTHON="$repo/.venv-vllm/bin/python" \\',
+        "  " + result["command"].replace(".venv/bin/python", '"$repo/.venv/bin/python"'),
         "```",
         "",
         "It stops by itself after `--minutes`, counted like the warm-up from the moment the pipeline serves its",
@@ -585,7 +588,7 @@ def analyse_file(samples_path: Path, out_dir: Path, warmup_minutes: float | None
         warmup_minutes = float(header.get("warmup_minutes", 10.0))
     result = analyse(header, samples, end, warmup_minutes)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "soak.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "soak.json").write_text(json.dumps(portable(result), indent=2) + "\n")
     plotted = plot and plot_png(samples, result["measured_from_min"], out_dir / "soak.png")
     notes_path = out_dir / NOTES_FILE
     notes = notes_path.read_text() if notes_path.exists() else None

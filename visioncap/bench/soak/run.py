@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import psutil
 
-from visioncap.bench.machine import REPO, machine_facts
+from visioncap.bench.machine import REPO, machine_facts, portable
 from visioncap.bench.soak.analysis import MODULE, analyse_file
 from visioncap.serve.ports import free_port
 
@@ -522,7 +522,7 @@ def _run_pipeline(soak: _Soak, bench_log: IO[str]) -> None:
     header = _header(soak, command, pipeline_yaml)
     pipeline_log = soak.work / "pipeline.log"
     with soak.samples_path.open("w") as samples, pipeline_log.open("wb") as plog:
-        samples.write(json.dumps(header) + "\n")
+        samples.write(json.dumps(portable(header)) + "\n")
         samples.flush()
         t0 = time.monotonic()
         soak.started.pipeline = subprocess.Popen(

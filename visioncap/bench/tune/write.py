@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 from pydantic import ValidationError
 
+from visioncap.bench.machine import portable
 from visioncap.config.profiles import ModelProfile
 from visioncap.config.tuned import TunedMeasurement, TunedObjectives, TunedRecord
 from visioncap.errors import ConfigError
@@ -31,7 +32,7 @@ BLOCK_END = "# --- end of tuned ---"
 
 def write_results(results: dict[str, Any], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    path.write_text(json.dumps(portable(results), indent=1) + "\n", encoding="utf-8")
 
 
 # -- text edits located by PyYAML's node marks --------------------------------------------------------------
