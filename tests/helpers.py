@@ -23,7 +23,7 @@ import pytest
 import yaml
 from sqlalchemy import Engine, text
 
-from visioncap.bench.netns import Host
+from visioncap.bench.common.netns import Host
 from visioncap.config.keys import hash_key
 from visioncap.serve import PortTakenError, check_own, free_port
 from visioncap.serve.ports import bind_refused

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from visioncap.bench.pgcluster import PostgresCluster
+from visioncap.bench.common.pgcluster import PostgresCluster
 
 
 @contextmanager

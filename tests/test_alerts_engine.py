@@ -148,3 +148,31 @@ def test_a_full_backlog_holds_the_engine_back_and_loses_nothing(store: CaptionSt
             )
         drain(engine)
         assert fired(store) == {"any": expected}
+
+
+def test_two_engines_on_one_cursor_fire_each_alert_once(store: CaptionStore) -> None:
+    """An overlapping restart (or a commit whose reply was lost): the cursor is not where an engine last saw it. It
+    reads the cursor again and goes on from there, and every caption fires once."""
+    config = AlertsConfig.model_validate(
+        {
+            "webhooks": [{"name": "hook", "url": "http://127.0.0.1:9/never-called"}],
+            "rules": [{"name": "any", "cooldown_s": 0}],
+            "delivery": {"batch": 2},
+        }
+    )
+    first = AlertEngine(store.engine, config, AlertMetrics())
+    second = AlertEngine(store.engine, config, AlertMetrics())
+    ids = [add_caption(store, "dock", T0 + timedelta(minutes=m), f"caption {m}") for m in range(7)]
+    assert first.run_once() == 2
+    second.run_once()  # its page was handled already: it rolls back and reads the cursor again
+    for _ in range(20):  # taking turns, as two processes do
+        if not (first.run_once() + second.run_once()):
+            break
+    assert fired(store) == {"any": ids}
+    with store.engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(AlertDeliveryRecord)) == len(ids)
+    # Either goes on with later captions.
+    later = add_caption(store, "dock", T0 + timedelta(hours=1), "later")
+    drain(second)
+    drain(first)
+    assert fired(store) == {"any": [*ids, later]}

@@ -3,18 +3,13 @@ message reaches a QoS 1 subscriber, the ones made while the broker was down incl
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
-import paho.mqtt.client as mqtt
 import pytest
-from alerts_support import Mosquitto, add_caption, mosquitto
+from alerts_support import Mosquitto, Subscriber, add_caption, mosquitto
 from helpers import wait_for
-from paho.mqtt.enums import CallbackAPIVersion
 from sqlalchemy import select
 
 from visioncap.alerts.service import AlertService
@@ -25,40 +20,6 @@ from visioncap.store.records import AlertDeliveryRecord, DeliveryState
 pytestmark = pytest.mark.mqtt
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-
-
-class Subscriber:
-    """A persistent-session QoS 1 subscriber: what the broker queued while it was away arrives when it is back."""
-
-    def __init__(
-        self,
-        port: int,
-        client_id: str = "test-subscriber",
-        clean: bool = False,
-        topics: tuple[str, ...] = ("visioncap/#",),
-    ) -> None:
-        self.messages: list[tuple[str, dict[str, Any], bool]] = []
-        self.lock = threading.Lock()
-        self.subscribed = threading.Event()
-        self.client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=client_id, clean_session=clean)
-        self.client.on_connect = lambda client, *_: client.subscribe([(topic, 1) for topic in topics])
-        self.client.on_subscribe = lambda *_: self.subscribed.set()
-        self.client.on_message = self._message
-        self.client.reconnect_delay_set(1, 2)
-        self.client.connect_async("127.0.0.1", port)
-        self.client.loop_start()
-
-    def _message(self, _client: mqtt.Client, _userdata: object, message: mqtt.MQTTMessage) -> None:
-        with self.lock:
-            self.messages.append((message.topic, json.loads(message.payload), bool(message.retain)))
-
-    def ids(self, topic: str, key: str) -> list[int]:
-        with self.lock:
-            return [body[key] for found, body, _ in self.messages if found == topic]
-
-    def close(self) -> None:
-        self.client.disconnect()
-        self.client.loop_stop()
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from alerts_support import Receiver, add_caption
 from helpers import start_cli, wait_for
 from sqlalchemy import select, update
 
-from visioncap.alerts.delivery import DeliveryWorker
-from visioncap.alerts.metrics import AlertMetrics
+from visioncap.alerts.delivery import Housekeeping
 from visioncap.alerts.service import AlertService
 from visioncap.alerts.store import add_delivery, due, record_attempt
 from visioncap.alerts.webhook import signature
@@ -173,10 +172,11 @@ def test_finished_deliveries_expire_and_pending_ones_never_do(sqlite_store: Capt
             .where(table.id == waiting)
             .values(created_at=now - timedelta(days=30), next_attempt_at=now + timedelta(days=1))
         )
-    worker = DeliveryWorker(engine, {}, config("http://127.0.0.1:9/hook").delivery, AlertMetrics())
-    assert worker.run_once() == 0, "nothing was due"
+    keeper = Housekeeping(engine, ["hook"], config("http://127.0.0.1:9/hook").delivery)
+    keeper.run_once()
     assert [d.id for d in deliveries(sqlite_store)] == [recent, waiting], "the first pass purged the 8-day-old one"
-    assert worker.purge() == 0
+    assert keeper.purge() == 0
+    assert [d.state for d in deliveries(sqlite_store)] == [DeliveryState.FAILED, DeliveryState.PENDING]
 
 
 def test_a_retained_message_sent_after_a_newer_one_of_its_topic_goes_out_unretained(

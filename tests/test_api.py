@@ -30,6 +30,8 @@ from fastapi.testclient import TestClient
 from pg import fresh_database
 from PIL import Image
 
+import visioncap.api
+from visioncap import __version__
 from visioncap.api import create_app
 from visioncap.api.protocol import CaptionPage
 from visioncap.api.serving import static_dir
@@ -248,7 +250,7 @@ def protected_requests(app: FastAPI) -> list[tuple[str, str]]:
 
 def test_every_route_but_healthz_refuses_a_request_without_a_valid_key(app: FastAPI) -> None:
     with TestClient(app) as anonymous:
-        assert anonymous.get("/healthz").json() == {"status": "ok"}
+        assert anonymous.get("/healthz").json() == {"status": "ok", "version": __version__}
         for method, path in protected_requests(app):
             for headers in (
                 {},
@@ -689,7 +691,7 @@ def test_readiness_needs_the_database_and_the_vlm(seed: Seed, data_dir: Path, vl
     with ApiThread(up) as api:
         ready = httpx.get(f"{api.url}/readyz", headers={"X-Api-Key": READ_KEY}, timeout=TIMEOUT)
         assert ready.status_code == 200, ready.text
-        assert ready.json()["status"] == "ready" and set(ready.json()["checks"]) == {"database", "vlm"}
+        assert ready.json()["status"] == "ready" and set(ready.json()["checks"]) == {"database", "vlm", "ask"}
     with TestClient(create_app(settings_for(data_dir)), headers={"X-Api-Key": READ_KEY}) as down:
         answer = down.get("/readyz")
         assert answer.status_code == 503
@@ -786,9 +788,14 @@ def test_api_reads_while_a_pipeline_writes(app: FastAPI, store: CaptionStore, da
 def test_web_page_is_served_and_works_offline(client: TestClient) -> None:
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    for asset in ("/static/app.js", "/static/style.css"):
-        assert client.get(asset).status_code == 200, asset
-    sources = [page.text, client.get("/static/app.js").text, client.get("/static/style.css").text]
+    # Every module the bundle has, each served: the page loads them by relative imports from app.js.
+    static = Path(visioncap.api.__file__).parent / "static"
+    assets = [f"/static/{path.name}" for path in sorted(static.iterdir()) if path.suffix in (".js", ".css")]
+    assert "/static/app.js" in assets and "/static/style.css" in assets
+    served = {asset: client.get(asset) for asset in assets}
+    assert all(response.status_code == 200 for response in served.values()), served
+    scripts = "\n".join(response.text for asset, response in served.items() if asset.endswith(".js"))
+    sources = [page.text, *(response.text for response in served.values())]
     assert not any("http://" in text or "https://" in text for text in sources)  # no CDN
     assert all(name in page.text for name in ('id="q"', 'id="camera"', 'id="since"', 'id="until"'))
-    assert "/v1/stream" in sources[1] and "/v1/captions" in sources[1]
+    assert "/v1/stream" in scripts and "/v1/captions" in scripts

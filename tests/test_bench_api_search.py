@@ -1,4 +1,4 @@
-"""Smoke run of `visioncap/bench/api_search.py` on a small SQLite seed: the command a user runs, end to end (seed,
+"""Smoke run of `visioncap/bench/search/api.py` on a small SQLite seed: the command a user runs, end to end (seed,
 `visioncap api`, the load process, measurement, results files), so the benchmark cannot rot unnoticed. The
 figures themselves are not checked: 2,000 rows on a shared machine say nothing about the goal."""
 
@@ -18,7 +18,7 @@ QUERIES = {*SEARCHES, "cameras"}
 
 def test_api_search_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    command = [sys.executable, "-m", "visioncap.bench.api_search", "--rows", "2000", "--samples", "3"]
+    command = [sys.executable, "-m", "visioncap.bench.search.api", "--rows", "2000", "--samples", "3"]
     command += ["--databases", "sqlite", "--data-dir", str(tmp_path / "work"), "--results-dir", str(results)]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -50,7 +50,7 @@ def test_api_search_benchmark_runs_end_to_end(tmp_path: Path) -> None:
     assert not [name for name in counts if "error" in name], counts
     assert set(sqlite["plans"]) == SEARCHES
     markdown = (results / "api_search.md").read_text()
-    assert "-m visioncap.bench.api_search --rows 2000" in markdown
+    assert "-m visioncap.bench.search.api --rows 2000" in markdown
     assert "| sqlite | newest |" in markdown
     assert "| sqlite | text_people_none |" in markdown and "`q=walking&min_people=9999`" in markdown
     assert not (tmp_path / "work" / "sqlite").exists()  # the seeded file is removed unless --keep

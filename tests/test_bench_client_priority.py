@@ -8,8 +8,8 @@ import sys
 
 from realtime_rights import realtime_allowed, without_realtime_rights
 
-from visioncap.bench.client_priority import REALTIME_PRIORITY, policy_of, realtime_child, realtime_thread
-from visioncap.bench.load import PhaseSpec, run_phase_sync
+from visioncap.bench.common.client_priority import REALTIME_PRIORITY, policy_of, realtime_child, realtime_thread
+from visioncap.bench.common.load import PhaseSpec, run_phase_sync
 
 
 def _allowed() -> bool:

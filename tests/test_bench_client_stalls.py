@@ -1,12 +1,12 @@
-"""`python -m visioncap.bench.client_stalls`' parts: the stall watcher on a real loop, and a phase's record."""
+"""`python -m visioncap.bench.mixed.client_stalls`' parts: the stall watcher on a real loop, and a phase's record."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from visioncap.bench.client_stalls import phase_record, watched_phase
-from visioncap.bench.load import ChatResult, PhaseResult, PhaseSpec
+from visioncap.bench.common.load import ChatResult, PhaseResult, PhaseSpec
+from visioncap.bench.mixed.client_stalls import phase_record, watched_phase
 
 
 def test_the_watcher_sees_a_loop_held_up_and_whether_it_waited_for_a_core() -> None:

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from helpers import REPO, TINY_MODEL
 
-from visioncap.bench.fidelity import (
+from visioncap.bench.standin.fidelity import (
     FidelityProbe,
     FidelityTarget,
     Injection,
@@ -89,7 +89,7 @@ def test_cost_model_targets_for_the_two_gpu_classes() -> None:
 
 
 def test_goals_are_not_judged_on_a_stand_in_that_is_off_target() -> None:
-    from visioncap.bench.fidelity import FidelityResult
+    from visioncap.bench.standin.fidelity import FidelityResult
 
     goals = {"itl_p99_at_1_25": {"value": 1.1, "goal": "<= 1.25", "met": True}}
 

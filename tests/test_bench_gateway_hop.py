@@ -1,5 +1,5 @@
-"""`python -m visioncap.bench.gateway_hop`: the gateway's hop measured against an instant upstream, arms side by
-side, with a second gateway from another checkout as the baseline (a real gateway process each)."""
+"""`python -m visioncap.bench.overhead.gateway_hop`: the gateway's hop measured against an instant upstream, arms
+side by side, with a second gateway from another checkout as the baseline (a real gateway process each)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-from visioncap.bench.gateway_hop import measure, render
+from visioncap.bench.overhead.gateway_hop import measure, render
 
 
 def test_the_hop_is_measured_for_each_gateway_beside_direct(tmp_path: Path) -> None:

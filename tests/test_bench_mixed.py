@@ -13,10 +13,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from visioncap.bench.frontier import FrontierPoint, frontier
-from visioncap.bench.load import CaptionResult, ChatResult, PhaseResult
-from visioncap.bench.mixed import GOALS, compute_ratios, evaluate_goals, with_policy
-from visioncap.bench.stats import (
+from visioncap.bench.common.load import CaptionResult, ChatResult, PhaseResult
+from visioncap.bench.common.stats import (
     bootstrap_interval,
     bootstrap_ratio_interval,
     ecdf,
@@ -25,7 +23,9 @@ from visioncap.bench.stats import (
     ratio,
     summarize,
 )
-from visioncap.bench.workload import FramePool, caption_bodies, chat_body, chat_schedule
+from visioncap.bench.common.workload import FramePool, caption_bodies, chat_body, chat_schedule
+from visioncap.bench.mixed.frontier import FrontierPoint, frontier
+from visioncap.bench.mixed.run import GOALS, compute_ratios, evaluate_goals, with_policy
 from visioncap.config.gateway import ImagesConfig
 from visioncap.config.profiles import load_profile
 from visioncap.gateway.images import data_uri_size, image_tokens

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from visioncap.bench.overhead import Block, OverheadOptions, bench_command, bootstrap_interval, summarize
+from visioncap.bench.overhead.run import Block, OverheadOptions, bench_command, bootstrap_interval, summarize
 from visioncap.config.profiles import load_profile
 
 

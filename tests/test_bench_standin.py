@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from helpers import REPO
 
-from visioncap.bench.fidelity import FidelityTarget
-from visioncap.bench.standin import (
+from visioncap.bench.standin.fidelity import FidelityTarget
+from visioncap.bench.standin.sizing import (
     CalibrationPoint,
     fit_line,
     frame_for_tokens,
@@ -112,7 +112,7 @@ def test_a_hand_written_stand_in_section_is_not_overwritten(tmp_path: Path) -> N
 
 
 def _measured(ratios: dict[str, float], within: dict[str, bool]) -> Any:
-    from visioncap.bench.fidelity import FidelityProbe, FidelityResult
+    from visioncap.bench.standin.fidelity import FidelityProbe, FidelityResult
 
     target = FidelityTarget(0.93, 1.94, 1.10, "test")
     probe = FidelityProbe(frame_width=224, frame_height=168, chat_prompt_tokens=475, frame_filler_words=688)
@@ -132,7 +132,7 @@ def _measured(ratios: dict[str, float], within: dict[str, bool]) -> Any:
 
 
 def test_refit_resizes_only_the_figures_that_missed_and_keeps_the_caption_text() -> None:
-    from visioncap.bench.standin import refit
+    from visioncap.bench.standin.sizing import refit
 
     # The committed run of 2026-12-02 13:41: encoder 1.48x, frame prefill 1.29x, chat 1.03x.
     ratios = {"frame_encoder_steps": 1.48, "frame_prefill_steps": 1.29, "chat_prefill_steps": 1.03}
@@ -169,7 +169,7 @@ def test_refit_resizes_only_the_figures_that_missed_and_keeps_the_caption_text()
 
 
 def test_next_size_follows_the_line_through_two_measurements_and_falls_back_to_proportion() -> None:
-    from visioncap.bench.standin import next_size
+    from visioncap.bench.standin.sizing import next_size
 
     # The run of 2026-12-02 21:00: chat prompts of 475 tokens cost 1.71 steps, cut to 305 they cost 0.81 (target
     # 1.10): the line through both (0.0053 a token, zero at 150 tokens) asks for 360 tokens, proportion for 414.

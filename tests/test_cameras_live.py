@@ -23,13 +23,16 @@ from videos import make_event_video
 
 from visioncap.api import create_app
 from visioncap.config.api import ApiKey, ApiSettings
+from visioncap.config.cameras import CameraConfig
 from visioncap.config.keys import hash_key
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.settings import Settings
 from visioncap.pipeline.compose import Pipeline, build_pipeline
 from visioncap.serve import free_port
 from visioncap.store import create_db_engine
+from visioncap.store.camera_configs import add_camera
 from visioncap.store.cameras import CameraReport, camera_states
+from visioncap.store.records import CameraOrigin
 
 pytestmark = [pytest.mark.rtsp, pytest.mark.detector]
 
@@ -55,7 +58,7 @@ def test_a_running_worker_follows_a_camera_added_changed_paused_and_removed(
 ) -> None:
     skip_unless_gstreamer()
     caplog.set_level(logging.INFO)
-    monkeypatch.setenv("YARD_PASSWORD", SECRET)  # the worker's environment: where the secret lives
+    monkeypatch.setenv("VISIONCAP_CAMERA_SECRET_YARD", SECRET)  # the worker's environment: where the secret lives
     video = tmp_path / "loop.mp4"
     make_event_video(video, [(None, 1), ("zidane-right", 3)])
     database_url = f"sqlite:///{tmp_path / 'c.db'}"
@@ -92,8 +95,8 @@ def test_a_running_worker_follows_a_camera_added_changed_paused_and_removed(
                     before = frames(pipeline, "door")
                     wait_for(lambda: frames(pipeline, "door") >= before + 3, WAIT_S, "door to go on analysing")
 
-                # Added: its URL names the password as ${YARD_PASSWORD}; the worker alone resolves it.
-                url = yard_camera.url.replace("rtsp://", "rtsp://viewer:${YARD_PASSWORD}@")
+                # Added: its URL names the password as ${VISIONCAP_CAMERA_SECRET_YARD}; the worker alone resolves it.
+                url = yard_camera.url.replace("rtsp://", "rtsp://viewer:${VISIONCAP_CAMERA_SECRET_YARD}@")
                 body = {"pipeline": "test", "source": {"camera": "yard", "kind": "rtsp", "url": url, "analyze_fps": 5}}
                 added_at = time.monotonic()
                 assert api.post("/v1/cameras", json=body).status_code == 201
@@ -127,11 +130,20 @@ def test_a_running_worker_follows_a_camera_added_changed_paused_and_removed(
                 within_pickup(lambda: frames(pipeline, "yard") > counted, resumed_at, "frames after resuming")
 
                 # A secret the worker's environment lacks fails that camera alone, naming the variable.
-                missing_url = yard_camera.url.replace("rtsp://", "rtsp://viewer:${GATE_PASSWORD}@")
+                missing_url = yard_camera.url.replace("rtsp://", "rtsp://viewer:${VISIONCAP_CAMERA_SECRET_GATE}@")
                 gate = {"pipeline": "test", "source": {"camera": "gate", "kind": "rtsp", "url": missing_url}}
                 assert api.post("/v1/cameras", json=gate).status_code == 201
                 wait_for(lambda: (r := reported("gate")) and r.state == "failed", WAIT_S, "the camera failed")
-                assert "GATE_PASSWORD" in (reported("gate").error or "")  # type: ignore[union-attr]
+                assert "VISIONCAP_CAMERA_SECRET_GATE" in (reported("gate").error or "")  # type: ignore[union-attr]
+                door_moves_on()
+
+                # A file camera an older version accepted through the API (the row as it would have stored it):
+                # the worker refuses to open a path it was not given by a pipeline file.
+                old_row = {"pipeline": "test", "source": {"camera": "old", "kind": "file", "path": str(video)}}
+                add_camera(engine, CameraConfig.model_validate(old_row), CameraOrigin.API)
+                wait_for(lambda: (r := reported("old")) and r.state == "failed", WAIT_S, "the API file camera failed")
+                assert "pipeline file only" in (reported("old").error or "")  # type: ignore[union-attr]
+                assert frames(pipeline, "old") == 0
                 door_moves_on()
 
                 listed = api.get("/v1/cameras")
@@ -153,7 +165,7 @@ def test_a_running_worker_follows_a_camera_added_changed_paused_and_removed(
                 run.join(WAIT_S)
     assert not run.is_alive()
     assert pipeline.summary.stopped
-    assert [error.split(":")[0] for error in pipeline.summary.source_errors] == ["camera gate"]
+    assert [error.split(":")[0] for error in pipeline.summary.source_errors] == ["camera gate", "camera old"]
     assert SECRET not in caplog.text and "camera yard: started" in caplog.text
     with engine.connect() as conn:
         stored = repr(conn.exec_driver_sql("SELECT * FROM cameras").all())

@@ -39,7 +39,14 @@ from visioncap.errors import ConfigError, SourceError, VisioncapError
 from visioncap.frames import Frame
 from visioncap.pipeline.compose import build_pipeline
 from visioncap.pipeline.hub import FrameHub
-from visioncap.redact import SECRET_PARAMETERS, MaskingFormatter
+from visioncap.redact import (
+    CREDENTIAL_WORDS,
+    MASK,
+    SECRET_PARAMETERS,
+    MaskingFormatter,
+    is_credential_name,
+    secret_values,
+)
 from visioncap.sources.base import FrameSource
 from visioncap.sources.stream import StreamSource
 from visioncap.sources.urls import mask_credentials, mask_urls
@@ -96,14 +103,42 @@ MASKED = [
     ),
     ("http://relay/rtsp://admin:pw@cam/x", "http://relay/rtsp://admin:***@cam/x"),
     ("http://relay/play?token=rtsp://admin:pw@cam/x&fmt=mjpeg", "http://relay/play?token=***&fmt=mjpeg"),
+    # Any name holding a credential word, however the service spells the rest (issue 40).
+    ("http://cam/x?access_token=abc&channel=1", "http://cam/x?access_token=***&channel=1"),
+    ("http://cam/x?session_id=s1&sessionid=s2&PHPSESSID=s3", "http://cam/x?session_id=***&sessionid=***&PHPSESSID=***"),
+    (
+        "https://cam/x?accessToken=a&X-Auth-Token=b&client_secret=c&credentials=d",
+        "https://cam/x?accessToken=***&X-Auth-Token=***&client_secret=***&credentials=***",
+    ),
+    (
+        "https://cdn/x?X-Amz-Signature=a&authorization=b&tokens=c",
+        "https://cdn/x?X-Amz-Signature=***&authorization=***&tokens=***",
+    ),
+    ("http://cam/x?passphrase=a&userpass=b&pw=c", "http://cam/x?passphrase=***&userpass=***&pw=***"),
+    # A harmless word is taken out before the words are looked for, so one next to a credential word still masks.
+    (
+        "http://cam/x?keyframe_token=a&monkey_key=b&keyframe=1",
+        "http://cam/x?keyframe_token=***&monkey_key=***&keyframe=1",
+    ),
+    # Names %-encoded (once or twice) are read decoded, as a server (or a relay and then a server) reads them.
+    ("http://cam/x?access%5Ftoken=a&%2573ession=b", "http://cam/x?access%5Ftoken=***&%2573ession=***"),
+    # Percent-encoded user info: decoded, the part after ":" is the password; the separator is kept as written.
+    ("rtsp://user%3Asecret@host/x", "rtsp://user%3A***@host/x"),
+    ("rtsp://user%3asecret@host/x?a=1", "rtsp://user%3a***@host/x?a=1"),
+    ("rtsp://user%253Asecret@host/x", "rtsp://user%253A***@host/x"),
+    ("rtsp://us%40er%3Ap%3Aw@host/x", "rtsp://us%40er%3A***@host/x"),
 ]
 
 UNCHANGED = [
     "rtsp://127.0.0.1:8554/stream",
     "http://user@host/x",
     "http://host/path@x",
-    # Only exact names: these merely contain one.
-    "http://cam/x?monkey=1&keyframe=2&tokens=3&passive=4&signatures=5&author=6&user=admin",
+    # Harmless words that hold a credential word (see redact._HARMLESS_WORDS).
+    "http://cam/x?monkey=1&keyframe=2&passive=4&author=6&user=admin",
+    "http://cam/x?keyint=50&keyframes=1&passthrough=1&signal=2&Author=x&keyFrame=3",
+    "http://cam/x?channel=1&subtype=0&resolution=640x480&user=admin&expires=9",
+    # A user name alone, also %-encoded, is no password.
+    "http://us%40er@host/x",
     # A name without a value has nothing to hide.
     "http://cam/x?token&a=1",
     "http://cam/x?a=1&b=2;c=3#top",
@@ -127,17 +162,45 @@ def test_mask_credentials_leaves_urls_without_credentials_alone(url: str) -> Non
     assert mask_credentials(url) == url
 
 
-@pytest.mark.parametrize("name", sorted(SECRET_PARAMETERS))
+@pytest.mark.parametrize("name", sorted({*SECRET_PARAMETERS, *CREDENTIAL_WORDS}))
 def test_every_credential_name_in_any_case(name: str) -> None:
     for spelled in (name, name.upper(), name.title(), name[0].upper() + name[1:]):
         url = f"http://cam/x?user=admin&{spelled}={SECRET}&channel=2"
         assert mask_credentials(url) == f"http://cam/x?user=admin&{spelled}=***&channel=2"
 
 
-def test_the_named_parameters_are_the_ones_asked_for() -> None:
-    assert {"pass", "pwd", "password", "passwd", "token", "auth", "key", "apikey", "secret", "signature", "sig"} == (
-        SECRET_PARAMETERS
+def test_the_credential_words_are_the_ones_asked_for() -> None:
+    asked = {"token", "secret", "pass", "key", "auth", "sig", "session", "credential"}
+    assert set(CREDENTIAL_WORDS) == asked | {"sessid"}
+    assert {"pwd", "pw"} == SECRET_PARAMETERS  # credential names without one of the words
+
+
+@pytest.mark.parametrize(("url", "expected"), MASKED)
+def test_secret_values_are_what_mask_credentials_masks(url: str, expected: str) -> None:
+    # secret_values decides whether a submitted URL holds a secret inline: it must find one wherever masking does.
+    values = secret_values(url)
+    assert values and len(values) >= expected.count(MASK)
+    assert set(secret_values(expected)) == {MASK}
+
+
+@pytest.mark.parametrize("url", UNCHANGED)
+def test_secret_values_find_nothing_where_nothing_is_masked(url: str) -> None:
+    assert secret_values(url) == []
+
+
+def test_the_seen_leaks_are_masked_and_found() -> None:
+    """Issue 40: stored and shown in clear before."""
+    assert secret_values("http://cam/x?access_token=abc&session_id=s9") == ["abc", "s9"]
+    assert secret_values("rtsp://user%3Asecret@host/x") == ["secret"]
+    assert mask_credentials("rtsp://user%3Asecret@host/x?access_token=abc&session_id=s9") == (
+        "rtsp://user%3A***@host/x?access_token=***&session_id=***"
     )
+    assert [is_credential_name(name) for name in ("keyframe", "monkey", "access_token", "session_id")] == [
+        False,
+        False,
+        True,
+        True,
+    ]
 
 
 def test_mask_urls_masks_every_url_in_a_text_and_keeps_its_quotes() -> None:

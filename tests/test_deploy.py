@@ -23,6 +23,7 @@ import pytest
 import yaml
 from helpers import REPO
 
+from visioncap.config.alerts import load_alerts_config
 from visioncap.config.api import ApiSettings
 from visioncap.config.gateway import load_gateway_config
 from visioncap.config.pipeline import load_pipeline
@@ -30,12 +31,19 @@ from visioncap.config.pipeline import load_pipeline
 pytestmark = pytest.mark.deploy
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
+CPU_FILE = REPO / "docker-compose.cpu.yml"
 ENV_EXAMPLE = REPO / ".env.example"
 DOCKERFILE = REPO / "Dockerfile"
 DEPLOY_VENV = REPO / ".venv-deploy"
-APP_SERVICES = ("gateway", "api", "pipeline")
+APP_SERVICES = ("gateway", "api", "pipeline", "alerts")
+# The images built from this repository's Dockerfiles (deploy/images.sh), each on BASE_IMAGE.
+DOCKERFILES = (DOCKERFILE, *sorted((REPO / "deploy").glob("*.Dockerfile")))
 # The keys compose requires (no defaults); test values, given to every compose command unless a test says otherwise.
-KEYS = {"VLLM_API_KEY": "test-vllm-key-0123456789", "VISIONCAP_CAPTIONS_KEY": "vc-test-captions-key"}
+KEYS = {
+    "VLLM_API_KEY": "test-vllm-key-0123456789",
+    "VISIONCAP_CAPTIONS_KEY": "vc-test-captions-key",
+    "VISIONCAP_ASK_KEY": "vc-test-ask-key",
+}
 PROFILES = ("qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen3-vl-4b", "qwen3-vl-8b", "smolvlm")
 
 
@@ -54,7 +62,7 @@ def compose_binary() -> Path:
 
 def compose(
     *args: str,
-    file: Path = COMPOSE_FILE,
+    file: Path | tuple[Path, ...] = COMPOSE_FILE,
     env_file: Path | None = None,
     env: dict[str, str] | None = None,
     keys: bool = True,
@@ -65,8 +73,9 @@ def compose(
         env_file = REPO / "test-artifacts" / "empty.env"
         env_file.parent.mkdir(parents=True, exist_ok=True)
         env_file.write_text("")
+    files = [arg for path in (file if isinstance(file, tuple) else (file,)) for arg in ("-f", str(path))]
     return subprocess.run(
-        [str(compose_binary()), "-f", str(file), "--project-directory", str(REPO), "--env-file", str(env_file), *args],
+        [str(compose_binary()), *files, "--project-directory", str(REPO), "--env-file", str(env_file), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -102,12 +111,13 @@ def test_compose_file_is_valid_with_defaults_and_with_the_example_env_once_the_k
 
 def test_services_health_gpu_and_order(model: dict[str, Any]) -> None:
     services = model["services"]
-    assert set(services) == {"vllm", "gateway", "api", "pipeline", "postgres"}
-    assert set(resolved()["services"]) == {"vllm", "gateway", "api", "pipeline"}  # postgres only on request
+    assert set(services) == {"vllm", "gateway", "api", "pipeline", "alerts", "mosquitto", "postgres"}
+    assert set(resolved()["services"]) == set(services) - {"postgres"}  # postgres only on request
     assert services["postgres"]["profiles"] == ["postgres"]
     for name, service in services.items():
         assert service["healthcheck"]["test"][0] in ("CMD", "CMD-SHELL"), name
-        assert service.get("restart") == "unless-stopped", name
+        # vLLM's launcher refusing its settings (a GPU of no known class) stops after a few tries, not in a loop.
+        assert service.get("restart") == ("on-failure:3" if name == "vllm" else "unless-stopped"), name
 
     vllm = services["vllm"]
     image, _, tag = vllm["image"].partition(":")
@@ -132,12 +142,15 @@ def test_services_health_gpu_and_order(model: dict[str, Any]) -> None:
     assert conditions("gateway") == {"vllm": (healthy, True)}
     assert conditions("pipeline") == {"vllm": (healthy, True), "gateway": (healthy, True), "postgres": (healthy, False)}
     assert conditions("api") == {"postgres": (healthy, False)}
+    assert conditions("alerts") == {"mosquitto": (healthy, True), "postgres": (healthy, False)}
 
     mounts = {name: {v["target"]: v for v in services[name].get("volumes", [])} for name in services}
     assert mounts["vllm"]["/root/.cache/huggingface"]["source"] == "hf-cache"
     assert mounts["api"]["/data"]["source"] == mounts["pipeline"]["/data"]["source"] == "visioncap-data"
     assert mounts["postgres"]["/var/lib/postgresql/data"]["source"] == "postgres-data"
-    assert {"visioncap-data", "hf-cache", "postgres-data"} <= set(model["volumes"])
+    assert mounts["alerts"]["/data"]["source"] == "visioncap-data"
+    assert mounts["mosquitto"]["/mosquitto/data"]["source"] == "mosquitto-data"
+    assert {"visioncap-data", "hf-cache", "postgres-data", "mosquitto-data"} <= set(model["volumes"])
 
 
 def test_visioncap_services_run_as_the_images_unprivileged_user(model: dict[str, Any]) -> None:
@@ -197,6 +210,9 @@ def test_app_service_command_and_environment_are_accepted(
         assert load_gateway_config(Path(options["--config"])).upstreams[0].base_url == "http://vllm:8000/v1"
     if name == "pipeline":
         assert load_pipeline(Path(command[2])).vlm.model == "vlm"  # the alias the vllm service adds
+    if name == "alerts":
+        config = load_alerts_config(Path(options["--config"]))
+        assert config.mqtt is not None and config.mqtt.host == "mosquitto" and config.rules  # the stack's broker
     # Every VISIONCAP_* variable must be a setting the app knows, with a value it accepts.
     settings = settings_from(service["environment"], monkeypatch)
     assert str(settings.data_dir) == "/data"
@@ -291,7 +307,7 @@ def documented_variables(text: str) -> set[str]:
 
 
 def test_every_compose_variable_is_documented_in_env_example() -> None:
-    used = interpolated_variables(COMPOSE_FILE.read_text())
+    used = interpolated_variables(COMPOSE_FILE.read_text() + CPU_FILE.read_text())
     documented = documented_variables(ENV_EXAMPLE.read_text())
     assert used, "no ${VAR} found: the pattern is wrong"
     assert used - documented == set(), f"undocumented in .env.example: {sorted(used - documented)}"
@@ -315,8 +331,9 @@ def hadolint(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_dockerfile_passes_hadolint() -> None:
-    result = hadolint(DOCKERFILE)
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
+def test_dockerfiles_pass_hadolint(dockerfile: Path) -> None:
+    result = hadolint(dockerfile)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -331,7 +348,8 @@ def test_hadolint_rejects_a_careless_dockerfile(tmp_path: Path) -> None:
 
 def test_dockerfile_is_slim_unprivileged_healthchecked_and_without_vllm() -> None:
     text = DOCKERFILE.read_text()
-    assert re.search(r"^FROM python:3\.11[\d.]*-slim", text, flags=re.MULTILINE)
+    # The base is a build argument (the tests build on a Debian base made here); users get the slim image.
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11[\d.]*-slim\S*\nFROM \$\{BASE_IMAGE\}", text, flags=re.MULTILINE)
     assert re.search(r"^HEALTHCHECK .*CMD", text, flags=re.MULTILINE | re.DOTALL)
     assert "vllm" not in " ".join(line for line in text.splitlines() if line.startswith("RUN")).lower()
     ignored = (REPO / ".dockerignore").read_text().split()
@@ -348,3 +366,37 @@ def settings_from(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> ApiSe
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return ApiSettings(_env_file=None)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda path: path.name)
+def test_every_image_builds_on_a_base_given_as_a_build_argument(dockerfile: Path) -> None:
+    """Every stage starts from the BASE_IMAGE argument or an earlier stage; it defaults to an official image (what
+    `docker compose build` pulls)."""
+    text = dockerfile.read_text()
+    stages: list[str] = []
+    for base, _, name in (line.partition(" AS ") for line in re.findall(r"^FROM (.+)$", text, flags=re.MULTILINE)):
+        assert base == "${BASE_IMAGE}" or base in stages, base
+        stages.append(name)
+    (default,) = re.findall(r"^ARG BASE_IMAGE=(\S+)$", text, flags=re.MULTILINE)
+    assert default.startswith(("python:3.11", "debian:bookworm")), default
+
+
+def test_the_cpu_override_changes_only_what_must_change() -> None:
+    """docker-compose.cpu.yml: vLLM from the CPU image serving a cpu profile, no GPU reserved; the rest as is."""
+    gpu = resolved("postgres")
+    result = compose("--profile", "postgres", "config", "--format", "json", file=(COMPOSE_FILE, CPU_FILE))
+    assert result.returncode == 0, result.stderr
+    cpu = json.loads(result.stdout)
+    assert set(cpu["services"]) == set(gpu["services"])
+    vllm = cpu["services"]["vllm"]
+    assert vllm["image"] == "visioncap-vllm-cpu:local" and vllm["build"]["dockerfile"] == "deploy/vllm-cpu.Dockerfile"
+    assert vllm["entrypoint"] == gpu["services"]["vllm"]["entrypoint"] == ["python3", "-m", "visioncap.serve"]
+    options = dict(itertools.pairwise(vllm["command"]))
+    assert options["--profile"] == "tiny" and options["--gpu"] == "cpu" and options["--served-model-alias"] == "vlm"
+    assert [volume["target"] for volume in vllm["volumes"]] == ["/root/.cache/huggingface"]
+    for name in cpu["services"]:
+        assert "deploy" not in cpu["services"][name], name
+        if name != "vllm":
+            changed = {key for key in cpu["services"][name].keys() | gpu["services"][name].keys()
+                       if cpu["services"][name].get(key) != gpu["services"][name].get(key)}  # fmt: skip
+            assert changed <= {"deploy"}, (name, changed)

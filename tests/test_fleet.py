@@ -42,8 +42,8 @@ from streams import RtspServer, skip_unless_gstreamer
 from taps import AsgiThread, Tap
 from videos import make_event_video
 
-from visioncap.bench.netns import Host, netns_problem
-from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
+from visioncap.bench.common.netns import Host, netns_problem
+from visioncap.bench.common.pgcluster import PostgresCluster, postgres_bin
 from visioncap.config.keys import hash_key
 from visioncap.serve import VllmServer, free_port
 from visioncap.store import CaptionStatus, CaptionStore, create_db_engine

@@ -17,6 +17,7 @@ the real vLLM.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ import httpx
 import hypothesis
 import pytest
 import schemathesis
+from hypothesis import strategies as st
 from PIL import Image
 from pydantic import ValidationError
 from schemathesis.checks import not_a_server_error
@@ -318,6 +320,103 @@ def test_api_answers_every_generated_request_as_its_schema_says(case: schemathes
         ],
     )
     TALLY.count(case, response.status_code)
+
+
+# -- hostile inputs (issue 40): what the schema does not generate, each once a 500 or a silent wrong answer --------
+
+HOSTILE = fuzzing.settings(max_examples=60)
+# Half of a surrogate pair alone: JSON can spell it (an escape, or UTF-8 bytes json reads with surrogatepass).
+LONE_SURROGATES = st.integers(0xD800, 0xDFFF).map(chr)
+# Where a cursor holds an id: JSON values that are not one, or one past the database's 64-bit integers.
+NOT_IDS = st.one_of(
+    st.booleans(),
+    st.integers(min_value=2**63),
+    st.integers(max_value=-(2**63)),
+    st.integers(max_value=0),
+    st.floats(allow_nan=False),
+    st.text(max_size=5),
+    st.none(),
+    st.lists(st.integers(), max_size=2),
+)
+TIMES = st.sampled_from(["2026-11-29T12:00:00+00:00", "2026-11-29T12:00:00", True, 5, None])
+
+
+def refused_in_shape(response: httpx.Response, status: int, param: str | None) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and (error["code"], error["param"]) == (status, param)
+
+
+def as_cursor(data: object) -> str:
+    return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+
+@hypothesis.settings(HOSTILE)
+@hypothesis.given(
+    before=st.text(max_size=20),
+    lone=LONE_SURROGATES,
+    after=st.text(max_size=20),
+    field=st.sampled_from(["content", "part", "model"]),
+    raw=st.booleans(),
+)
+def test_a_lone_surrogate_anywhere_in_an_ask_body_is_a_400(
+    api_url: str, before: str, lone: str, after: str, field: str, raw: bool
+) -> None:
+    text = f"{before}{lone}{after}"
+    content: object = [{"type": "text", "text": text}] if field == "part" else text
+    body = {"model": text if field == "model" else "m", "messages": [{"role": "user", "content": content}]}
+    if field == "model":
+        body["messages"] = [{"role": "user", "content": "who came to the loading dock?"}]
+    # raw: the surrogate as (invalid) UTF-8 bytes; otherwise json's \udXXX escape
+    encoded = json.dumps(body, ensure_ascii=not raw).encode("utf-8", "surrogatepass")
+    response = httpx.post(
+        f"{api_url}/v1/chat/completions",
+        content=encoded,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        timeout=TIMEOUT,
+    )
+    refused_in_shape(response, 400, None)
+
+
+@hypothesis.settings(HOSTILE)
+@hypothesis.given(
+    kind=st.sampled_from(["keyset", "semantic", "alert"]), time=TIMES, row=NOT_IDS, score=NOT_IDS, digits=st.integers()
+)
+def test_cursors_holding_booleans_or_huge_integers_are_a_422(
+    api_url: str, kind: str, time: object, row: object, score: object, digits: int
+) -> None:
+    if kind == "keyset":
+        path, cursor = "/v1/captions", as_cursor({"t": time, "i": row})
+    elif kind == "semantic":
+        # This server runs without semantic search: such a cursor meets the keyset reader, which must refuse it.
+        path, cursor = "/v1/captions", as_cursor({"w": {"t": time, "i": row}, "s": score, "i": row})
+    else:
+        text = f"a{digits if digits < 1 else digits + 2**63}"  # never an id an alert can have
+        path, cursor = "/v1/alerts", base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+    response = httpx.get(f"{api_url}{path}", params={"cursor": cursor}, headers={"X-Api-Key": KEY}, timeout=TIMEOUT)
+    refused_in_shape(response, 422, "cursor")
+
+
+GET_OPERATIONS = sorted(
+    (path, {parameter["name"] for parameter in operation.get("parameters", []) if parameter["in"] == "query"})
+    for path, operations in DOCUMENT["paths"].items()
+    for method, operation in operations.items()
+    if method == "get" and "{" not in path and path not in ("/healthz", "/v1/stream")
+)
+
+
+@hypothesis.settings(HOSTILE)
+@hypothesis.given(
+    operation=st.sampled_from(GET_OPERATIONS),
+    name=st.text(alphabet=st.sampled_from("abcdefghijklmnopqrstuvwxyz_-ABC019"), min_size=1, max_size=12),
+)
+def test_an_unknown_query_parameter_is_a_422_naming_it(
+    api_url: str, operation: tuple[str, set[str]], name: str
+) -> None:
+    path, known = operation
+    hypothesis.assume(name not in known)
+    response = httpx.get(f"{api_url}{path}", params={name: "x"}, headers={"X-Api-Key": KEY}, timeout=TIMEOUT)
+    refused_in_shape(response, 422, name)
 
 
 def test_every_operation_was_fuzzed_and_answered_with_success() -> None:

@@ -31,7 +31,7 @@ from helpers import REPO, TINY_MODEL
 from PIL import Image
 from taps import Tap, serving
 
-from visioncap.bench.load import background_held, probe_value, upstream_states
+from visioncap.bench.common.load import background_held, probe_value, upstream_states
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig
 from visioncap.config.keys import hash_key
 from visioncap.gateway.images import data_uri_size, image_tokens

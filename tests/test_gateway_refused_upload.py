@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from visioncap.bench.gateway_proc import GatewayProcess
+from visioncap.bench.common.gateway_proc import GatewayProcess
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
 

@@ -2,7 +2,7 @@
 reachable from other machines (a probe from another container or pod) once bound to 0.0.0.0.
 
 Real parts: the composition root with the real detector and SQLite, and a client on another host (a network
-namespace joined to this machine by a veth link, `visioncap.bench.netns`), as a kubelet or a compose healthcheck
+namespace joined to this machine by a veth link, `visioncap.bench.common.netns`), as a kubelet or a compose healthcheck
 from outside the container is.
 """
 
@@ -17,7 +17,8 @@ import pytest
 from helpers import http_get_from, pipeline_dict
 from videos import make_event_video
 
-from visioncap.bench.netns import Host
+from visioncap import __version__
+from visioncap.bench.common.netns import Host
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.settings import Settings
 from visioncap.pipeline.compose import build_pipeline
@@ -51,8 +52,11 @@ def test_the_health_port_answers_from_another_host_when_bound_to_every_address(
     port = free_port()
     with build_pipeline(config, settings, check_vlm=False, metrics_port=port, metrics_host="0.0.0.0"):
         status, body = http_get_from(other_host, port, "/healthz")
-        assert (status, json.loads(body)) == (200, {"status": "ok"})
-        assert healthz("127.0.0.1", port) == {"status": "ok"}  # the in-container healthcheck still works
+        assert (status, json.loads(body)) == (200, {"status": "ok", "version": __version__})
+        assert healthz("127.0.0.1", port) == {
+            "status": "ok",
+            "version": __version__,
+        }  # the in-container healthcheck still works
 
 
 def test_the_health_port_stays_on_loopback_by_default(
@@ -60,7 +64,7 @@ def test_the_health_port_stays_on_loopback_by_default(
 ) -> None:
     port = free_port()
     with build_pipeline(config, settings, check_vlm=False, metrics_port=port):
-        assert healthz("127.0.0.1", port) == {"status": "ok"}
+        assert healthz("127.0.0.1", port) == {"status": "ok", "version": __version__}
         with pytest.raises(subprocess.CalledProcessError) as refused:
             http_get_from(other_host, port, "/healthz")
         assert "Connection refused" in refused.value.stderr

@@ -21,10 +21,10 @@ import pytest
 from helpers import TINY_MODEL
 from taps import AsgiThread, Tap
 
-from visioncap.bench import load
-from visioncap.bench.load import ChatResult, PhaseSpec, Target, _Phase, new_client
-from visioncap.bench.stats import summarize
-from visioncap.bench.workload import ChatTurn
+from visioncap.bench.common import load
+from visioncap.bench.common.load import ChatResult, PhaseSpec, Target, _Phase, new_client
+from visioncap.bench.common.stats import summarize
+from visioncap.bench.common.workload import ChatTurn
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
 from visioncap.gateway.in_thread import GatewayThread

@@ -27,7 +27,7 @@ from helpers import REPO, http_get_from, missing
 from test_deploy import deploy_tool, help_run
 
 from visioncap.api.app import build_api
-from visioncap.bench.netns import Host
+from visioncap.bench.common.netns import Host
 from visioncap.config.api import ApiSettings
 from visioncap.config.gateway import load_gateway_config
 from visioncap.config.pipeline import load_pipeline

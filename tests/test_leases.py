@@ -162,7 +162,9 @@ def test_a_worker_that_stops_renewing_loses_its_cameras_to_a_live_one_within_the
     tokens = {camera: a.token(camera) for camera in a.cameras()}
     last_renewal = time.monotonic()
     a.step()  # its last round: from here on it is as good as killed
-    wait_for(lambda: not a.cameras(), WAIT_S, "the silent worker to stop its own cameras")
+    # Polled finely: it stops 1.2 s (lease less stop margin) after that renewal began, and a coarse poll's
+    # oversleep on a loaded host would eat the 0.3 s this bound leaves.
+    wait_for(lambda: not a.cameras(), WAIT_S, "the silent worker to stop its own cameras", poll_s=0.01)
     stopped_after = time.monotonic() - last_renewal
     assert stopped_after < LEASE_S, f"a stopped its cameras {stopped_after:.1f} s after its last renewal"
 

@@ -7,7 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from visioncap.bench.machine import REPO, portable
+from visioncap.bench.common.machine import REPO, portable
 
 # Where checkouts and home folders live on developers' machines (and on this project's own), never in a clone's
 # files. `/root/` stays allowed: container images run as root and name their own paths (HF_HOME in compose).

@@ -19,7 +19,7 @@ import helpers
 import httpx
 import pytest
 
-from visioncap.bench.gateway_proc import GatewayProcess
+from visioncap.bench.common.gateway_proc import GatewayProcess
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
 from visioncap.serve.ports import PortTakenError, check_own, free_port, holders, listens

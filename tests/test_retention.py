@@ -22,9 +22,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from helpers import invoke_cli, wait_for
+from pg import fresh_database
 from PIL import Image
 from prometheus_client import CollectorRegistry
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 
 from visioncap.alerts.store import add_alert, add_delivery
 from visioncap.api import create_app
@@ -33,9 +34,9 @@ from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics
-from visioncap.pipeline.outbox import Outbox
+from visioncap.pipeline.outbox import Outbox, PutResult
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
-from visioncap.store.records import AlertDeliveryRecord, AlertRecord, DeliveryState
+from visioncap.store.records import AlertDeliveryRecord, AlertRecord, CaptionRecord, DeliveryState
 from visioncap.store.retention import MIB, RetentionJob, RetentionMetrics, RetentionPolicy, RetentionResult, sweep
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -79,7 +80,8 @@ class Rows:
     def __init__(self, store: CaptionStore, data_dir: Path) -> None:
         self.store = store
         self.data_dir = data_dir
-        self.outbox = Outbox(store, data_dir, OutboxConfig(capacity=1000), PipelineMetrics())
+        # No journal reserve: these tests count the data dir's free space to the byte, and never journal.
+        self.outbox = Outbox(store, data_dir, OutboxConfig(capacity=1000), PipelineMetrics(), journal_reserve_bytes=0)
         self.count = 0
 
     def add(
@@ -374,7 +376,7 @@ def test_cli_dry_run_then_delete(tmp_path: Path) -> None:
     unset = invoke_cli("retention", env={k: v for k, v in env.items() if "RETENTION" not in k})
     assert unset.returncode == 0 and "not configured" in unset.stdout
     bad = invoke_cli("retention", env={**env, "VISIONCAP_RETENTION_CAMERA_DAYS": '{"dock": -1}'})
-    assert bad.returncode == 2 and "retention_camera_days" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "RETENTION_CAMERA_DAYS" in bad.stderr.upper() and "Traceback" not in bad.stderr
 
 
 def test_a_failed_sweep_is_counted_and_the_next_one_runs(tmp_path: Path) -> None:
@@ -449,7 +451,8 @@ def test_below_the_minimum_the_oldest_finished_rows_go_until_space_is_back(
     # Oldest first by capture time, not by id: rows are added out of order, the oldest pending ones among them.
     pending = [add(100, "pending"), add(70, "pending")]
     finished = {age: add(age, status) for age, status in [(60, "captioned"), (90, "failed"), (30, "captioned")]}
-    finished[80] = rows.add("cam-1", 80 * day, "skipped", image=False)  # costs no disk space, goes all the same
+    # Costs no disk space and frees none: the record of a frame a full disk cost, say. It never goes for space.
+    imageless = rows.add("cam-1", 80 * day, "skipped", image=False)
     for age in [85, 20, 75, 40, 10, 50, 65, 5, 25, 45, 15, 35, 55, 1, 2]:
         finished[age] = add(age, "failed" if age % 2 else "captioned")
     before = free(small_disk)
@@ -457,56 +460,57 @@ def test_below_the_minimum_the_oldest_finished_rows_go_until_space_is_back(
     min_free = 1_000_000  # 12 images free now; 15 are enough, 14 not
     assert before < min_free
     by_age = [finished[age] for age in sorted(finished, reverse=True)]
-    # Age 90, 85, 80 (no image), 75, 65: the four oldest images and the image-less row among them.
-    gone, kept = by_age[:5], by_age[5:]
-    images = {row_id: rows.image(row_id) for row_id in pending + by_age if row_id != finished[80]}
+    # Age 90, 85, 75, 65: the four oldest images; the image-less row of age 80 among them stays.
+    gone, kept = by_age[:4], by_age[4:]
+    images = {row_id: rows.image(row_id) for row_id in pending + by_age}
     policy = RetentionPolicy(min_free_bytes=min_free)  # no age limit at all
     assert policy.enabled and not policy.ages_enabled
 
     preview = sweep(store.engine, small_disk, policy, now=NOW, dry_run=True, batch_size=3)
-    assert (preview.rows, preview.space_rows, preview.space_files, preview.space_bytes) == (5, 5, 4, 4 * IMAGE_SIZE)
+    assert (preview.rows, preview.space_rows, preview.space_files, preview.space_bytes) == (4, 4, 4, 4 * IMAGE_SIZE)
     assert preview.free_bytes == before + 4 * IMAGE_SIZE and not preview.space_short
-    assert free(small_disk) == before and rows.ids() == set(pending + by_age), "a dry run deletes nothing"
+    assert free(small_disk) == before and rows.ids() == {imageless, *pending, *by_age}, "a dry run deletes nothing"
     megabytes = f"{min_free / MIB!r}"
     env = {"VISIONCAP_DATABASE_URL": database_url, "VISIONCAP_DATA_DIR": str(small_disk)}
     cli = invoke_cli("retention", "--dry-run", env={**env, "VISIONCAP_RETENTION_MIN_FREE_MB": megabytes})
     assert cli.returncode == 0, cli.stderr[-2000:]
     assert f"retention policy: all cameras kept forever, at least {min_free / MIB:g} MB free" in cli.stdout
-    assert "would delete 5 rows (cam-1 5), 4 files" in cli.stdout
+    assert "would delete 4 rows (cam-1 4), 4 files" in cli.stdout
     assert (
-        f"for free space: 5 rows, 4 files, {4 * IMAGE_SIZE} bytes, {before + 4 * IMAGE_SIZE} bytes free" in cli.stdout
+        f"for free space: 4 rows, 4 files, {4 * IMAGE_SIZE} bytes, {before + 4 * IMAGE_SIZE} bytes free" in cli.stdout
     )
-    assert rows.ids() == set(pending + by_age)
+    assert rows.ids() == {imageless, *pending, *by_age}
 
     registry = CollectorRegistry()
     result = sweep(store.engine, small_disk, policy, now=NOW, batch_size=3)  # two batches
     metrics = RetentionMetrics(registry)
     metrics.observe(result)
-    assert rows.ids() == set(pending + kept)
+    assert rows.ids() == {imageless, *pending, *kept}
     for row_id, path in images.items():
         assert path.exists() == (row_id not in gone), row_id
     after = free(small_disk)
     assert after == before + 4 * IMAGE_SIZE and after >= min_free > after - IMAGE_SIZE, "no more than needed went"
     counts = (result.rows, result.files, result.bytes, result.space_rows, result.space_files, result.space_bytes)
-    assert counts == (5, 4, 4 * IMAGE_SIZE, 5, 4, 4 * IMAGE_SIZE)
+    assert counts == (4, 4, 4 * IMAGE_SIZE, 4, 4, 4 * IMAGE_SIZE)
     assert (result.free_bytes, result.min_free_bytes, result.space_short) == (after, min_free, False)
-    assert "for free space: 5 rows, 4 files" in result.line()
-    assert registry.get_sample_value("visioncap_retention_space_rows_deleted_total") == 5
+    assert "for free space: 4 rows, 4 files" in result.line()
+    assert registry.get_sample_value("visioncap_retention_space_rows_deleted_total") == 4
     assert registry.get_sample_value("visioncap_retention_space_bytes_deleted_total") == 4 * IMAGE_SIZE
-    assert registry.get_sample_value("visioncap_retention_rows_deleted_total", {"camera": "cam-1"}) == 5
+    assert registry.get_sample_value("visioncap_retention_rows_deleted_total", {"camera": "cam-1"}) == 4
     assert registry.get_sample_value("visioncap_retention_free_bytes") == after
     assert registry.get_sample_value("visioncap_retention_space_short") == 0
     assert sweep(store.engine, small_disk, policy, now=NOW).rows == 0, "above the minimum nothing goes"
 
-    # A minimum the disk cannot reach: every finished row goes, pending rows and their images stay; one warning.
+    # A minimum the disk cannot reach: every finished row with an image goes; pending rows with their images and
+    # the image-less row stay; one warning.
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="visioncap.store.retention"):
         short = sweep(store.engine, small_disk, RetentionPolicy(min_free_bytes=DISK), now=NOW, batch_size=4)
     assert (short.space_rows, short.space_files, short.space_short) == (len(kept), len(kept), True)
     assert short.free_bytes == free(small_disk) == DISK - 2 * IMAGE_SIZE
-    assert rows.ids() == set(pending) and all(images[row_id].exists() for row_id in pending)
+    assert rows.ids() == {imageless, *pending} and all(images[row_id].exists() for row_id in pending)
     warnings = [record for record in caplog.records if record.levelno == logging.WARNING]
-    assert len(warnings) == 1 and "no finished row is left" in warnings[0].getMessage()
+    assert len(warnings) == 1 and "no finished row with an image is left" in warnings[0].getMessage()
     metrics.observe(short)
     assert registry.get_sample_value("visioncap_retention_space_short") == 1
 
@@ -602,3 +606,101 @@ def test_wake_sweeps_at_once_and_a_burst_makes_one_sweep(store: CaptionStore, sm
         job.go_on.release()  # the last sweep ends; the job then waits for the interval until stopped
         job.stop()
     assert job.results.empty() and job.sweeps == 3
+
+
+def test_the_records_of_frames_a_full_disk_cost_never_go_for_space(tmp_path: Path, small_disk: Path) -> None:
+    # SQLite beside the tmpfs, not on it: the disk that fills is the frames' only, and nothing is journaled.
+    store = CaptionStore(create_db_engine(f"sqlite:///{tmp_path / 'captions.db'}"))
+    store.create_schema()
+    wakes = []
+    config = OutboxConfig(capacity=1000)
+    outbox = Outbox(
+        store, small_disk, config, PipelineMetrics(), on_disk_full=lambda: wakes.append(1), journal_reserve_bytes=0
+    )
+    day = timedelta(days=1)
+    saved: list[int] = []
+    # Two cameras whose clocks (or files) interleave in capture time; the disk fills while cam-1 writes.
+    while True:
+        new = new_caption("cam-1", NOW - (100 - len(saved)) * day, len(saved), score=0.5)
+        result, row_id = outbox.put(new, big_jpeg(len(saved)))
+        if result is PutResult.DISK_FULL:
+            assert row_id is not None
+            records = [row_id]  # the frame that found the disk full: recorded as skipped, without its image
+            break
+        assert result is PutResult.QUEUED and row_id is not None
+        saved.append(row_id)
+    assert len(saved) > 10
+    for n in range(6):  # cam-2's frames, captured between cam-1's oldest ones, cost by the full disk
+        new = new_caption("cam-2", NOW - (99.5 - n) * day, 1000 + n)
+        result, row_id = outbox.put(new, big_jpeg(1000 + n))
+        assert result is PutResult.DISK_FULL and row_id is not None
+        records.append(row_id)
+    assert len(wakes) == 7
+    for row_id in saved:
+        store.mark_captioned(row_id, Caption(f"caption {row_id}", "tiny", 300, 8, 0.2), attempts=1)
+    for row_id in records:
+        row = store.get(row_id)
+        assert row is not None and row.status == "skipped" and row.image_path is None
+        assert row.error is not None and row.error.startswith("disk_full:")
+
+    min_free = free(small_disk) + 5 * IMAGE_SIZE  # the five oldest images
+    result = sweep(store.engine, small_disk, RetentionPolicy(min_free_bytes=min_free), now=NOW, batch_size=4)
+    assert (result.space_rows, result.space_files, result.space_bytes) == (5, 5, 5 * IMAGE_SIZE), result.line()
+    remaining = {row.id for row in store.list(limit=10_000)}
+    assert set(records) <= remaining, "a record of a frame the full disk cost was deleted, freeing nothing"
+    assert remaining == set(records) | set(saved[5:])
+
+    # Even a minimum the disk cannot reach leaves them: deleting them would free nothing.
+    short = sweep(store.engine, small_disk, RetentionPolicy(min_free_bytes=DISK + 1), now=NOW)
+    assert short.space_short and short.space_rows == len(saved) - 5
+    assert {row.id for row in store.list(limit=10_000)} == set(records)
+
+
+def test_a_row_put_back_to_pending_while_the_age_sweep_deletes_it_stays(postgres: str, data_dir: Path) -> None:
+    """PostgreSQL only: SQLite runs one writing statement at a time, so the sweep's DELETE cannot overlap a write."""
+    url = fresh_database(postgres)
+    store = CaptionStore(create_db_engine(url))
+    store.create_schema()
+    rows = Rows(store, data_dir)
+    regenerated = rows.add("cam-1", timedelta(days=10))
+    expired = rows.add("cam-1", timedelta(days=11))
+    image = rows.image(regenerated)
+    # The API's regenerate puts the row back to pending; its transaction has written and not committed yet.
+    api = create_db_engine(url)
+    sweeper = create_db_engine(url)
+    watcher = create_db_engine(url)
+    results: list[RetentionResult] = []
+    try:
+        with api.connect() as conn:
+            regenerate = conn.begin()
+            back = update(CaptionRecord).where(CaptionRecord.id == regenerated).values(status=CaptionStatus.PENDING)
+            assert conn.execute(back).rowcount == 1
+            thread = threading.Thread(
+                target=lambda: results.append(
+                    sweep(sweeper, data_dir, RetentionPolicy(default_days=1), now=NOW, orphans=False)
+                )
+            )
+            thread.start()
+
+            def sweep_waits_for_the_row() -> bool:
+                # The DELETE chose the row (it was captioned in the statement's snapshot) and waits for its lock.
+                query = text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query ILIKE 'DELETE%'"
+                )
+                with watcher.connect() as watch:
+                    return watch.execute(query).scalar_one() == 1
+
+            wait_for(
+                sweep_waits_for_the_row, TIMEOUT, "the sweep's DELETE to wait for the regenerated row's lock", 0.02
+            )
+            regenerate.commit()
+        thread.join(TIMEOUT)
+        assert not thread.is_alive() and len(results) == 1
+    finally:
+        for engine in (api, sweeper, watcher):
+            engine.dispose()
+    assert results[0].rows == 1 and store.get(expired) is None
+    row = store.get(regenerated)
+    assert row is not None, "the age sweep deleted a row put back to pending after its statement began"
+    assert row.status == "pending" and image.exists()

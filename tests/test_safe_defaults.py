@@ -292,6 +292,6 @@ def test_api_refuses_a_demo_key_off_loopback(host: str, tmp_path: Path) -> None:
 def test_api_serves_with_its_own_keys_anywhere_and_with_a_demo_key_on_loopback(
     host: str, key: str, tmp_path: Path
 ) -> None:
-    with serve_cli(["api", "--host", host], api_env(tmp_path, key), cwd=tmp_path) as url:
+    with serve_cli(["api", "--host", host, "--create"], api_env(tmp_path, key), cwd=tmp_path) as url:
         answer = httpx.get(f"{url}/v1/cameras", headers={"Authorization": f"Bearer {key}"}, timeout=30)
         assert answer.status_code == 200, answer.text

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from sqlalchemy import Engine, func, select, text
 
 from visioncap.api import create_app
-from visioncap.bench.machine import machine_facts
-from visioncap.bench.search_quality import (
+from visioncap.bench.common.machine import machine_facts
+from visioncap.bench.search.quality import (
     GOAL_HYBRID,
     GOAL_MARGIN,
     LATENCY_CASES,
@@ -37,6 +37,7 @@ from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import VECTORS_TABLE
 from visioncap.store.search import WORD, CaptionFilter, SearchLimits, camera_check, row_checks, walk_conditions
 from visioncap.store.semantic import STOP_WORDS, _similarities, _word_ranks, semantic_search
+from visioncap.store.vector_index import index_for
 from visioncap.store.vectors import BackgroundEmbedder, backfill
 
 # The sentence model costs seconds of PyTorch to load and to embed the labelled set: CI and `make test` run these,
@@ -131,8 +132,9 @@ def test_pages_follow_the_ranking_within_the_filters(
 
 
 def oracle(engine: Engine, query: CaptionFilter, search: str, vector: np.ndarray, hybrid: bool, rows: int) -> list[int]:
-    """The ranking by its definition (module docstring of store/semantic.py), computed here in Python: the window
-    (the newest `rows` rows of the walk, those of them that meet the other filters), its rows with a vector by
+    """The ranking by its definition (module docstring of store/semantic.py), computed here in Python: the rows
+    (the newest `rows` rows of the walk, those of them that meet the other filters; with the vector index, every
+    row that meets them), its rows with a vector by
     similarity, then id, both descending, fused by reciprocal rank with the full-text list of the search text's
     words but stop words. The similarities and the words list are the database's own (`_similarities`,
     `_word_ranks`, the functions the PostgreSQL path uses): the same floats, so near-ties fall alike."""
@@ -173,13 +175,16 @@ def test_pages_are_the_ranking_by_its_definition(
         times = sorted(conn.scalars(select(CaptionRecord.captured_at)))
     cases = [
         (CaptionFilter(), "man walking a dog", 320),
-        (CaptionFilter(), "a cat on the wall", 100),  # a window of the newest 100 rows
+        # More rows meet the filters than the scan bound: ranked from the vector index, and still every row of them
+        # (the candidates grow to all of them), not the newest 100 as before the index.
+        (CaptionFilter(), "a cat on the wall", 100),
         (CaptionFilter(cameras=["cam-02"], since=times[30]), "person climbing over the fence", 320),
         (CaptionFilter(cameras=["cam-01", "cam-03"], min_people=1), "car pulling into the driveway", 150),
     ]
+    assert index_for(engine).wait_ready(30)
     for query, search, rows in cases:
         vector = embedder.encode([search])[0]
-        expected = oracle(engine, query, search, vector, hybrid, rows)
+        expected = oracle(engine, query, search, vector, hybrid, len(labelled_vectors))
         assert len(expected) > 30, (search, len(expected))  # several pages
         paged: list[int] = []
         after = None
@@ -316,7 +321,7 @@ def test_loading_the_model_leaves_the_process_environment_alone() -> None:
 
 
 def test_latency_bench_times_every_case_idle_and_busy(tmp_path: Path) -> None:
-    """`python -m visioncap.bench.search_quality`'s latency part on a small table: every search case and Ask's
+    """`python -m visioncap.bench.search.quality`'s latency part on a small table: every search case and Ask's
     retrieval are timed in both passes (the bench runs on nobody's watch between sessions; its last breakage was
     found only when a run died), and the report judges the goal only at a million rows."""
     timing = latency(tmp_path, rows=2_000, samples=2, busy_cores=1)

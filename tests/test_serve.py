@@ -244,10 +244,13 @@ def test_cpu_only_profile_stays_on_the_cpu_beside_a_gpu(tmp_path: Path, serve_cl
 
 
 def test_unknown_gpu_name_asks_for_a_class(tmp_path: Path, serve_cli: ServeCli) -> None:
-    env = fake_nvidia_smi(tmp_path, "NVIDIA GeForce RTX 4090, 24564")
+    """A card neither in the classes nor in the card table, from a driver that gives no compute capability: no
+    figures to derive a plan from (cards that have them: tests/test_serve_any_gpu.py)."""
+    env = fake_nvidia_smi(tmp_path, "NVIDIA Mystery 9000, 24564")
     result = serve_cli("--profile", "qwen2.5-vl-7b", "--dry-run", env=env)
     assert result.returncode == 2
-    assert "no GPU class for 'NVIDIA GeForce RTX 4090'; pass --gpu" in result.stderr
+    assert "no figures for 'NVIDIA Mystery 9000'" in result.stderr
+    assert "pass --gpu with the closest of l4, a10, a100, h100, h200" in result.stderr
     ok = serve_cli("--profile", "qwen2.5-vl-7b", "--gpu", "l4", "--dry-run", env=env)
     assert ok.returncode == 0, ok.stderr
     assert "total memory: 24.0 GiB (nvidia-smi memory.total)" in ok.stderr

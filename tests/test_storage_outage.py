@@ -22,7 +22,7 @@ from pg import fresh_database
 from streams import RtspServer, skip_unless_gstreamer
 from videos import make_event_video
 
-from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
+from visioncap.bench.common.pgcluster import PostgresCluster, postgres_bin
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics

@@ -30,7 +30,7 @@ from pg import fresh_database
 from sqlalchemy import text
 
 from visioncap.api import create_app
-from visioncap.bench.pgcluster import PostgresCluster, postgres_bin
+from visioncap.bench.common.pgcluster import PostgresCluster, postgres_bin
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.frames import Caption

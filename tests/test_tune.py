@@ -11,7 +11,7 @@ import yaml
 from helpers import REPO, invoke_cli
 from typer.testing import CliRunner
 
-from visioncap.bench.standin import stand_in_tokens
+from visioncap.bench.standin.sizing import stand_in_tokens
 from visioncap.bench.tune.candidates import Candidate, build_candidates, parse_int_list
 from visioncap.bench.tune.run import (
     StandInTarget,
@@ -190,7 +190,8 @@ def test_the_choice_is_written_into_the_target_profile_in_its_tokens(tmp_path: P
     assert met and chosen == 0
     options = TuneOptions(profile="standin", gpu_class="cpu", candidates=[Candidate(1024), Candidate(2048)])
     results = {"chosen": marked[chosen].model_dump(), "hardware": "CPU test"}
-    write_tuned(path, "h200", results, marked, goal, met, datetime.now(UTC), options, "stand-in standin on cpu")
+    workload = options.workload_line()
+    write_tuned(path, "h200", results, marked, goal, met, datetime.now(UTC), workload, "stand-in standin on cpu")
     profile = load_profile(str(path), tmp_path)
     assert profile.serving_for("h200").max_num_batched_tokens == 1024
     assert profile.serving_for("h100").max_num_batched_tokens == 2048  # other classes as they were

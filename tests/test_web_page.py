@@ -5,7 +5,7 @@ outbox saves a real JPEG and a pending row, the caption follows). The browser en
 key form, as a user does; the test checks the captions' text and thumbnails, the camera filter and the search box,
 a caption stored after the page loaded arriving through the live stream without a reload (and none lost while
 the page opens: it starts its stream before it loads its list), and that the page needs nothing but the API's own
-origin (every other request is refused). Screenshot: test-artifacts/web_page.png.
+origin (every other request is refused). Screenshots: test-artifacts/web-captions.png, web-ask.png.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from visioncap.store import CaptionStore, NewCaption, create_db_engine
 KEY = "web-page-read-key"
 TIMEOUT_S = 30  # a bound on a broken test, never a measurement
 T0 = datetime(2026, 11, 29, 8, 0, tzinfo=UTC)
-SCREENSHOT = ARTIFACTS / "web_page.png"
-ASK_SCREENSHOT = ARTIFACTS / "web_page_ask.png"
+SCREENSHOT = ARTIFACTS / "web-captions.png"
+ASK_SCREENSHOT = ARTIFACTS / "web-ask.png"
 
 
 @dataclass(frozen=True)
@@ -339,6 +339,7 @@ def test_search_switch_ranks_by_meaning(site: tuple[str, Writer], browser: Brows
         page.click("#keyform button[type=submit]")
         cards = page.locator("article.card")
         expect(cards).to_have_count(len(SEEDED))
+        expect(page.locator("#mode")).to_be_visible()  # this server ranks by meaning: the switch is offered
         page.fill("#q", "bike")
         page.click("#filters button[type=submit]")
         expect(page.locator("#status")).to_have_text("0 captions shown")  # words: every word must match

@@ -1,12 +1,15 @@
 """`visioncap cameras`: add, list, change, pause, resume and remove the cameras workers run.
 
 It writes the database directly (VISIONCAP_DATABASE_URL, like `visioncap captions`), through the same checks as
-the API: a running worker picks the change up within 5 s. URLs may not hold secrets inline; reference them as
-`${NAME}`, an environment variable of the worker.
+the API: a running worker picks the change up within 5 s. Cameras added here are network cameras (rtsp, http; file,
+folder and webcam sources come from a pipeline file), at a host VISIONCAP_CAMERA_ALLOWED_HOSTS allows when it is
+set. URLs may not hold secrets inline; reference them as `${VISIONCAP_CAMERA_SECRET_NAME}`, an environment variable
+of the worker, as the whole password or the whole value of a credential parameter.
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -17,8 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from visioncap.config.cameras import CameraChange, CameraConfig, SubmittedCamera
+from visioncap.config.loading import describe
 from visioncap.config.settings import load_settings
-from visioncap.config.sources import field_path
+from visioncap.config.sources import SourceConfig, field_path
 from visioncap.errors import ConfigError
 from visioncap.redact import mask_credentials
 
@@ -36,10 +40,19 @@ Caption = Annotated[
     list[str] | None,
     typer.Option("--caption", help="Image override KEY=VALUE (repeatable): --caption jpeg_quality=70."),
 ]
-Kind = Annotated[str | None, typer.Option(help="Source kind: rtsp, http, webcam, file or folder.")]
-Url = Annotated[str | None, typer.Option(help="Stream URL; a password as ${NAME}, the worker's environment variable.")]
-SourcePath = Annotated[str | None, typer.Option("--path", help="Absolute path of a video file or image folder.")]
-Fps = Annotated[float | None, typer.Option(help="Frames per second to analyse.")]
+Kind = Annotated[str | None, typer.Option(help="Source kind: rtsp or http (others only from a pipeline file).")]
+Url = Annotated[
+    str | None,
+    typer.Option(help="Stream URL; a password as ${VISIONCAP_CAMERA_SECRET_NAME}, the worker's environment variable."),
+]
+SourcePath = Annotated[
+    str | None,
+    typer.Option("--path", help="A video file or image folder: refused (those come from a pipeline file only)."),
+]
+Fps = Annotated[
+    float | None,
+    typer.Option(help="Frames per second to analyse; left out: as fast as the detector keeps up."),
+]
 
 
 def _engine() -> Engine:
@@ -69,10 +82,39 @@ def _source(
     return {key: value for key, value in fields.items() if value is not None} | _pairs("--set", extra)
 
 
-def _invalid(exc: ValidationError) -> ConfigError:
-    first = exc.errors()[0]
-    where = field_path(tuple(first["loc"]))
-    return ConfigError(f"{where}: {first['msg']}" if where else first["msg"])
+def _invalid(exc: ValidationError, model: type[CameraConfig] = SubmittedCamera) -> ConfigError:
+    return ConfigError(describe(exc.errors()[0], field_path, model))  # a typo's key answered with the closest
+
+
+def _check_host(url: str | None) -> None:
+    if url is not None and (problem := load_settings().camera_hosts().url_problem(url)):
+        raise ConfigError(f"--url: {problem}")
+
+
+def known_pipelines(engine: Engine) -> list[str]:
+    """The pipelines this database knows: each that seeded it (every `visioncap run` and `visioncap worker` seeds
+    its file's cameras at start, none included; so does `visioncap cameras apply`), and each that has cameras."""
+    from sqlalchemy import select, union
+    from sqlalchemy.orm import Session
+
+    from visioncap.store.records import CameraConfigRecord, PipelineSeedRecord
+
+    names = union(select(PipelineSeedRecord.pipeline), select(CameraConfigRecord.pipeline))
+    with Session(engine) as session:
+        return sorted(session.scalars(select(names.subquery().c.pipeline)))
+
+
+def _check_pipeline(engine: Engine, pipeline: str) -> None:
+    """A camera for a pipeline no worker runs would never run: a typo, most likely."""
+    known = known_pipelines(engine)
+    if pipeline in known:
+        return
+    close = difflib.get_close_matches(pipeline, known, n=1)
+    hint = f"did you mean `{close[0]}`? " if close else ""
+    raise ConfigError(
+        f"--pipeline: no pipeline {pipeline!r} has run against this database (known: {', '.join(known) or 'none'}); "
+        f"{hint}start its worker first, or pass --new-pipeline to add the camera for its first worker"
+    )
 
 
 def _show(config: CameraConfig, version: int, what: str) -> None:
@@ -91,6 +133,10 @@ def add(
     selection: Selection = None,
     caption: Caption = None,
     paused: Annotated[bool, typer.Option(help="Add it paused.")] = False,
+    new_pipeline: Annotated[
+        bool,
+        typer.Option(help="The pipeline has not run against this database yet: its first worker will run the camera."),
+    ] = False,
 ) -> None:
     """Add a camera; the pipeline's running worker starts it within 5 s."""
     from visioncap.store.camera_configs import CameraExists, add_camera
@@ -108,8 +154,12 @@ def add(
         )
     except ValidationError as exc:
         raise _invalid(exc) from None
+    _check_host(url)
+    engine = _engine()
+    if not new_pipeline:
+        _check_pipeline(engine, pipeline)
     try:
-        stored = add_camera(_engine(), config)
+        stored = add_camera(engine, config)
     except CameraExists:
         raise ConfigError(f"camera {camera} exists; change it with `visioncap cameras update`") from None
     _show(stored.config, stored.version, "added")
@@ -125,7 +175,7 @@ def _change(camera: str, change: CameraChange, what: str) -> None:
     try:
         config = change.applied_to(current.config)
     except ValidationError as exc:
-        raise _invalid(exc) from None
+        raise _invalid(exc, CameraConfig) from None
     stored = update_camera(engine, config, expected_version=current.version)
     if stored is None:
         raise ConfigError(f"camera {camera} was changed or removed meanwhile; try again")
@@ -145,6 +195,7 @@ def update(
 ) -> None:
     """Change a camera's source fields or replace its overrides; its worker restarts it alone within 5 s."""
     source = _source(kind, url, path, analyze_fps, option)
+    _check_host(source.get("url"))
     change = CameraChange(
         source=source or None,
         selection=_pairs("--selection", selection) if selection else None,
@@ -191,6 +242,14 @@ def apply(
     typer.echo(f"pipeline {config.name}: {len(config.sources)} file cameras {outcome}")
 
 
+def _fps(source: SourceConfig) -> str:
+    """The analysis rate as it is run: without `analyze_fps`, a file or folder is analysed frame by frame and a
+    stream as fast as the detector keeps up (StreamSourceConfig.analyze_fps)."""
+    if source.analyze_fps is not None:
+        return f"{source.analyze_fps:g}"
+    return "every frame" if source.kind in ("file", "folder") else "detector's pace"
+
+
 @cameras_app.command("list")
 def list_command(
     pipeline: Annotated[str | None, typer.Option(help="Only this pipeline's cameras.")] = None,
@@ -209,7 +268,7 @@ def list_command(
             stored.config.pipeline,
             source.kind,
             source.description,
-            "all" if source.analyze_fps is None else f"{source.analyze_fps:g}",
+            _fps(source),
             "yes" if stored.config.paused else "no",
             stored.origin,
             str(stored.version),

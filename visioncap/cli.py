@@ -14,7 +14,7 @@ from rich.table import Table
 from visioncap.bench.cli import bench_app
 from visioncap.bench.tune.cli import tune_command
 from visioncap.cameras_cli import cameras_app
-from visioncap.config.settings import load_settings
+from visioncap.config.settings import Settings, load_settings
 from visioncap.errors import ConfigError, VisioncapError
 
 if TYPE_CHECKING:
@@ -25,6 +25,25 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(cameras_app, name="cameras")
 app.command("tune")(tune_command)
 err = Console(stderr=True)
+
+
+def _version(wanted: bool) -> None:
+    if wanted:
+        from visioncap import __version__
+
+        typer.echo(f"visioncap {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Turns camera streams into searchable captions."""
+
+
 log = logging.getLogger("visioncap")
 # Loopback by default: /metrics tells whoever reaches it the cameras' names and the pipeline's state.
 METRICS_HOST_HELP = (
@@ -120,6 +139,9 @@ def _run_pipeline(
     if progress not in ("auto", "rich", "log", "none"):
         raise ConfigError(f"--progress must be auto, rich, log or none, not {progress!r}")
     mode = ("rich" if sys.stderr.isatty() else "log") if progress == "auto" else progress
+    from visioncap.pipeline.preflight import check_video_files
+
+    check_video_files(config)  # a file that is no video: said before vLLM, the VLM check and the detector load
     from visioncap.pipeline.compose import build_pipeline, stop_on_signals
     from visioncap.pipeline.progress import Progress
 
@@ -136,6 +158,8 @@ def _run_pipeline(
         with Progress(mode, running.summary, lambda: running.outbox_depth):
             summary = running.run()
     typer.echo(summary.line())
+    if summary.fatal is not None:
+        err.print(f"error: {summary.fatal}", markup=False, highlight=False, soft_wrap=True)
     for error in summary.source_errors:
         err.print(f"error: {error}", markup=False, highlight=False, soft_wrap=True)
     if summary.pending:
@@ -162,6 +186,28 @@ def serve_command(ctx: typer.Context) -> None:
     raise typer.Exit(code)
 
 
+def _check_port(host: str, port: int, command: str) -> None:
+    """A port another process holds, said in one line before the web stack loads (uvicorn would start, then print
+    a multi-line error). A process binding it between this check and uvicorn's still gets uvicorn's error."""
+    import errno
+    import socket
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (OSError, UnicodeError):
+        return  # a host that does not resolve: uvicorn's to report
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a TIME_WAIT is no holder
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise VisioncapError(
+                    f"port {port} on {host}: address already in use by another process "
+                    f"(another `visioncap {command}`?); stop it or choose another with --port"
+                ) from None
+
+
 @app.command("gateway")
 def gateway_command(
     config: Annotated[Path, typer.Option("--config", help="Gateway YAML file (see pipelines/gateway.example.yaml).")],
@@ -178,6 +224,7 @@ def gateway_command(
     from visioncap.gateway.safety import check_gateway_can_serve
 
     check_gateway_can_serve(gateway_config, host, source)  # before the web stack loads: a refusal comes at once
+    _check_port(host, port, "gateway")
     from visioncap.gateway import run_gateway
 
     run_gateway(gateway_config, host=host, port=port, log_level=log_level, source=source)
@@ -192,11 +239,45 @@ def gateway_key_command() -> None:
     typer.echo(f"key:    {key}\nsha256: {digest}")
 
 
+def _database(settings: Settings) -> str:
+    """The database a command uses, as it may be shown (no password), and where that came from."""
+    from visioncap.store.database import masked_url
+
+    source = "VISIONCAP_DATABASE_URL" if settings.database_url else "the default, VISIONCAP_DATA_DIR/visioncap.db"
+    return f"{masked_url(settings.resolved_database_url())} ({source})"
+
+
+def _require_database(settings: Settings, command: str, create_option: bool = False) -> None:
+    """A SQLite file that does not exist is an error for a command that reads: connecting would make an empty one,
+    and a mistyped path would look like a database with nothing stored."""
+    from visioncap.store.database import missing_sqlite_file
+
+    missing = missing_sqlite_file(settings.resolved_database_url())
+    if missing is None:
+        return
+    folder = "" if missing.parent.is_dir() else f" (nor does its folder {missing.parent})"
+    demo = Path("data/demo.db").resolve()
+    hints = ["`visioncap run` makes it"]
+    if demo.is_file() and demo != missing:
+        hints.append(f"`make demo`'s is VISIONCAP_DATABASE_URL=sqlite:///{demo}")
+    if create_option:
+        hints.append("--create starts an empty one")
+    raise ConfigError(f"visioncap {command}: database {_database(settings)} does not exist{folder}; {'; '.join(hints)}")
+
+
 @app.command("api")
 def api_command(
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8090,
     log_level: Annotated[str, typer.Option(help="Logging level.")] = "INFO",
+    create: Annotated[
+        bool,
+        typer.Option(
+            "--create",
+            help="Make the SQLite database (and its folder) if it does not exist, for an API started before the "
+            "pipeline's first run; without it a missing file is an error, not a new empty database.",
+        ),
+    ] = False,
 ) -> None:
     """Serve the REST API and web page over the caption database until Ctrl-C/SIGTERM."""
     _setup_logging(log_level)
@@ -206,6 +287,11 @@ def api_command(
     from visioncap.api.safety import check_api_can_serve
 
     check_api_can_serve(settings, host)  # before the web stack loads: a refusal comes at once
+    _check_port(host, port, "api")
+    if not create:
+        _require_database(settings, "api", create_option=True)
+    shown_host = f"[{host}]" if ":" in host else host
+    typer.echo(f"visioncap api: database {_database(settings)}, page http://{shown_host}:{port}/", err=True)
     from visioncap.api import run_api
 
     run_api(settings, host=host, port=port, log_level=log_level)
@@ -234,15 +320,29 @@ def alerts_command(
 def api_key_command(
     name: Annotated[str, typer.Option(help="Who holds the key.")] = "ui",
     write: Annotated[bool, typer.Option(help="Also allow POST routes (regenerate).")] = False,
+    camera: Annotated[
+        list[str] | None,
+        typer.Option(help="Limit the key to this camera; repeat for several. Left out: every camera."),
+    ] = None,
 ) -> None:
     """Print a new API key and the VISIONCAP_API_KEYS entry (its sha256) to configure."""
     import json
 
+    from pydantic import ValidationError
+
+    from visioncap.config.api import ApiKey
     from visioncap.config.keys import generate_key
 
     key, digest = generate_key("vca-")
     scopes = ["read", "write"] if write else ["read"]
-    entry = json.dumps({"name": name, "sha256": digest, "scopes": scopes})
+    values: dict[str, object] = {"name": name, "sha256": digest, "scopes": scopes}
+    if camera:
+        values["cameras"] = list(dict.fromkeys(camera))
+    try:  # an entry the API would refuse at start is refused now
+        ApiKey.model_validate(values)
+    except ValidationError as exc:
+        raise typer.BadParameter(exc.errors()[0]["msg"], param_hint="--name/--camera") from None
+    entry = json.dumps(values)
     typer.echo(f"key:    {key}\nsha256: {digest}\nentry:  {entry}")
 
 
@@ -255,6 +355,8 @@ def captions(
     from visioncap.store import CaptionStore, create_db_engine
 
     settings = load_settings()
+    _require_database(settings, "captions")
+    typer.echo(f"database {_database(settings)}", err=True)
     store = CaptionStore(create_db_engine(settings.resolved_database_url()))
     store.create_schema()
     rows = store.list(camera=camera, limit=limit)
@@ -329,8 +431,9 @@ def make_demo_video_command(
 
 
 def report_error(exc: VisioncapError) -> int:
-    """Say what went wrong in one line on stderr; the exit code for it."""
-    err.print(f"error: {exc}", markup=False, highlight=False, soft_wrap=True)
+    """Say what went wrong in one line on stderr (one per problem, when it names several); the exit code for it."""
+    for line in str(exc).splitlines() or [""]:
+        err.print(f"error: {line}", markup=False, highlight=False, soft_wrap=True)
     return exc.exit_code
 
 

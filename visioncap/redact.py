@@ -16,11 +16,28 @@ MASK = "***"
 # the same split FFmpeg makes, so what is masked here is exactly what FFmpeg sends as credentials.
 _URL = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<authority>[^/?#]*)(?P<rest>.*)$", re.DOTALL)
 
-# Query parameters IP cameras (and the services in front of them) take credentials in, compared after
-# normalising the name (see _is_secret). Exact names only: `monkey` or `keyframe` are not secrets.
-SECRET_PARAMETERS = frozenset(
-    {"pass", "pwd", "password", "passwd", "token", "auth", "key", "apikey", "secret", "signature", "sig"}
-)
+# A parameter is a credential when its name, normalised (see _normal_name), contains one of these words: services
+# spell one credential many ways (access_token, accessToken, X-Auth-Token, sessionid, client_secret, passwd,
+# apiKey), so a list of exact names always misses one. The asymmetry decides the rule: masking a harmless value
+# costs a less readable log line, missing a credential leaks it. (`sessid`: PHPSESSID and its kind.)
+CREDENTIAL_WORDS = ("token", "secret", "pass", "key", "auth", "sig", "session", "sessid", "credential")
+
+# Credential names that hold none of those words, compared whole.
+SECRET_PARAMETERS = frozenset({"pwd", "pw"})
+
+# Harmless words that contain a credential word and are common in stream and player URLs (a keyframe interval,
+# FFmpeg's keyint, passive or passthrough modes, a signal's name, an author); `monkey` is the test of the rule.
+# They are taken out of a name before the words are looked for, not allowed as whole names, so `keyframe_token`
+# is still a credential. None may begin a credential's name: `author` is harmless, `authorization` is not.
+_HARMLESS_WORDS = re.compile(r"keyframe|keyint|monkey|passive|passthrough|signal|author(?!i[sz])")
+
+# How many rounds of %-decoding a name or user info gets: servers decode once, but a relay in front of the camera
+# may decode again, and decoding more can only mask more.
+_DECODE_ROUNDS = 3
+
+# The ":" that ends the user name in the user info, raw or %-escaped (user%3Asecret@host is user "user" with
+# password "secret" once decoded, as FFmpeg and HTTP clients decode it; %253A after a second decoding).
+_USER_INFO_COLON = re.compile(r":|%(?:25)*3a", re.IGNORECASE)
 
 # name=value in the query after "?" or "&", and after ";" (the older separator many camera CGIs still take) or
 # "#" (single-page viewers put the query in the fragment). A value runs to the next separator; ";" pieces without
@@ -42,23 +59,50 @@ _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}://\S+")
 _TRAILING = "'\"`()[]{}<>,.:;!?"
 
 
-def _is_secret(name: str) -> bool:
-    # Servers decode %-escapes before reading a name (p%77d is pwd); `_` and `-` only spell the same name
-    # differently (api_key, API-KEY).
-    normal = unquote(name).strip().lower().replace("_", "").replace("-", "")
-    return normal in SECRET_PARAMETERS
+def _decoded(text: str) -> str:
+    for _ in range(_DECODE_ROUNDS):
+        decoded = unquote(text)
+        if decoded == text:
+            break
+        text = decoded
+    return text
+
+
+def _normal_name(name: str) -> str:
+    # Servers decode %-escapes before reading a name (p%77d is pwd); `_`, `-`, `.` and case only spell the same
+    # name differently (api_key, API-KEY, apiKey).
+    return re.sub(r"[\s_.-]", "", _decoded(name).lower())
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether a query or path parameter named `name` holds a credential (see CREDENTIAL_WORDS)."""
+    normal = _normal_name(name)
+    if normal in SECRET_PARAMETERS:
+        return True
+    words = _HARMLESS_WORDS.sub(" ", normal)
+    return any(word in words for word in CREDENTIAL_WORDS)
+
+
+def _split_user_info(user_info: str) -> tuple[str, str, str] | None:
+    """(user, separator, password) of raw user info, the separator as written (":" or an escape of it); None when
+    it names a user only."""
+    colon = _USER_INFO_COLON.search(user_info)
+    if colon is None:
+        return None
+    return user_info[: colon.start()], colon[0], user_info[colon.end() :]
 
 
 def _mask_parameter(match: re.Match[str]) -> str:
-    if not _is_secret(match["name"]):
+    if not is_credential_name(match["name"]):
         return match[0]
     return f"{match['lead']}{match['name']}={MASK}"
 
 
 def mask_credentials(url: str) -> str:
     """`url` with its credentials replaced by `***`: the user info password (rtsp://user:secret@host/x ->
-    rtsp://user:***@host/x) and the values of credential parameters in the query, path parameters or fragment
-    (http://cam/video.cgi?user=admin&pwd=secret -> http://cam/video.cgi?user=admin&pwd=***).
+    rtsp://user:***@host/x, also when the ":" is %-escaped) and the values of credential parameters in the query,
+    path parameters or fragment (http://cam/video.cgi?user=admin&pwd=secret -> http://cam/video.cgi?user=admin&pwd=***;
+    which names are credentials: `is_credential_name`).
 
     Names are kept, as are every other part and their order, so the result still says which camera it is and how
     it is reached. An empty password is masked too: that a camera has none is itself worth keeping from a log.
@@ -72,10 +116,9 @@ def mask_credentials(url: str) -> str:
         return url
     authority = match["authority"]
     user_info, at, host = authority.rpartition("@")
-    if at:
-        user, colon, _password = user_info.partition(":")
-        if colon:
-            authority = f"{user}:{MASK}@{host}"
+    if at and (parts := _split_user_info(user_info)) is not None:
+        user, colon, _password = parts
+        authority = f"{user}{colon}{MASK}@{host}"
     rest = match["rest"]
     end = _QUERY_OR_FRAGMENT.search(rest)
     cut = end.start() if end else len(rest)
@@ -88,19 +131,20 @@ def mask_credentials(url: str) -> str:
 
 def secret_values(url: str) -> list[str]:
     """The raw values `mask_credentials` would mask in `url` (user-info password, credential parameters), in order
-    of appearance; for refusing URLs that carry a secret inline."""
+    of appearance; for refusing URLs that carry a secret inline, and for where a `${NAME}` reference to the
+    worker's environment may stand (visioncap.config.secret_references)."""
     match = _URL.match(url) if "://" in url else None
     if match is None:
         return []
     values: list[str] = []
     user_info, at, _host = match["authority"].rpartition("@")
-    if at and ":" in user_info:
-        values.append(user_info.partition(":")[2])
+    if at and (parts := _split_user_info(user_info)) is not None:
+        values.append(parts[2])
     rest = match["rest"]
     end = _QUERY_OR_FRAGMENT.search(rest)
     cut = end.start() if end else len(rest)
     for pattern, text in ((_PATH_PARAMETER, rest[:cut]), (_PARAMETER, rest[cut:])):
-        values += [found["value"] for found in pattern.finditer(text) if _is_secret(found["name"])]
+        values += [found["value"] for found in pattern.finditer(text) if is_credential_name(found["name"])]
     for inner in _URL_IN_TEXT.findall(rest) if "://" in rest else ():
         values += secret_values(inner.rstrip(_TRAILING))
     return values

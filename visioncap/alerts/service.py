@@ -1,15 +1,20 @@
-"""`visioncap alerts`: the engine and the delivery worker, each in its own thread, until stopped."""
+"""`visioncap alerts`: the engine, one delivery worker per destination and the housekeeping, each in its own
+thread, until stopped."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import socket
 import threading
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from sqlalchemy import Engine
 
-from visioncap.alerts.delivery import DeliveryWorker, Sender
+from visioncap.alerts.delivery import DeliveryWorker, Housekeeping, Sender
 from visioncap.alerts.engine import AlertEngine
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.mqtt import MqttSender
@@ -27,19 +32,48 @@ def make_senders(config: AlertsConfig) -> dict[str, Sender]:
     return senders
 
 
-class AlertService:
-    """Both loops; each pass that found work is followed at once by the next, an idle one waits `poll_s`."""
+def claimant_id() -> str:
+    """This process's name on the deliveries it claims (64 characters at most): host, pid, and a random part for
+    a pid reused in another container."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
-    def __init__(self, engine: Engine, config: AlertsConfig, metrics: AlertMetrics | None = None) -> None:
+
+class AlertService:
+    """The loops; each pass that found work is followed at once by the next, an idle one waits `poll_s`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: AlertsConfig,
+        metrics: AlertMetrics | None = None,
+        data_dir: Path | None = None,
+    ) -> None:
         self.metrics = metrics or AlertMetrics()
-        self.engine = AlertEngine(engine, config, self.metrics)
+        self._config = config
+        self.engine = AlertEngine(engine, config, self.metrics, data_dir=data_dir)
         self._senders = make_senders(config)
-        self.worker = DeliveryWorker(engine, self._senders, config.delivery, self.metrics)
+        claimant = claimant_id()
+        self.workers = [
+            DeliveryWorker(engine, name, sender, config.delivery, self.metrics, claimant)
+            for name, sender in self._senders.items()
+        ]
+        self.housekeeping = Housekeeping(engine, list(self._senders), config.delivery)
         self._poll_s = config.delivery.poll_s
         self._stop = threading.Event()
         self._threads = [
             threading.Thread(target=self._loop, args=(self.engine.run_once,), name="alerts-engine", daemon=True),
-            threading.Thread(target=self._loop, args=(self.worker.run_once,), name="alerts-delivery", daemon=True),
+            threading.Thread(
+                target=self._loop, args=(self.housekeeping.run_once,), name="alerts-housekeeping", daemon=True
+            ),
+            *(
+                threading.Thread(
+                    target=self._loop,
+                    args=(worker.run_once,),
+                    name=f"alerts-delivery-{worker.destination}",
+                    daemon=True,
+                )
+                for worker in self.workers
+            ),
         ]
 
     def _loop(self, step: Callable[[], int]) -> None:
@@ -56,6 +90,15 @@ class AlertService:
                 self._stop.wait(self._poll_s)  # pacing of an idle loop, woken at once by stop()
 
     def start(self) -> None:
+        mqtt = self._config.mqtt
+        log.info(
+            "alerts: started: %d rules in the file, destinations %s%s",
+            len(self._config.rules),
+            ", ".join(self._senders) or "none",
+            f", Home Assistant discovery under {mqtt.discovery_prefix}/"
+            if mqtt is not None and mqtt.home_assistant
+            else "",
+        )
         for thread in self._threads:
             thread.start()
 
@@ -91,7 +134,7 @@ def build_alerts(config: AlertsConfig, settings: Settings) -> AlertService:
 
     engine = create_db_engine(settings.resolved_database_url())
     ensure_schema(engine)
-    return AlertService(engine, config)
+    return AlertService(engine, config, data_dir=settings.data_dir)
 
 
 def run_alerts(config: AlertsConfig, settings: Settings, metrics_port: int | None = None) -> None:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, exists, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, exists, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from visioncap.config.alerts import AlertRule
@@ -59,15 +60,44 @@ def load_cursor(conn: Connection) -> ChangePosition | None:
 
 
 def create_cursor(engine: Engine, position: ChangePosition) -> ChangePosition:
-    """The stored cursor, made at `position` when there is none yet."""
-    with engine.begin() as conn:
-        stored = load_cursor(conn)
-        if stored is not None:
-            return stored
-        conn.execute(
-            insert(AlertCursorRecord).values(name=CURSOR_NAME, change_xid=position.xid, change_seq=position.seq)
+    """The stored cursor, made at `position` when there is none yet (or the one another engine made meanwhile)."""
+    try:
+        with engine.begin() as conn:
+            stored = load_cursor(conn)
+            if stored is not None:
+                return stored
+            conn.execute(
+                insert(AlertCursorRecord).values(name=CURSOR_NAME, change_xid=position.xid, change_seq=position.seq)
+            )
+            return position
+    except IntegrityError:
+        # Two engines started at once and the other one's insert won: its cursor is the cursor.
+        with engine.connect() as conn:
+            stored = load_cursor(conn)
+        if stored is None:
+            raise
+        return stored
+
+
+def read_cursor(engine: Engine) -> ChangePosition | None:
+    with engine.connect() as conn:
+        return load_cursor(conn)
+
+
+def hold_cursor(conn: Connection, at: ChangePosition) -> bool:
+    """Whether the cursor is still at `at`; if so, it stays locked for the rest of the caller's transaction (an
+    update that changes nothing), so that another engine handling the same page waits here instead of writing
+    the page's alerts twice and failing at their unique key."""
+    query = (
+        update(AlertCursorRecord)
+        .where(
+            AlertCursorRecord.name == CURSOR_NAME,
+            AlertCursorRecord.change_xid == at.xid,
+            AlertCursorRecord.change_seq == at.seq,
         )
-        return position
+        .values(change_xid=at.xid)
+    )
+    return conn.execute(query).rowcount == 1
 
 
 def advance_cursor(conn: Connection, old: ChangePosition, new: ChangePosition) -> bool:
@@ -113,16 +143,24 @@ def add_alert(conn: Connection, values: dict[str, Any]) -> int:
     return int(conn.execute(insert(AlertRecord).values(**values).returning(AlertRecord.id)).scalar_one())
 
 
-def add_delivery(conn: Connection, destination: str, topic: str, body: str, alert_id: int | None, retain: bool) -> None:
+def add_delivery(
+    conn: Connection,
+    destination: str,
+    topic: str,
+    body: str,
+    alert_id: int | None,
+    retain: bool,
+    refused: str | None = None,
+) -> None:
+    """A pending delivery; with `refused`, one recorded as failed at once with that error (its destination's
+    backlog is full), so that the alert shows what it did not get."""
+    values: dict[str, Any] = {"state": DeliveryState.PENDING}
+    if refused is not None:
+        values = {"state": DeliveryState.FAILED, "last_error": clean_text(refused, MAX_ERROR_CHARS)}
+        values["finished_at"] = utcnow()
     conn.execute(
         insert(AlertDeliveryRecord).values(
-            alert_id=alert_id,
-            destination=destination,
-            topic=topic,
-            retain=retain,
-            body=body,
-            state=DeliveryState.PENDING,
-            attempts=0,
+            alert_id=alert_id, destination=destination, topic=topic, retain=retain, body=body, attempts=0, **values
         )
     )
 
@@ -131,6 +169,32 @@ def pending_count(engine: Engine) -> int:
     query = select(func.count()).where(AlertDeliveryRecord.state == DeliveryState.PENDING)
     with engine.connect() as conn:
         return int(conn.scalar(query) or 0)
+
+
+def pending_by_destination(engine: Engine) -> dict[str, int]:
+    """Pending deliveries per destination (those with none are absent)."""
+    table = AlertDeliveryRecord
+    query = select(table.destination, func.count()).where(table.state == DeliveryState.PENDING)
+    with engine.connect() as conn:
+        return {destination: int(count) for destination, count in conn.execute(query.group_by(table.destination))}
+
+
+def fail_unknown_destinations(engine: Engine, known: Sequence[str]) -> int:
+    """Fail the pending deliveries of destinations no longer configured (no worker would ever take them); how many."""
+    table = AlertDeliveryRecord
+    query = (
+        update(table)
+        .where(table.state == DeliveryState.PENDING, table.destination.not_in(list(known)))
+        .values(
+            state=DeliveryState.FAILED,
+            last_error="no such destination is configured",
+            finished_at=utcnow(),
+            claimed_by=None,
+            claimed_until=None,
+        )
+    )
+    with engine.begin() as conn:
+        return conn.execute(query).rowcount or 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,21 +210,44 @@ class Due:
     created_at: datetime
 
 
-def due(engine: Engine, now: datetime, limit: int) -> list[Due]:
-    """Oldest first, so that each destination gets its messages in the order they were made.
+def due(
+    engine: Engine,
+    now: datetime,
+    limit: int,
+    destination: str | None = None,
+    claimant: str | None = None,
+    lease_s: float = 60.0,
+) -> list[Due]:
+    """Oldest first, so that each destination gets its messages in the order they were made; of one destination
+    only, when given (each destination has its own worker: one that hangs holds up no other).
+
+    With a `claimant`, the rows come claimed for it until `now + lease_s`: no other claimant gets them meanwhile
+    (`FOR UPDATE SKIP LOCKED` on PostgreSQL; SQLite has one writer at a time), so two delivery processes never
+    send one delivery at once. `record_attempt` or `release` ends the claim; a crashed claimant's lapses.
 
     Retries can still send an older message after a newer one of the same topic (their backoffs differ). For a
     retained topic (a camera's state) that would leave the broker holding the older one for every newcomer, so a
     retained message with a newer one of its topic made since (sent or not) goes out unretained."""
     table = AlertDeliveryRecord
-    query = (
-        select(table.id, table.destination, table.topic, table.retain, table.body, table.attempts, table.created_at)
-        .where(table.state == DeliveryState.PENDING, table.next_attempt_at <= now)
-        .order_by(table.id)
-        .limit(limit)
-    )
-    with engine.connect() as conn:
-        found = [Due(*row) for row in conn.execute(query)]
+    columns = (table.id, table.destination, table.topic, table.retain, table.body, table.attempts, table.created_at)
+    where = [table.state == DeliveryState.PENDING, table.next_attempt_at <= now]
+    if destination is not None:
+        where.append(table.destination == destination)
+    with engine.begin() as conn:
+        if claimant is None:
+            found = [Due(*row) for row in conn.execute(select(*columns).where(*where).order_by(table.id).limit(limit))]
+        else:
+            free = or_(table.claimed_until.is_(None), table.claimed_until <= now)
+            locked = (
+                select(table.id).where(*where, free).order_by(table.id).limit(limit).with_for_update(skip_locked=True)
+            )
+            claim = (
+                update(table)
+                .where(table.id.in_(locked.scalar_subquery()))
+                .values(claimed_by=claimant, claimed_until=now + timedelta(seconds=lease_s))
+                .returning(*columns)
+            )
+            found = sorted((Due(*row) for row in conn.execute(claim)), key=lambda d: d.id)
         retained = [d for d in found if d.retain]
         if not retained:
             return found
@@ -188,7 +275,13 @@ def record_attempt(
     error: str | None = None,
     next_attempt_at: datetime | None = None,
 ) -> None:
-    values: dict[str, Any] = {"attempts": attempts, "state": state, "last_error": None}
+    values: dict[str, Any] = {
+        "attempts": attempts,
+        "state": state,
+        "last_error": None,
+        "claimed_by": None,
+        "claimed_until": None,
+    }
     if error is not None:
         values["last_error"] = clean_text(error, MAX_ERROR_CHARS)
     if next_attempt_at is not None:
@@ -200,6 +293,19 @@ def record_attempt(
             update(AlertDeliveryRecord)
             .where(AlertDeliveryRecord.id == delivery_id, AlertDeliveryRecord.state == DeliveryState.PENDING)
             .values(**values)
+        )
+
+
+def release(engine: Engine, ids: Sequence[int], claimant: str) -> None:
+    """Give back claimed deliveries that were not attempted (their destination failed earlier in the pass)."""
+    if not ids:
+        return
+    table = AlertDeliveryRecord
+    with engine.begin() as conn:
+        conn.execute(
+            update(table)
+            .where(table.id.in_(list(ids)), table.claimed_by == claimant)
+            .values(claimed_by=None, claimed_until=None)
         )
 
 

@@ -35,6 +35,10 @@ class WebhookSender:
             self._secret = value.encode()
         self._client = httpx.Client(timeout=destination.timeout_s, follow_redirects=False)
 
+    @property
+    def timeout_s(self) -> float:
+        return self.destination.timeout_s
+
     def send(self, delivery: Due) -> Outcome:
         body = delivery.body.encode()
         headers = {

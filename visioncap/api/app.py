@@ -3,6 +3,7 @@ address it will listen on, and `run_api()`, which the `visioncap api` command ca
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -17,17 +18,18 @@ from fastapi_offline import FastAPIOffline
 from starlette.staticfiles import StaticFiles
 
 from visioncap.api.auth import AuthMiddleware, KeyRing
+from visioncap.api.bodies import BodyLimitMiddleware, BodyLimits
 from visioncap.api.errors import install_handlers
 from visioncap.api.metrics import ApiMetrics, MetricsMiddleware
 from visioncap.api.routers import alerts, ask, cameras, captions, health, page, stream
 from visioncap.api.safety import check_api_can_serve
 from visioncap.api.security import SecurityHeadersMiddleware
 from visioncap.api.serving import ApiService, static_dir
+from visioncap.api.startup import SchemaGate, SchemaGateMiddleware
 from visioncap.config.alerts import load_alerts_config
 from visioncap.config.api import ApiSettings
 from visioncap.store import create_db_engine
 from visioncap.store.retention import RetentionJob
-from visioncap.store.schema import ensure_schema
 from visioncap.store.vectors import BackgroundEmbedder
 
 log = logging.getLogger(__name__)
@@ -67,7 +69,9 @@ def _document_configured_limits(app: FastAPI, settings: ApiSettings) -> None:
 def create_app(settings: ApiSettings) -> FastAPI:
     """An API app over the database of `settings`; the schema is brought up to date here."""
     engine = create_db_engine(settings.resolved_database_url())
-    ensure_schema(engine)
+    # A database away at start is waited for (503 until it answers), not an exit: a restarted pod would crash-loop.
+    gate = SchemaGate(engine)
+    gate.prepare()
     metrics = ApiMetrics()
     api = ApiService(settings, engine, metrics)
 
@@ -76,6 +80,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
         # Sweeps run here as well as in `visioncap run`: either process alone keeps the database bounded.
         retention = RetentionJob.from_settings(engine, settings, metrics.retention)
         api.retention = retention
+        preparing = None if gate.ready else asyncio.create_task(gate.keep_trying())
         async with httpx.AsyncClient(timeout=httpx.Timeout(3.0)) as client:
             api.http = client
             retention.start()
@@ -88,6 +93,8 @@ def create_app(settings: ApiSettings) -> FastAPI:
             try:
                 yield
             finally:
+                if preparing is not None:
+                    preparing.cancel()
                 if api.background_embedder is not None:
                     await anyio.to_thread.run_sync(api.background_embedder.stop)
                 await anyio.to_thread.run_sync(retention.stop)
@@ -117,6 +124,9 @@ def create_app(settings: ApiSettings) -> FastAPI:
     _document_configured_limits(app, settings)
     install_handlers(app)
     # Added innermost first: CORS answers preflights and labels even the 401s; metrics count everything.
+    app.add_middleware(SchemaGateMiddleware, gate=gate)  # inside the key check: 401 before any 503
+    limits = BodyLimits(settings.api_max_body_bytes, {"/v1/chat/completions": settings.ask_max_body_bytes})
+    app.add_middleware(BodyLimitMiddleware, limits=limits)  # after the key check: no stranger's body is read
     app.add_middleware(AuthMiddleware, keys=KeyRing(settings.api_keys), public_ui=settings.api_public_ui)
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     app.add_middleware(SecurityHeadersMiddleware, docs_path=DOCS_URL)

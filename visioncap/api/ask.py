@@ -1,10 +1,11 @@
 """Ask's request flow: check the request, read the question, retrieve captions, build the prompt, ask the VLM.
 
 The VLM is reached at VISIONCAP_VLM_BASE_URL with VISIONCAP_ASK_VLM_API_KEY (behind the gateway: an interactive
-key). Its answer is passed on as our own chat completion (or chunks): same text and finish reasons, our id and
-the request's model name, and the `visioncap` field (retrieved ids and citations), in a stream on the first
-chunk, so a page can show the cited thumbnails while the answer streams. With no caption retrieved the VLM is
-not asked: the answer says that nothing matched, with empty citations.
+key), for the model `ask_model.AskModel` names. Its answer is passed on as our own chat completion (or chunks):
+same text and finish reasons, our id and the request's model name, and the `visioncap` field (retrieved ids and
+citations), in a stream on the first chunk, so a page can show the cited thumbnails while the answer streams.
+With no caption retrieved the VLM is not asked: the answer says that nothing matched, with empty citations. A
+chat UI's own task prompt (a title, tags, follow-ups: `visioncap/ask/task.py`) goes to the VLM as plain chat.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import httpx
 import numpy as np
 from sqlalchemy import Engine
 
+from visioncap.api.ask_model import AskModel
+from visioncap.api.auth import EVERY_CAMERA, CameraScope
 from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param
 from visioncap.api.images import stored_jpeg
 from visioncap.api.protocol import AskContext, ChatCompletion, ChatRequest, Citation
 from visioncap.ask.prompt import Frame, Prompt, QuestionTooLong, build_prompt
 from visioncap.ask.question import Question, read_question
 from visioncap.ask.retrieve import Retrieved, retrieve
+from visioncap.ask.task import TaskTooLong, is_task, task_prompt
 from visioncap.caption.encode import encode_jpeg
 from visioncap.config.api import ApiSettings
 from visioncap.store.camera_configs import list_cameras
@@ -54,26 +58,35 @@ class Plan:
     created: int
 
 
-def _conversation(request: ChatRequest, settings: ApiSettings) -> list[dict[str, str]]:
+def _conversation(request: ChatRequest, settings: ApiSettings) -> tuple[list[dict[str, str]], bool]:
+    """The `user` and `assistant` turns (`system` messages are dropped unread: the API writes its own), and
+    whether the last is a chat UI's task prompt rather than a question."""
     if len(request.messages) > settings.ask_max_messages:
         raise bad_param("messages", f"at most {settings.ask_max_messages} messages")
+    kept = [(index, message) for index, message in enumerate(request.messages) if message.role != "system"]
+    task = bool(kept) and kept[-1][1].role == "user" and is_task(kept[-1][1].text())
     turns: list[dict[str, str]] = []
-    for index, message in enumerate(request.messages):
+    for index, message in kept:
         text = message.text()
-        if len(text) > settings.ask_max_message_chars:
-            raise bad_param(f"messages.{index}.content", f"at most {settings.ask_max_message_chars} characters")
+        if task and index == kept[-1][0]:
+            limit, what = settings.ask_max_task_chars, " (a chat UI's task prompt, `### Task:`)"
+        else:
+            limit, what = settings.ask_max_message_chars, ""
+        if len(text) > limit:
+            raise bad_param(f"messages.{index}.content", f"at most {limit} characters{what}")
         if "\x00" in text:
             raise bad_param(f"messages.{index}.content", "must not contain NUL characters")
-        if message.role != "system":
-            turns.append({"role": message.role, "content": text})
+        turns.append({"role": message.role, "content": text})
     if not turns or turns[-1]["role"] != "user" or not turns[-1]["content"].strip():
         raise bad_param("messages", "the last message must be a non-empty `user` message: the question")
-    return turns
+    return turns, task
 
 
-def _max_tokens(request: ChatRequest, settings: ApiSettings) -> int:
+def _max_tokens(request: ChatRequest, settings: ApiSettings, task: bool = False) -> int:
     asked = request.max_completion_tokens or request.max_tokens
     if asked is not None and asked > settings.ask_max_tokens:
+        if task:  # a UI's title or tags need far fewer than it asks for (Open WebUI: 1000)
+            return settings.ask_max_tokens
         raise bad_param("max_tokens", f"at most {settings.ask_max_tokens}")
     return asked or settings.ask_max_tokens
 
@@ -99,20 +112,31 @@ class Asker:
         self.meaning = None if embedder is None else Meaning(embedder, settings.ask_min_similarity)
         self.zone = ZoneInfo(settings.ask_time_zone)
         self.limits = SearchLimits(settings.api_search_scan_rows, settings.api_search_timeout_s)
+        self.model = AskModel(settings)
 
-    def _known_cameras(self) -> list[str]:
+    def _known_cameras(self, scope: CameraScope) -> list[str]:
+        """The camera ids a question may name: those `scope` sees (another's name stays a word of the question)."""
         names = {summary.camera for summary in camera_summaries(self.engine)}
-        return sorted(names | {stored.camera for stored in list_cameras(self.engine)})
+        names |= {stored.camera for stored in list_cameras(self.engine)}
+        return sorted(name for name in names if scope.sees(name))
 
-    def plan(self, request: ChatRequest) -> Plan:
-        """Everything up to the VLM call (blocking: run it in a thread)."""
-        conversation = _conversation(request, self.settings)
-        max_tokens = _max_tokens(request, self.settings)
+    def plan(self, request: ChatRequest, scope: CameraScope = EVERY_CAMERA) -> Plan:
+        """Everything up to the VLM call (blocking: run it in a thread); captions of the cameras `scope` sees."""
+        conversation, task = _conversation(request, self.settings)
+        max_tokens = _max_tokens(request, self.settings, task)
+        if task:
+            return self._task_plan(request, conversation[-1]["content"], max_tokens)
         question: Question = read_question(
-            conversation[-1]["content"], self._known_cameras(), datetime.now(UTC), self.zone
+            conversation[-1]["content"], self._known_cameras(scope), datetime.now(UTC), self.zone
         )
+        # The question names only cameras the key sees; naming none, a limited key searches all of its own.
+        searched = scope.narrow(question.cameras)
         try:
-            found: Retrieved = retrieve(self.engine, question, self.settings.ask_top_k, self.limits, self.meaning)
+            found: Retrieved = (
+                Retrieved([], "newest")
+                if searched is None
+                else retrieve(self.engine, question, self.settings.ask_top_k, self.limits, self.meaning, searched)
+            )
         except SearchTimeout as exc:
             log.warning("ask: retrieval stopped at its time limit (%s): %s", exc, question)
             raise ApiError(
@@ -139,6 +163,15 @@ class Asker:
             until=question.until,
             search=found.method,
         )
+        return Plan(request, context, prompt, max_tokens, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
+
+    def _task_plan(self, request: ChatRequest, text: str, max_tokens: int) -> Plan:
+        """A chat UI's task prompt: to the VLM as it is (its quoted history shortened to fit), no captions."""
+        try:
+            prompt = task_prompt(text, self.settings.ask_context_tokens - max_tokens)
+        except TaskTooLong as exc:
+            raise bad_param("messages", str(exc)) from exc
+        context = AskContext(retrieved=[], citations=[], cameras=[], since=None, until=None, search="task")
         return Plan(request, context, prompt, max_tokens, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
 
     def _frames(self, rows: list[CaptionRow]) -> list[Frame]:
@@ -176,11 +209,11 @@ class Asker:
             parts.append(f"between {since} and {until} ({self.zone.key})")
         return NO_MATCH.format(scope=(" " + " ".join(parts)) if parts else "")
 
-    def _upstream_body(self, plan: Plan, stream: bool) -> dict[str, object]:
+    def _upstream_body(self, plan: Plan, model: str, stream: bool) -> dict[str, object]:
         assert plan.prompt is not None
         body: dict[str, object] = {
             **self.settings.ask_extra_body,
-            "model": self.settings.ask_model or plan.request.model,
+            "model": model,
             "messages": plan.prompt.messages,
             "max_tokens": plan.max_tokens,
             "stream": stream,
@@ -198,11 +231,25 @@ class Asker:
     def _timeout(self) -> httpx.Timeout:
         return httpx.Timeout(self.settings.ask_timeout_s, connect=10.0)
 
-    @staticmethod
-    def _refused(status: int, detail: str) -> ApiError:
+    def _refused(self, plan: Plan, model: str, status: int, detail: str) -> ApiError:
         if status in (408, 429, 503):
             return ApiError(
                 503, f"the VLM is busy (HTTP {status}); try again shortly", headers={"Retry-After": RETRY_AFTER_S}
+            )
+        if status == 404 and self.model.is_learnt(plan.request.model):
+            # The VLM was restarted with another model since it was learnt: the next request reads its list.
+            self.model.forget()
+            return ApiError(
+                503,
+                f"the VLM no longer serves {model!r}; try again shortly",
+                headers={"Retry-After": RETRY_AFTER_S},
+            )
+        if status == 404 and self.model.configured is None:
+            return ApiError(
+                404,
+                f"the VLM does not serve a model {model!r}; ask for `visioncap-ask` (GET /v1/models)",
+                param="model",
+                error_type="model_not_found",
             )
         return ApiError(502, f"the VLM answered HTTP {status}: {detail[:300]}")
 
@@ -211,16 +258,20 @@ class Asker:
         if plan.prompt is None:
             text, finish, usage = self._no_match_text(plan), "stop", {}
         else:
+            model = await self.model.resolve(client, plan.request.model)
             try:
                 response = await client.post(
-                    self._url(), json=self._upstream_body(plan, False), headers=self._headers(), timeout=self._timeout()
+                    self._url(),
+                    json=self._upstream_body(plan, model, False),
+                    headers=self._headers(),
+                    timeout=self._timeout(),
                 )
             except httpx.HTTPError as exc:
                 raise ApiError(
                     503, f"the VLM is unreachable ({type(exc).__name__})", headers={"Retry-After": RETRY_AFTER_S}
                 ) from exc
             if response.status_code != 200:
-                raise self._refused(response.status_code, response.text)
+                raise self._refused(plan, model, response.status_code, response.text)
             answer = response.json()
             choice = answer["choices"][0]
             text, finish, usage = (
@@ -262,8 +313,13 @@ class Asker:
         stream); None when nothing matched. The caller closes it."""
         if plan.prompt is None:
             return None
+        model = await self.model.resolve(client, plan.request.model)
         request = client.build_request(
-            "POST", self._url(), json=self._upstream_body(plan, True), headers=self._headers(), timeout=self._timeout()
+            "POST",
+            self._url(),
+            json=self._upstream_body(plan, model, True),
+            headers=self._headers(),
+            timeout=self._timeout(),
         )
         try:
             response = await client.send(request, stream=True)
@@ -274,7 +330,7 @@ class Asker:
         if response.status_code != 200:
             detail = (await response.aread()).decode(errors="replace")
             await response.aclose()
-            raise self._refused(response.status_code, detail)
+            raise self._refused(plan, model, response.status_code, detail)
         return response
 
     async def stream(self, plan: Plan, upstream: httpx.Response | None) -> AsyncGenerator[str, None]:

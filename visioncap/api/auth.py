@@ -5,13 +5,18 @@ need the `read` scope, and so does Ask (POST /v1/chat/completions, which only re
 method needs `write`. Enforced in one ASGI middleware, so that no route,
 present or future, can be left open by forgetting a dependency; the routers only declare the schemes for
 the OpenAPI document.
+
+A key may be limited to some cameras (`cameras` of ApiKey): the routes take its `CameraScope` (`camera_scope`)
+and put it into their queries, so that pages stay full and cursors right, and another camera's row is as
+unknown as an id that does not exist.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from fastapi import Request
 from fastapi.security import APIKeyHeader, HTTPBearer
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -30,14 +35,58 @@ UI_PATHS = frozenset({"/", "/docs", "/docs/oauth2-redirect", "/openapi.json", "/
 
 
 @dataclass(frozen=True, slots=True)
+class CameraScope:
+    """The cameras a key may see; `cameras` None: every camera."""
+
+    cameras: frozenset[str] | None = None
+
+    @property
+    def limited(self) -> bool:
+        return self.cameras is not None
+
+    def sees(self, camera: str) -> bool:
+        return self.cameras is None or camera in self.cameras
+
+    def covers(self, cameras: Sequence[str]) -> bool:
+        """Whether everything about these cameras is the key's: an empty list (every camera) is only an unlimited
+        key's."""
+        return self.cameras is None or (bool(cameras) and all(camera in self.cameras for camera in cameras))
+
+    def narrow(self, requested: Sequence[str]) -> list[str] | None:
+        """The camera filter of a query that asked for `requested` (empty: every camera) as this key may see it:
+        empty for every camera (an unlimited key only), None when it may see none of them. A camera it may not see
+        is left out as a camera that does not exist would find nothing."""
+        if self.cameras is None:
+            return list(requested)
+        visible = [camera for camera in requested if camera in self.cameras] if requested else sorted(self.cameras)
+        return visible or None
+
+
+EVERY_CAMERA = CameraScope()
+NO_CAMERA = CameraScope(frozenset())
+
+
+@dataclass(frozen=True, slots=True)
 class Principal:
     name: str
     scopes: frozenset[str]
+    cameras: CameraScope = EVERY_CAMERA
+
+
+def _principal(key: ApiKey) -> Principal:
+    cameras = EVERY_CAMERA if key.cameras is None else CameraScope(frozenset(key.cameras))
+    return Principal(key.name, frozenset(key.scopes), cameras)
+
+
+def camera_scope(request: Request) -> CameraScope:
+    """The cameras the request's key may see (a route dependency). No key known (a public route): none."""
+    principal = request.scope.get("state", {}).get("principal")
+    return principal.cameras if isinstance(principal, Principal) else NO_CAMERA
 
 
 class KeyRing:
     def __init__(self, keys: Iterable[ApiKey]) -> None:
-        self._by_hash = {key.sha256.lower(): Principal(key.name, frozenset(key.scopes)) for key in keys}
+        self._by_hash = {key.sha256.lower(): _principal(key) for key in keys}
 
     def identify(self, key: str) -> Principal | None:
         return self._by_hash.get(hash_key(key))

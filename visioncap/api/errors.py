@@ -26,6 +26,7 @@ _TYPES = {
     404: "not_found",
     405: "invalid_request_error",
     409: "conflict",
+    413: "invalid_request_error",
     422: "invalid_request_error",
     503: "unavailable",
 }

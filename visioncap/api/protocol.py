@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import to_json
 from sqlalchemy import Row
 
+from visioncap import __version__
 from visioncap.config.alerts import AlertRule
 from visioncap.frames import SelectionReason
 from visioncap.redact import mask_credentials, mask_urls
@@ -72,6 +73,16 @@ class Caption(_Model):
     image_url: str | None = Field(description="Path of the image route; null when no image was stored.")
     created_at: datetime = Field(description="When the row was written (UTC).")
     updated_at: datetime = Field(description="When the row last changed (UTC).")
+    similarity: float | None = Field(
+        default=None,
+        description="Search by meaning (`semantic`) only: cosine similarity of the caption to the search text "
+        "(-1..1, higher is closer); why the row was found. Null elsewhere.",
+    )
+    matched_words: list[str] | None = Field(
+        default=None,
+        description="Hybrid search only: the words of the search text (stop words left out) that the caption "
+        "matched by full-text search (stemmed; the last word also as a prefix). Null elsewhere.",
+    )
 
     @classmethod
     def of(cls, row: CaptionRecord | CaptionRow) -> Caption:
@@ -117,6 +128,9 @@ def caption_fields(record: CaptionRecord | CaptionRow) -> dict[str, Any]:
         "image_url": f"/v1/captions/{row['id']}/image" if row["image_path"] else None,
         "created_at": row["created_at"],
         "updated_at": row["updated_at"],
+        # A search's why (caption_page_json fills them in): null on every route otherwise, as the model says.
+        "similarity": None,
+        "matched_words": None,
     }
 
 
@@ -134,7 +148,13 @@ class CaptionPage(_Model):
     )
 
 
-def caption_page_json(rows: Sequence[CaptionRow], next_cursor: str | None, limit: int, partial: bool = False) -> bytes:
+def caption_page_json(
+    rows: Sequence[CaptionRow],
+    next_cursor: str | None,
+    limit: int,
+    partial: bool = False,
+    explanations: Sequence[dict[str, Any]] | None = None,
+) -> bytes:
     """A `CaptionPage` as JSON, straight from the rows.
 
     Pages are the API's hot path: validating 50 rows into models (and FastAPI validating the returned model
@@ -142,6 +162,8 @@ def caption_page_json(rows: Sequence[CaptionRow], next_cursor: str | None, limit
     bytes validate as a `CaptionPage` and equal what `Caption.of` makes of the same rows.
     """
     items = [caption_fields(row) for row in rows]
+    for item, explained in zip(items, explanations or (), strict=False):  # a search by meaning's why
+        item.update(explained)
     return to_json({"items": items, "next_cursor": next_cursor, "limit": limit, "partial": partial})
 
 
@@ -271,15 +293,18 @@ class Health(_Model):
     """Liveness: the process answers."""
 
     status: Literal["ok"] = Field(description="Always ok.")
+    version: str = Field(default=__version__, description="The visioncap version this server runs.")
 
 
 class Readiness(_Model):
     """Readiness: the dependencies answer."""
 
     status: Literal["ready", "unavailable"] = Field(description="ready when every check is ok.")
+    version: str = Field(default=__version__, description="The visioncap version this server runs.")
     checks: dict[str, Check] = Field(
-        description="By dependency: database, vlm; and, with semantic search on, semantic (always ok: how it "
-        "ranks on this database, and whether the background embedder has caught up)."
+        description="By dependency: database, vlm, ask (the VLM serves the model Ask asks for); and, with "
+        "semantic search on, semantic (always ok: how it ranks on this database, and whether the background "
+        "embedder has caught up)."
     )
 
 
@@ -453,9 +478,11 @@ class AskContext(_Model):
     cameras: list[str] = Field(description="Cameras the question named (empty: all cameras).")
     since: datetime | None = Field(description="Start of the time range the question named (UTC); null: none.")
     until: datetime | None = Field(description="End of that range, exclusive (UTC); null: none.")
-    search: Literal["hybrid", "words", "newest"] = Field(
+    search: Literal["hybrid", "words", "newest", "task"] = Field(
         description="How captions were ranked: `hybrid` (meaning and words, VISIONCAP_API_SEMANTIC_SEARCH), "
-        "`words` (full-text, any word), `newest` (the question had no words to search: newest first)."
+        "`words` (full-text, any word), `newest` (the question had no words to search: newest first); `task`: "
+        "none were, the message was a chat UI's task prompt (`### Task:`: a title, tags, follow-ups), answered "
+        "as plain chat."
     )
 
 

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import logging
-import math
 from collections.abc import AsyncGenerator, Sequence
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -21,6 +18,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.requests import Request
 
 from visioncap.api.ask import Asker
+from visioncap.api.auth import EVERY_CAMERA, CameraScope
+from visioncap.api.cursors import MAX_ID as MAX_ID  # the routes' bound on ids
+from visioncap.api.cursors import decode_cursor, decode_ranked_cursor, encode_cursor, encode_ranked_cursor
 from visioncap.api.errors import RETRY_AFTER_S, ApiError, bad_param, validation_problem
 from visioncap.api.metrics import ApiMetrics
 from visioncap.api.protocol import (
@@ -45,27 +45,34 @@ from visioncap.store.camera_configs import (
     update_camera,
 )
 from visioncap.store.cameras import camera_states
-from visioncap.store.changes import ChangePosition, StreamStart, changes_after, is_reachable, past_seen, stream_start
+from visioncap.store.changes import (
+    ChangePage,
+    ChangePosition,
+    StreamStart,
+    changes_after,
+    is_reachable,
+    past_seen,
+    stream_start,
+)
 from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
 from visioncap.store.retention import RetentionJob
 from visioncap.store.search import (
     CaptionFilter,
-    Position,
     SearchLimits,
     SearchTimeout,
     camera_summaries,
     search_captions,
     status_counts,
 )
-from visioncap.store.semantic import RankedPosition, semantic_search
+from visioncap.store.semantic import explained_search
+from visioncap.store.vector_index import index_for
 from visioncap.store.vectors import BackgroundEmbedder, vector_method
 
 log = logging.getLogger(__name__)
 
 MAX_CAMERAS = 50
 MAX_CAMERA_LENGTH = 64  # the column's size
-MAX_ID = 2**31 - 1  # INTEGER on PostgreSQL
 LAST_EVENT_ID = "Last-Event-ID"
 
 
@@ -97,51 +104,6 @@ def cameras_param(values: Sequence[str]) -> list[str]:
     return cameras
 
 
-def encode_cursor(position: Position) -> str:
-    raw = json.dumps({"t": position.captured_at.isoformat(), "i": position.id}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> Position:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        data = json.loads(raw)
-        captured_at = datetime.fromisoformat(data["t"])
-        row_id = data["i"]
-        # A partial page's cursor sits just above the first row its search did not examine: at most MAX_ID + 1.
-        if captured_at.tzinfo is None or not isinstance(row_id, int) or not 0 < row_id <= MAX_ID + 1:
-            raise ValueError("bad cursor")
-        return Position(captured_at.astimezone(UTC), row_id)
-    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError, KeyError, OverflowError) as exc:
-        raise bad_param("cursor", "not a cursor this API returned") from exc
-
-
-# -- semantic cursors: the window's top row and the (score, id) a page ended at (see store/semantic.py) --
-
-
-def encode_ranked_cursor(position: RankedPosition) -> str:
-    top = {"t": position.top.captured_at.isoformat(), "i": position.top.id}
-    raw = json.dumps({"w": top, "s": position.score, "i": position.id}, separators=(",", ":"))
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def decode_ranked_cursor(cursor: str) -> RankedPosition:
-    try:
-        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        top = Position(datetime.fromisoformat(data["w"]["t"]), data["w"]["i"])
-        score, row_id = data["s"], data["i"]
-        if (
-            top.captured_at.tzinfo is None
-            or not all(isinstance(value, int) and 0 < value <= MAX_ID for value in (top.id, row_id))
-            or not isinstance(score, int | float)
-            or not math.isfinite(score)  # json reads NaN and Infinity; no page ends at one
-        ):
-            raise ValueError("bad cursor")
-        return RankedPosition(Position(top.captured_at.astimezone(UTC), top.id), float(score), row_id)
-    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError, KeyError, OverflowError) as exc:
-        raise bad_param("cursor", "not a cursor this API returned for this kind of search") from exc
-
-
 class StreamSlot:
     """One open /v1/stream, counted from before the request's first await until `release` (idempotent), which the
     response calls when it ends however it ends, and the route when it fails before there is a response."""
@@ -171,6 +133,8 @@ class ApiService:
         self.open_streams = 0
         self.retention: RetentionJob | None = None  # set while the app runs
         self.embedder = TextEmbedder() if settings.api_semantic_search else None
+        if self.embedder is not None:  # the vector index's first build, in its own thread (store/vector_index.py)
+            index_for(engine)
         self.background_embedder: BackgroundEmbedder | None = None  # set while the app runs
         self.asker = Asker(settings, engine, self.embedder)
 
@@ -188,8 +152,9 @@ class ApiService:
         cursor: str | None,
         semantic: str | None = None,
         hybrid: bool = False,
+        scope: CameraScope = EVERY_CAMERA,
     ) -> bytes:
-        """A `CaptionPage` as JSON."""
+        """A `CaptionPage` as JSON, of the cameras `scope` sees."""
         if limit > self.settings.api_max_page_size:
             raise bad_param("limit", f"at most {self.settings.api_max_page_size}")
         since, until = _utc("since", since), _utc("until", until)
@@ -206,8 +171,12 @@ class ApiService:
         if semantic is not None and self.embedder is None:
             raise bad_param("semantic", "semantic search is off here (VISIONCAP_API_SEMANTIC_SEARCH)")
         after = decode_cursor(_check_text("cursor", cursor, 200)) if cursor is not None and not semantic else None
+        ranked_after = decode_ranked_cursor(_check_text("cursor", cursor, 300)) if cursor and semantic else None
+        visible = scope.narrow(cameras_param(cameras))
+        if visible is None:  # only cameras the key may not see: as for cameras that do not exist
+            return caption_page_json([], None, limit)
         query = CaptionFilter(
-            cameras=cameras_param(cameras),
+            cameras=visible,
             since=since,
             until=until,
             text=q,
@@ -218,11 +187,14 @@ class ApiService:
         try:
             if semantic is not None:
                 assert self.embedder is not None
-                ranked_after = decode_ranked_cursor(_check_text("cursor", cursor, 300)) if cursor else None
-                rows, _scores, ranked_next = semantic_search(
+                found = explained_search(
                     self.engine, self.embedder, query, semantic, limit, hybrid=hybrid, after=ranked_after, limits=limits
                 )
-                return caption_page_json(rows, encode_ranked_cursor(ranked_next) if ranked_next else None, limit)
+                why: list[dict[str, Any]] = [{"similarity": similarity} for similarity in found.similarities]
+                for explained, words in zip(why, found.matched_words or (), strict=False):
+                    explained["matched_words"] = words
+                following = encode_ranked_cursor(found.next) if found.next else None
+                return caption_page_json(found.rows, following, limit, explanations=why)
             rows, next_position = search_captions(self.engine, query, limit, after, limits)
         except SearchTimeout as exc:
             log.warning("search stopped at its time limit (%s): %s", exc, query)
@@ -238,14 +210,15 @@ class ApiService:
         # Fewer rows than asked with more to come: the search stopped at its scan bound (see search_captions).
         return caption_page_json(rows, encode_cursor(next_position), limit, partial=len(rows) < limit)
 
-    def row(self, caption_id: int) -> CaptionRecord:
+    def row(self, caption_id: int, scope: CameraScope = EVERY_CAMERA) -> CaptionRecord:
+        """The row, or 404: also for a camera `scope` does not see, with the same answer, so ids tell nothing."""
         row = self.store.get(caption_id)
-        if row is None:
+        if row is None or not scope.sees(row.camera):
             raise ApiError(404, f"no caption {caption_id}", param="id")
         return row
 
-    def regenerate(self, caption_id: int) -> Regenerated:
-        row = self.row(caption_id)
+    def regenerate(self, caption_id: int, scope: CameraScope = EVERY_CAMERA) -> Regenerated:
+        row = self.row(caption_id, scope)
         if not row.image_path:
             raise ApiError(409, f"caption {caption_id} has no stored image to caption again", param="id")
         if not self.store.requeue(caption_id):
@@ -257,24 +230,30 @@ class ApiService:
             "(the start of `visioncap run`, before new frames)",
         )
 
-    def cameras(self) -> CameraList:
-        """Cameras configured or reported by a pipeline (state, newest frame) merged with their stored rows."""
+    def cameras(self, scope: CameraScope = EVERY_CAMERA) -> CameraList:
+        """Cameras configured or reported by a pipeline (state, newest frame) merged with their stored rows; those
+        `scope` sees (one entry per camera, no pages: leaving the others out loses nothing)."""
         summaries = {summary.camera: summary for summary in camera_summaries(self.engine)}
         states = camera_states(self.engine)
         configs = {stored.camera: stored for stored in list_cameras(self.engine)}
-        names = sorted(set(summaries) | set(states) | set(configs))
+        names = sorted(name for name in set(summaries) | set(states) | set(configs) if scope.sees(name))
         return CameraList(
             items=[Camera.of(name, summaries.get(name), states.get(name), configs.get(name)) for name in names]
         )
 
-    def add_camera(self, config: SubmittedCamera) -> CameraSettings:
+    def add_camera(self, config: SubmittedCamera, scope: CameraScope = EVERY_CAMERA) -> CameraSettings:
+        # Before looking it up: a 409 would tell a limited key that another's camera exists.
+        if not scope.sees(config.camera):
+            raise ApiError(
+                403, f"this API key may not add camera {config.camera}: not one of its cameras", param="camera"
+            )
         try:
             return CameraSettings.of(add_camera(self.engine, config))
         except CameraExists:
             raise ApiError(409, f"camera {config.camera} exists; change it with PATCH", param="camera") from None
 
-    def change_camera(self, camera: str, change: CameraChange) -> CameraSettings:
-        current = get_camera(self.engine, camera)
+    def change_camera(self, camera: str, change: CameraChange, scope: CameraScope = EVERY_CAMERA) -> CameraSettings:
+        current = get_camera(self.engine, camera) if scope.sees(camera) else None
         if current is None:
             raise ApiError(404, f"no camera {camera} is configured", param="camera")
         try:
@@ -286,8 +265,8 @@ class ApiService:
             raise ApiError(409, f"camera {camera} was changed or removed meanwhile; read it and try again")
         return CameraSettings.of(updated)
 
-    def remove_camera(self, camera: str) -> None:
-        if not remove_camera(self.engine, camera):
+    def remove_camera(self, camera: str, scope: CameraScope = EVERY_CAMERA) -> None:
+        if not scope.sees(camera) or not remove_camera(self.engine, camera):
             raise ApiError(404, f"no camera {camera} is configured", param="camera")
 
     def status_counts(self) -> dict[str, int]:
@@ -324,10 +303,12 @@ class ApiService:
         return StreamStart(position)
 
     async def stream(
-        self, request: Request, start: StreamStart, cameras: list[str], min_people: int | None
+        self, request: Request, start: StreamStart, cameras: list[str] | None, min_people: int | None
     ) -> AsyncGenerator[str, None]:
         """Server-sent events: `event: caption` with a Caption as data and its change position as id, for every
-        row captioned after `start`, each change once, in the order of their positions (see store/changes.py)."""
+        row captioned after `start`, each change once, in the order of their positions (see store/changes.py).
+        `cameras`: empty, every camera; None, none (a limited key asked only for cameras it may not see): the
+        stream stays open with keep-alives, as for cameras that do not exist."""
         poll_s = self.settings.api_stream_poll_s
         heartbeat_s = self.settings.api_stream_heartbeat_s
         position, seen = start.position, start.seen
@@ -340,8 +321,11 @@ class ApiService:
         while not await request.is_disconnected():
             more = False
             try:
-                read = partial(changes_after, self.engine, position, cameras, min_people, seen=seen)
-                page = await anyio.to_thread.run_sync(read)
+                if cameras is None:
+                    page = ChangePage([], position, more=False)
+                else:
+                    read = partial(changes_after, self.engine, position, cameras, min_people, seen=seen)
+                    page = await anyio.to_thread.run_sync(read)
             except SQLAlchemyError as exc:  # a database restart must not end every stream with a 500
                 log.warning("stream: database poll failed: %s", exc)
             else:
@@ -394,7 +378,8 @@ class ApiService:
             method = f"unknown ({type(exc).__name__})"
         embedder = self.background_embedder
         state = "not started" if embedder is None else ("catching up" if embedder.behind else "caught up")
-        return Check(ok=True, detail=f"{self.engine.dialect.name}: {method}; background embedder: {state}")
+        index = index_for(self.engine).describe()
+        return Check(ok=True, detail=f"{self.engine.dialect.name}: {index}; {method}; background embedder: {state}")
 
     async def readiness(self) -> Readiness:
         checks = {"database": await anyio.to_thread.run_sync(self._database_check)}

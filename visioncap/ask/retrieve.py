@@ -11,6 +11,7 @@ the newest captions under its filters.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,11 +46,21 @@ def content_words(search_text: str) -> list[str]:
 
 
 def retrieve(
-    engine: Engine, question: Question, k: int, limits: SearchLimits, meaning: Meaning | None = None
+    engine: Engine,
+    question: Question,
+    k: int,
+    limits: SearchLimits,
+    meaning: Meaning | None = None,
+    cameras: Sequence[str] | None = None,
 ) -> Retrieved:
-    """Up to `k` captioned rows for `question`, best first; hybrid with `meaning` (semantic search on)."""
+    """Up to `k` captioned rows for `question`, best first; hybrid with `meaning` (semantic search on). `cameras`
+    (a limited API key's, narrowed to those the question names) replaces the question's cameras; empty: every
+    camera."""
     query = CaptionFilter(
-        cameras=question.cameras, since=question.since, until=question.until, statuses=[CaptionStatus.CAPTIONED]
+        cameras=question.cameras if cameras is None else cameras,
+        since=question.since,
+        until=question.until,
+        statuses=[CaptionStatus.CAPTIONED],
     )
     words = content_words(question.search_text)
     if not words:

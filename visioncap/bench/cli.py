@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from visioncap.bench.machine import portable
+from visioncap.bench.common.machine import portable
 
 bench_app = typer.Typer(help="Benchmarks against a real vLLM server.", no_args_is_help=True, add_completion=False)
 
@@ -69,8 +69,9 @@ def mixed_command(
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
 ) -> None:
     """Interactive chat beside a camera caption flood: S0-S3 in one run, written as JSON, Markdown and a PNG."""
-    from visioncap.bench.mixed import MixedOptions, run_mixed
-    from visioncap.bench.report import goals_table, table
+    from visioncap.bench.mixed.main import run_mixed
+    from visioncap.bench.mixed.report import goals_table, table
+    from visioncap.bench.mixed.run import MixedOptions
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("visioncap.bench").setLevel(logging.INFO)
@@ -125,8 +126,8 @@ def fidelity_command(
     """Does the stand-in cost what the target costs? Frame encoder, frame prefill and chat prefill in decode steps."""
     import contextlib
 
-    from visioncap.bench.fidelity import FidelityProbe, measure, report_lines, target_for, to_json
-    from visioncap.bench.servers import measured_vllm, without_prefix_cache
+    from visioncap.bench.common.servers import measured_vllm, without_prefix_cache
+    from visioncap.bench.standin.fidelity import FidelityProbe, measure, report_lines, target_for, to_json
     from visioncap.config.profiles import load_profile
     from visioncap.config.settings import load_settings
 
@@ -179,9 +180,15 @@ def standin_command(
     import shlex
     import sys
 
-    from visioncap.bench.machine import machine_facts
-    from visioncap.bench.servers import measured_vllm, without_prefix_cache
-    from visioncap.bench.standin import size_stand_in, stand_in_spec, target_shape, with_vllm_flag, write_stand_in
+    from visioncap.bench.common.machine import machine_facts
+    from visioncap.bench.common.servers import measured_vllm, without_prefix_cache
+    from visioncap.bench.standin.sizing import (
+        size_stand_in,
+        stand_in_spec,
+        target_shape,
+        with_vllm_flag,
+        write_stand_in,
+    )
     from visioncap.config.profiles import load_profile
     from visioncap.config.settings import load_settings
 
@@ -235,7 +242,7 @@ def overhead_command(
     import shlex
     import sys
 
-    from visioncap.bench.overhead import OverheadOptions, report_lines, run_overhead
+    from visioncap.bench.overhead.run import OverheadOptions, report_lines, run_overhead
     from visioncap.config.profiles import load_profile
     from visioncap.config.settings import load_settings
 

@@ -49,6 +49,21 @@ class TransientCaptionError(CaptionError):
     """A caption request failed in a way that another attempt later may not (timeout, connection, 5xx, 429)."""
 
 
+# What an endpoint answers a key it does not know (401), a key that may not do this (403: the gateway's key for
+# other cameras) or a model it does not serve (404, vLLM): a configuration that is being changed (a key rotated),
+# not a frame at fault. The frame waits; another attempt after the fix succeeds.
+ACCESS_STATUSES = frozenset({401, 403, 404})
+
+
+class AccessRefusedError(CaptionError):
+    """The endpoint refused our key, or does not serve the model, for this camera (HTTP 401, 403 or 404): the
+    camera's captioning pauses, its frames stay pending, and attempts go on with backoff until it is let in."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"VLM endpoint refused access (HTTP {status}): {detail}")
+        self.status = status
+
+
 class SkippedCaptionError(CaptionError):
     """The endpoint declined the frame on purpose (the gateway's deadline for background work passed)."""
 
@@ -122,6 +137,8 @@ class VlmCaptioner:
                 # The gateway gives up on background work that waited past its deadline: a fresher frame of
                 # the event is worth more than this one, so it is recorded as skipped, not retried.
                 raise SkippedCaptionError(SkipReason.DEADLINE, exc.message) from exc
+            if exc.status_code in ACCESS_STATUSES:
+                raise AccessRefusedError(exc.status_code, exc.message) from exc
             raise CaptionError(f"VLM refused the request (HTTP {exc.status_code}): {exc.message}") from exc
         latency = time.perf_counter() - started
         text = (response.choices[0].message.content or "").strip()

@@ -122,6 +122,17 @@ class MqttDestination(StrictModel):
     client_id: str = Field(default="visioncap-alerts", max_length=64, description="MQTT client id.")
     username: str | None = Field(default=None, description="User name, if the broker wants one.")
     password_env: str | None = Field(default=None, description="Environment variable holding the password.")
+    password_file: Path | None = Field(
+        default=None, description="File holding the password (a mounted secret); not with `password_env`."
+    )
+    tls: bool = Field(default=False, description="Connect over TLS (port 8883, mostly); implied by `ca_file`.")
+    ca_file: Path | None = Field(
+        default=None,
+        description="CA certificate(s) (PEM) the broker's certificate is checked against; unset with "
+        "`tls: true`: the system's CAs.",
+    )
+    cert_file: Path | None = Field(default=None, description="Client certificate (PEM), if the broker wants one.")
+    key_file: Path | None = Field(default=None, description="The client certificate's private key (PEM).")
     captions: bool = Field(
         default=True,
         description="Publish every stored caption to `visioncap/<camera>/captions` and the newest, retained, to "
@@ -129,22 +140,61 @@ class MqttDestination(StrictModel):
     )
     home_assistant: bool = Field(
         default=False,
-        description="Also publish retained Home Assistant discovery configs (`homeassistant/sensor/...`): one "
-        "people-count sensor per camera, read from its state topic.",
+        description="Also publish retained Home Assistant discovery configs under `discovery_prefix`: per camera a "
+        "people-count sensor, an occupancy binary sensor and a snapshot image; per rule an event entity; all "
+        "available while `visioncap/status` is `online` (the connection's last will says `offline`).",
+    )
+    discovery_prefix: str = Field(
+        default="homeassistant",
+        pattern=r"^[A-Za-z0-9_-]+(/[A-Za-z0-9_-]+)*$",
+        description="Home Assistant's MQTT discovery prefix.",
+    )
+    occupancy_quiet_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86_400,
+        description="A camera's occupancy turns off this many seconds (capture time) after its last caption with "
+        "people; the service publishes the `OFF` itself.",
+    )
+    snapshot_max_bytes: int = Field(
+        default=1_000_000,
+        ge=0,
+        le=10_000_000,
+        description="Largest frame published (base64) as a camera's Home Assistant snapshot; larger ones are "
+        "skipped, 0: no snapshots.",
     )
     ack_timeout_s: float = Field(default=10.0, gt=0, le=120, description="Longest wait for a PUBACK.")
+
+    @model_validator(mode="after")
+    def _password(self) -> MqttDestination:
+        if self.password_env is not None and self.password_file is not None:
+            raise ValueError("password_env and password_file: give one")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        return self
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or self.ca_file is not None or self.cert_file is not None
 
 
 class DeliveryConfig(StrictModel):
     """Bounds of the delivery worker and the engine."""
 
     poll_s: float = Field(default=0.5, gt=0, le=60, description="Pause between passes when there is nothing to do.")
-    batch: int = Field(default=100, ge=1, le=10_000, description="Captions read, or deliveries sent, per pass.")
+    batch: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Captions read, or deliveries claimed and sent per destination, per pass (fewer for a slow "
+        "destination: a pass claims about two minutes of its timeouts).",
+    )
     max_pending: int = Field(
         default=100_000,
         ge=1,
-        description="Most deliveries waiting; at this many the engine stops reading captions until some are sent "
-        "or given up (nothing is dropped: the captions wait in the database).",
+        description="Most deliveries waiting per destination; a destination with this many gets its new messages "
+        "recorded as failed while the others go on. When every destination has this many, the engine stops reading "
+        "captions until some are sent or given up (nothing is dropped: the captions wait in the database).",
     )
     retry_initial_s: float = Field(default=1.0, gt=0, description="Wait after a delivery's first failure.")
     retry_max_s: float = Field(default=60.0, gt=0, description="Longest wait; the wait doubles up to it.")

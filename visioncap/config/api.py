@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, field_validator
 
 from visioncap.config.settings import Settings
+from visioncap.config.sources import CAMERA_ID_PATTERN
 
 # Rows one search may examine (VISIONCAP_API_SEARCH_SCAN_ROWS). On the benchmark's million rows a request that walks
 # 20,000 cost the SQLite API 25-30 ms of CPU, twice a text search's; 10,000 cost about as much as one
@@ -16,6 +17,9 @@ from visioncap.config.settings import Settings
 DEFAULT_SCAN_ROWS = 10_000
 
 Scope = Literal["read", "write"]
+CameraId = Annotated[str, StringConstraints(pattern=CAMERA_ID_PATTERN)]
+# A key's camera list is bound into every query it makes (an IN list): a site needing more wants an unlimited key.
+MAX_KEY_CAMERAS = 1000
 
 
 class ApiKey(BaseModel):
@@ -29,6 +33,17 @@ class ApiKey(BaseModel):
         default={"read"},
         description="`read`: every GET route and Ask (POST /v1/chat/completions, which reads captions); "
         "`write`: routes that change data (POST .../regenerate, cameras, alert rules).",
+    )
+    cameras: list[CameraId] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_KEY_CAMERAS,
+        description="Only these cameras: the key sees no other camera's captions, images, stream events, alerts, "
+        "alert rules or camera entries (another camera's caption id answers 404, as an unknown one does), Ask "
+        "retrieves and cites only these cameras' captions, and /metrics (site-wide counts) answers 403. With "
+        "`write` it may add, change and remove only these cameras, regenerate only their captions, and make, "
+        "change and delete only alert rules whose `cameras` it names and all of which are its own. None (the "
+        "default): every camera.",
     )
 
 
@@ -52,6 +67,13 @@ class ApiSettings(Settings):
     )
     api_max_page_size: int = Field(default=200, ge=1, le=1000, description="Largest `limit` of GET /v1/captions.")
     api_max_query_length: int = Field(default=200, ge=1, le=2000, description="Longest `q` (characters).")
+    api_max_body_bytes: int = Field(
+        default=64 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024,
+        description="Largest request body of every route but Ask (camera and alert rule bodies take a few hundred "
+        "bytes): 413 beyond it, refused before it is read (VISIONCAP_ASK_MAX_BODY_BYTES is Ask's).",
+    )
     api_search_scan_rows: int = Field(
         default=DEFAULT_SCAN_ROWS,
         ge=10,
@@ -102,7 +124,10 @@ class ApiSettings(Settings):
     )
     ask_model: str | None = Field(
         default=None,
-        description="Served model name Ask asks the VLM for; unset: the request's `model` is passed on.",
+        description="Served model name Ask asks the VLM for, whatever a request's `model` says. Unset (the "
+        "default): a request naming `visioncap-ask` (the name GET /v1/models lists) is answered by the model the "
+        "VLM serves, learnt from its GET /models (the first listed, re-read every minute), and any other name "
+        "is passed on (a served model or adapter name).",
     )
     ask_time_zone: str = Field(
         default="UTC",
@@ -160,7 +185,27 @@ class ApiSettings(Settings):
     )
     ask_max_messages: int = Field(default=32, ge=1, le=1000, description="Most messages a request may hold (422).")
     ask_max_message_chars: int = Field(
-        default=4000, ge=1, le=1_000_000, description="Longest message (characters; 422 beyond)."
+        default=4000,
+        ge=1,
+        le=1_000_000,
+        description="Longest `user` or `assistant` message (characters; 422 beyond); `system` messages are "
+        "dropped unread, and a chat UI's task prompt has VISIONCAP_ASK_MAX_TASK_CHARS.",
+    )
+    ask_max_task_chars: int = Field(
+        default=32_000,
+        ge=1,
+        le=1_000_000,
+        description="Longest chat-UI task prompt (characters; 422 beyond): a last message that begins `### Task:`, "
+        "as Open WebUI's title, tags and follow-up prompts do, is no question about the captions but goes to the "
+        "VLM as plain chat, its quoted chat history shortened from the oldest end to fit the context.",
+    )
+    ask_max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        description="Largest body of POST /v1/chat/completions: 413 beyond it, refused before it is read. The "
+        "default holds the default 32 messages of 4000 characters each at up to 8 bytes a character (UTF-8, or "
+        "JSON escapes); raise it with VISIONCAP_ASK_MAX_MESSAGES or VISIONCAP_ASK_MAX_MESSAGE_CHARS.",
     )
     ask_timeout_s: float = Field(
         default=120, gt=0, le=3600, description="How long Ask waits for the VLM's answer (each read while streaming)."

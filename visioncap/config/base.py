@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
+import types
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Union, get_args, get_origin
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -10,3 +15,44 @@ class StrictModel(BaseModel):
 
     # allow_inf_nan: `.inf` or "nan" for a timeout or rate is a typo that would fail only deep inside a run.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    return [key for name, field in model.model_fields.items() for key in (name, field.alias) if key]
+
+
+def _models_at(annotation: Any, loc: Sequence[int | str]) -> list[type[BaseModel]]:
+    """The models a pydantic error location `loc` can end in, starting from a field's type: through lists and
+    mappings (an index or key in `loc`) and unions (whose member pydantic may name in `loc`: a tag or a class)."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _models_at(get_args(annotation)[0], loc)
+    if origin in (Union, types.UnionType):
+        members = get_args(annotation)
+        found = [model for member in members for model in _models_at(member, loc)]
+        if loc:  # the member's name in the location, before its own fields
+            found += [model for member in members for model in _models_at(member, loc[1:])]
+        return list(dict.fromkeys(found))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if not loc:
+            return [annotation]
+        field = annotation.model_fields.get(str(loc[0]))
+        return _models_at(field.annotation, loc[1:]) if field is not None else []
+    if not loc or origin is None:
+        return []
+    args = get_args(annotation)
+    if isinstance(origin, type) and issubclass(origin, Mapping) and len(args) == 2:
+        return _models_at(args[1], loc[1:])
+    if isinstance(origin, type) and issubclass(origin, Sequence | set | frozenset) and args:
+        return _models_at(args[0], loc[1:])
+    return []
+
+
+def closest_key(model: type[BaseModel], loc: Sequence[int | str]) -> str | None:
+    """For an unknown key at `loc` (an `extra_forbidden` error's location in `model`), the known key of the same
+    section it most likely means (`analyse_fps` -> `analyze_fps`), or None when none is close."""
+    if not loc:
+        return None
+    known = [key for found in _models_at(model, loc[:-1]) for key in _keys(found)]
+    close = difflib.get_close_matches(str(loc[-1]), list(dict.fromkeys(known)), n=1)
+    return close[0] if close else None

@@ -1,28 +1,38 @@
 """A camera as data: its source config plus per-camera overrides, stored in the database and run by a worker.
 
 The API and `visioncap cameras` write these; `visioncap run` seeds them from its pipeline file. Secrets never
-enter the database: a URL names them as `${VARIABLE}` references (in the password or a credential parameter),
-resolved from the worker's environment only when it opens the source (`resolve_references`).
+enter the database: a URL names them as `${VISIONCAP_CAMERA_SECRET_NAME}` references (the whole password or the
+whole value of a credential parameter), resolved from the worker's environment only when it opens the source
+(`resolve_references`; the rule in `visioncap.config.secret_references`).
+
+A submitted camera (the API, `visioncap cameras`) is a network camera: a file, folder or webcam would let whoever
+may add cameras make the worker read any file it can open, so those kinds come from the pipeline file alone.
 """
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Mapping
 from typing import Annotated, Any
 
-from pydantic import Field, Strict, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic import ConfigDict, Field, Strict, ValidationError, field_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from visioncap.config.base import StrictModel
 from visioncap.config.caption import CaptionConfig
+from visioncap.config.secret_references import (
+    CAMERA_SECRET_PREFIX,
+    EXAMPLE,
+    REFERENCE,
+    reference_problem,
+    resolve_references,
+)
 from visioncap.config.selection import SelectionConfig
-from visioncap.config.sources import FileSourceConfig, FolderSourceConfig, SourceConfig, StreamSourceConfig
-from visioncap.errors import ConfigError
+from visioncap.config.sources import STREAM_SCHEMES, SourceConfig, StreamSourceConfig
 from visioncap.redact import secret_values
 
-REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+__all__ = ["REFERENCE", "CameraChange", "CameraConfig", "SubmittedCamera", "has_inline_secret", "resolve_references"]
+
+# The kinds a camera submitted through the API or the CLI may have: those that open a network URL.
+SUBMITTED_KINDS = tuple(STREAM_SCHEMES)
 
 # Caption settings that apply frame by frame (how the image is made); the prompt and token limits belong to the
 # pipeline's one VLM client and stay pipeline-wide.
@@ -30,26 +40,13 @@ CAPTION_OVERRIDES = frozenset({"image_mode", "crop_padding", "max_image_tokens",
 
 INLINE_SECRET = (
     "holds a password or credential inline; the database and API never keep secrets: put it in an environment "
-    "variable of the worker and reference it as ${NAME} (user:${CAM_PASSWORD}@ in place of user:password@)"
+    f"variable of the worker named {CAMERA_SECRET_PREFIX}* and reference it as ${{NAME}} ({EXAMPLE})"
 )
 
 
 def has_inline_secret(url: str) -> bool:
     """Whether `url` carries a secret that is not wholly a `${NAME}` reference (an empty password is none)."""
     return any(value and not REFERENCE.fullmatch(value) for value in secret_values(url))
-
-
-def resolve_references(url: str, environ: Mapping[str, str] | None = None) -> str:
-    """`url` with each `${NAME}` replaced by that environment variable; ConfigError naming a missing one."""
-    env = os.environ if environ is None else environ
-
-    def value(match: re.Match[str]) -> str:
-        name = match[1]
-        if name not in env:
-            raise ConfigError(f"environment variable {name} (referenced by the camera URL) is not set")
-        return env[name]
-
-    return REFERENCE.sub(value, url)
 
 
 class CameraConfig(StrictModel):
@@ -93,16 +90,49 @@ class CameraConfig(StrictModel):
 
 
 class SubmittedCamera(CameraConfig):
-    """A camera as a client submits it: no inline secrets, and local paths absolute (no pipeline file anchors them)."""
+    """A camera as a client submits it: a network camera, its secrets referenced only as the rule allows and none
+    inline. (The host allow-list needs the process's settings: the API and the CLI check it after this.)"""
+
+    # The document's example is a camera the API accepts (clients, and the schema fuzzer, start from it).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "pipeline": "main",
+                    "source": {
+                        "camera": "door",
+                        "kind": "rtsp",
+                        "url": f"rtsp://viewer:${{{CAMERA_SECRET_PREFIX}DOOR}}@192.0.2.10:554/stream1",
+                    },
+                }
+            ]
+        }
+    )
 
     @field_validator("source")
     @classmethod
-    def _no_inline_secret(cls, source: SourceConfig) -> SourceConfig:
-        if isinstance(source, StreamSourceConfig) and has_inline_secret(source.url):
-            raise PydanticCustomError("inline_secret", f"url {INLINE_SECRET}")
-        if isinstance(source, FileSourceConfig | FolderSourceConfig) and not source.path.is_absolute():
-            raise PydanticCustomError("relative_path", "path must be absolute (the worker opens it)")
+    def _network_camera_without_inline_secret(cls, source: SourceConfig) -> SourceConfig:
+        if source.kind not in SUBMITTED_KINDS or not isinstance(source, StreamSourceConfig):
+            raise _source_error(
+                "kind",
+                "source_kind",
+                f"{source.kind} sources come from a pipeline file only (the worker would open any path it can "
+                "read); cameras added through the API or `visioncap cameras` are network cameras: "
+                f"{' or '.join(SUBMITTED_KINDS)}",
+                source.kind,
+            )
+        if problem := reference_problem(source.url):
+            raise _source_error("url", "secret_reference", problem, source.url)
+        if has_inline_secret(source.url):
+            raise _source_error("url", "inline_secret", INLINE_SECRET, source.url)
         return source
+
+
+def _source_error(field: str, kind: str, message: str, value: str) -> ValidationError:
+    # Raised inside the validator of `source`, its errors are located under it (source.url), as the field at fault.
+    return ValidationError.from_exception_data(
+        "SubmittedCamera", [InitErrorDetails(type=PydanticCustomError(kind, message), loc=(field,), input=value)]
+    )
 
 
 class CameraChange(StrictModel):
@@ -131,7 +161,9 @@ class CameraChange(StrictModel):
         for name in ("selection", "caption", "paused"):
             if (value := getattr(self, name)) is not None:
                 data[name] = value
-        # A URL left as it is may be a pipeline file's, stored masked (its secret stays in the file): only a new
-        # URL is held to the no-inline-secret rule.
-        url_kept = data["source"].get("url") == current.model_dump()["source"].get("url")
-        return (CameraConfig if url_kept else SubmittedCamera).model_validate(data)
+        # A source whose kind, URL and path are left as they are may be a pipeline file's: its URL stored masked (its
+        # secret stays in the file), or a file, folder or webcam. Only a new place to read from is held to the rules
+        # of a submitted camera.
+        before = current.model_dump(mode="json")["source"]
+        kept = all(data["source"].get(name) == before.get(name) for name in ("kind", "url", "path"))
+        return (CameraConfig if kept else SubmittedCamera).model_validate(data)

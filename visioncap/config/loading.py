@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
+from visioncap.config.base import closest_key
 from visioncap.errors import ConfigError
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -43,11 +44,40 @@ def default_location(loc: Sequence[int | str]) -> str:
     return ".".join(str(part) for part in loc)
 
 
-def describe(err: ErrorDetails, location: Callable[[Sequence[int | str]], str] = default_location) -> str:
-    """`field.path: message`; a whole-model check names its own field in its message."""
+def describe(
+    err: ErrorDetails,
+    location: Callable[[Sequence[int | str]], str] = default_location,
+    model: type[BaseModel] | None = None,
+) -> str:
+    """`field.path: message`; a whole-model check names its own field in its message. An unknown key of `model`
+    is answered with the known key closest to it (a typo's likely meaning)."""
     message = one_line(err["msg"].removeprefix("Value error, "))
+    if err["type"] == "extra_forbidden" and model is not None and (close := closest_key(model, err["loc"])):
+        message += f"; did you mean `{close}`?"
     where = location(err["loc"])
     return f"{where}: {message}" if where else message
+
+
+# A setting whose value may be a credential: its refused value is not repeated in the message.
+_SECRET_WORDS = ("key", "secret", "password", "token")
+
+
+def settings_problems(exc: ValidationError, model: type[BaseModel], prefix: str) -> list[str]:
+    """One line per refused setting of `model`, read from environment variables named `prefix` + field:
+    `VISIONCAP_RETENTION_DAYS: Input should be greater than 0 (got '-1')`; where in its value for a nested one."""
+    problems = []
+    for err in exc.errors():
+        name, *inner = err["loc"] or ("",)
+        variable = f"{prefix}{name}".upper()
+        where = f" at {'.'.join(str(part) for part in inner)}" if inner else ""
+        message = one_line(err["msg"].removeprefix("Value error, "))
+        shown = err.get("input")
+        field = model.model_fields.get(str(name))
+        secret = any(word in str(name) for word in _SECRET_WORDS) or "Secret" in repr(field and field.annotation)
+        if not secret and isinstance(shown, str | int | float) and not inner and repr(shown) not in message:
+            message += f" (got {one_line(repr(shown))[:80]})"
+        problems.append(f"{variable}{where}: {message}")
+    return problems
 
 
 def file_kind(mode: int) -> str:
@@ -204,7 +234,7 @@ def load_yaml_model(
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        problems = [describe(err, location) for err in exc.errors()]
+        problems = [describe(err, location, model) for err in exc.errors()]
         if len(problems) > MAX_PROBLEMS_SHOWN:
             problems[MAX_PROBLEMS_SHOWN:] = [f"and {len(problems) - MAX_PROBLEMS_SHOWN} more problems"]
         raise ConfigError(f"{path}: {'; '.join(problems)}") from exc

@@ -28,7 +28,9 @@ class ServeOptions(StrictModel):
     port: int = Field(default=8000, description="Port vLLM listens on.")
     gpu: str = Field(
         default="auto",
-        description="GPU class: auto (from nvidia-smi's name; cpu without a GPU), cpu, l4, a10, a100, h100, h200.",
+        description="GPU class: auto (from nvidia-smi's name; cpu without a GPU; another card served with values "
+        "derived from its memory and compute capability, the plan saying what it assumed), cpu, l4, a10, a100, h100, "
+        "h200.",
     )
     gpu_memory_gib: float | None = Field(
         default=None, description="Total GPU memory in GiB instead of nvidia-smi's (dry runs elsewhere)."

@@ -3,12 +3,15 @@ command by `load_settings`."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
+from visioncap.config.camera_hosts import HostAllowList, parse_entry
+from visioncap.config.loading import settings_problems
 from visioncap.errors import ConfigError
 
 
@@ -69,6 +72,35 @@ class Settings(BaseSettings):
         description="Seconds between retention sweeps in long-running processes (the first runs at start).",
     )
 
+    # NoDecode: a list of hosts reads better as 10.0.0.0/8,cam.lan than as JSON (both are taken).
+    camera_allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Hosts cameras may be at: networks (10.0.0.0/8, fd00::/8), addresses, host names (cam.lan) or "
+        "every name under one (*.cams.lan), separated by commas or as a JSON list. Cameras added or changed through "
+        "the API or `visioncap cameras` must be at one of them (checked when submitted), and a worker checks every "
+        "network camera's host again, a name not listed resolved and each of its addresses checked, each time it "
+        "opens it. Empty (the default): any host.",
+    )
+
+    @field_validator("camera_allowed_hosts", mode="before")
+    @classmethod
+    def _hosts_as_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            return json.loads(text) if text.startswith("[") else [part for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("camera_allowed_hosts")
+    @classmethod
+    def _hosts_parse(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            parse_entry(entry)  # a typo fails at start, not as every camera refused
+        return [entry.strip() for entry in value]
+
+    def camera_hosts(self) -> HostAllowList:
+        """CAMERA_ALLOWED_HOSTS, parsed."""
+        return HostAllowList.of(self.camera_allowed_hosts)
+
     def resolved_database_url(self) -> str:
         """The configured database URL, or SQLite inside the data directory."""
         if self.database_url:
@@ -83,7 +115,11 @@ def load_settings(kind: type[S] = Settings) -> S:  # type: ignore[assignment]
     """`kind` read from the VISIONCAP_* variables and .env; a bad value is a ConfigError naming the variable."""
     try:
         return kind()
-    # ValidationError (a ValueError) names the variable and the value it refused; SettingsError, a value that is
-    # not the JSON its field needs (a list or dict setting); OSError and UnicodeDecodeError, a .env not readable.
+    except ValidationError as exc:  # one line per variable, not pydantic's multi-line dump
+        prefix = kind.model_config.get("env_prefix") or ""
+        lines = settings_problems(exc, kind, prefix)
+        raise ConfigError("\n".join(f"invalid VISIONCAP_* setting {line}" for line in lines)) from exc
+    # SettingsError: a value that is not the JSON its field needs (a list or dict setting); OSError and
+    # UnicodeDecodeError (a ValueError): a .env not readable.
     except (SettingsError, OSError, ValueError) as exc:
         raise ConfigError(f"invalid VISIONCAP_* setting: {exc}") from exc

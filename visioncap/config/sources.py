@@ -14,6 +14,7 @@ from pydantic import BeforeValidator, Discriminator, Field, Tag, ValidationInfo,
 
 from visioncap.config.base import StrictModel
 from visioncap.config.loading import file_kind, one_line
+from visioncap.config.secret_references import reference_problem
 from visioncap.redact import mask_credentials
 
 CAMERA_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -24,6 +25,15 @@ STREAM_SCHEMES: dict[str, tuple[str, ...]] = {"rtsp": ("rtsp", "rtsps"), "http":
 # A webcam is an OpenCV device index or a V4L2 device path.
 _WEBCAM = re.compile(r"[0-9]{1,4}|/dev/\S+")
 _URL_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def webcam_problem(device: str) -> str | None:
+    """Why a webcam's `device` (an index or a device path) would open something else than a device, or None:
+    /dev/../data/x.mp4 is a video file under a device's name."""
+    text = device.strip()
+    if text.startswith("/") and not os.path.normpath(text).startswith("/dev/"):
+        return "a webcam's device path must stay under /dev/ (no `..` out of it)"
+    return None
 
 
 def url_problem(url: str, schemes: tuple[str, ...], user: str = "here") -> str | None:
@@ -95,9 +105,10 @@ class SourceConfigBase(StrictModel):
         raise NotImplementedError(f"{type(self).__name__} does not say where its frames come from")
 
     def anchored_at(self, folder: Path) -> Self:
-        """This source with its local paths taken from `folder` (the pipeline file's) and checked now, so that a
-        run fails before the detector loads rather than when the source is first opened. Raises ValueError
-        as "FIELD: problem". A kind without local paths is returned as it is."""
+        """This source as a pipeline file's: its local paths taken from `folder` (the file's) and checked now, so
+        that a run fails before the detector loads rather than when the source is first opened, and what else only
+        a file's source is held to. Raises ValueError as "FIELD: problem". A kind without local paths is returned
+        as it is."""
         return self
 
     def _with_path_checked(self, path: Path, folder: Path, as_folder: bool) -> Self:
@@ -131,7 +142,9 @@ class StreamSourceConfig(SourceConfigBase):
     url: str = Field(
         min_length=1,
         description="Stream URL, or the device index for `webcam`. Credentials are allowed, as user:password@ or "
-        "as query parameters (pwd, password, token, key, ...); they are masked wherever the URL is shown or stored.",
+        "as query parameters (pwd, password, token, key, ...); they are masked wherever the URL is shown or stored. "
+        "A credential may be a reference ${VISIONCAP_CAMERA_SECRET_NAME} to the worker's environment, as the whole "
+        "password or the whole value of a credential parameter (nowhere else, and to no other variable).",
     )
     open_timeout_s: float = Field(default=10.0, gt=0, description="Seconds to wait for the stream to open.")
     read_timeout_s: float = Field(
@@ -146,6 +159,16 @@ class StreamSourceConfig(SourceConfigBase):
     @property
     def description(self) -> str:
         return mask_credentials(self.url)
+
+    def anchored_at(self, folder: Path) -> Self:
+        # Here rather than in the field's validator: rows stored by older versions are read back with this model,
+        # and a reference there is refused when the worker resolves it instead of failing every read of the table.
+        problem = reference_problem(self.url)
+        if problem is None and self.kind == "webcam":
+            problem = webcam_problem(self.url)
+        if problem:
+            raise ValueError(f"url: {problem}")
+        return self
 
     @field_validator("url")
     @classmethod

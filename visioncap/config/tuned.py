@@ -23,7 +23,7 @@ class TunedMeasurement(StrictModel):
     itl_p99_ms: float | None = Field(description="Chat inter-token latency, 99th percentile (ms).")
     itl_p99_interval_ms: list[float] | None = Field(
         default=None,
-        description="95 % bootstrap interval of itl_p99_ms, resampling whole chats (visioncap.bench.stats); "
+        description="95 % bootstrap interval of itl_p99_ms, resampling whole chats (visioncap.bench.common.stats); "
         "candidates whose intervals overlap the best one's are tied, and the tie goes to the cost model.",
     )
     captions_per_s: float | None = Field(description="Captions completed per second in the measured window.")

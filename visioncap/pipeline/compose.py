@@ -144,6 +144,8 @@ def build_pipeline(
         runner = PipelineRunner(
             config, detector, captioner, store, settings.data_dir, metrics, on_disk_full=retention.wake, leases=leases
         )
+        if serve is not None:
+            runner.watch_server(server)  # /readyz says whether vLLM answers; the run ends if it is gone for good
         if metrics_port is not None:
             stack.enter_context(HealthServer(runner.readiness, metrics, port=metrics_port, host=metrics_host))
         return Pipeline(runner, metrics, stack.pop_all())
@@ -212,4 +214,5 @@ def _vllm_server(profile_name: str, settings: Settings) -> VllmServer:
     )
     server = planned_server(options)
     server.log_file = settings.data_dir / "logs" / f"vllm-{server.profile.name}-{port}.log"
+    server.run_dir = settings.data_dir / "run"  # its pid file beside its log, in these settings' data folder
     return server

@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from visioncap import __version__
 from visioncap.pipeline.metrics import PipelineMetrics
 
 log = logging.getLogger(__name__)
@@ -52,10 +53,10 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/metrics":
             self._send(200, self.metrics.render(), CONTENT_TYPE_LATEST)
         elif path == "/healthz":
-            self._send(200, b'{"status":"ok"}', "application/json")
+            self._send(200, json.dumps({"status": "ok", "version": __version__}).encode(), "application/json")
         elif path == "/readyz":
             ready, details = self.readiness()
-            body = json.dumps({"status": "ready" if ready else "degraded", **details}).encode()
+            body = json.dumps({"status": "ready" if ready else "degraded", "version": __version__, **details}).encode()
             self._send(200 if ready else 503, body, "application/json")
         else:
             self._send(404, b'{"error":"not found"}', "application/json")

@@ -80,6 +80,13 @@ class PipelineMetrics:
             ["camera", "state"],
             registry=r,
         )
+        self.captioning_paused = Gauge(
+            "visioncap_captioning_paused",
+            "1 while the camera's captioning is paused because the VLM endpoint refuses its key (HTTP 401/403/404); "
+            "its frames stay pending and are tried again with backoff.",
+            ["camera"],
+            registry=r,
+        )
         self.store_available = Gauge(
             "visioncap_store_available",
             "1 while the caption database takes writes, 0 while rows wait in the journal.",

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
-from visioncap.pipeline.journal import Journal, JournalEntry, Outcome
+from visioncap.pipeline.journal import RESERVE_BYTES, Journal, JournalEntry, Outcome
 from visioncap.pipeline.metrics import FailureKind, PipelineMetrics
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption
 from visioncap.store.leases import FencedOut
@@ -70,6 +70,20 @@ def _skip_error(reason: SkipReason, detail: str) -> str:
 
 def _needs_caption(entry: JournalEntry) -> bool:
     return entry.outcome is None or entry.outcome.status is CaptionStatus.PENDING
+
+
+def _describe_entry(entry: JournalEntry) -> str:
+    """What a journal entry holds, for a person to find the frame: its camera and instant, or its row."""
+    if entry.new is not None:
+        what = f"frame of camera {entry.new.camera} at {entry.new.captured_at.isoformat()}"
+        what += f" (frame {entry.new.frame_index} of {entry.new.source})"
+    else:
+        what = f"row #{entry.row_id}"
+    outcome = entry.outcome
+    state = "pending" if outcome is None else outcome.status.value
+    if outcome is not None and outcome.error:
+        state += f": {outcome.error}"
+    return f"{what}, {state}"
 
 
 def _inserted_final(new: NewCaption, outcome: Outcome | None) -> bool:
@@ -118,6 +132,7 @@ class Outbox:
         pipeline: str | None = None,
         on_disk_full: Callable[[], None] | None = None,
         owns: Callable[[str], bool] | None = None,
+        journal_reserve_bytes: int = RESERVE_BYTES,
     ) -> None:
         self._store = store
         # A worker sharing cameras by leases takes pending rows of the cameras it holds only.
@@ -137,7 +152,7 @@ class Outbox:
         self._closed = False
         self.counts: Counter[Counted] = Counter()  # outcomes in this process
         # A worker (leases) may share its data folder with others: its journal is a slot of its own.
-        self._journal = Journal(data_dir, pipeline, shared=owns is not None)
+        self._journal = Journal(data_dir, pipeline, shared=owns is not None, reserve_bytes=journal_reserve_bytes)
         self._journaled: dict[str, JournalEntry] = {}
         self._journal_loaded = False
         self._flusher: threading.Thread | None = None
@@ -456,6 +471,15 @@ class Outbox:
             self._lock.notify_all()
         return delay
 
+    def defer(self, item: OutboxItem, delay: float) -> None:
+        """Back into the queue untried, due in `delay` seconds (its camera's captioning is paused): no attempt is
+        counted and nothing is written; the row stays pending."""
+        with self._lock:
+            if self._in_flight.pop(item.key, None) is not None and (self._owns is None or self._owns(item.camera)):
+                self._enqueue(replace(item, due=self._clock() + delay, seq=next(self._seq)))
+            self._metrics.outbox_depth.set(len(self._queued) + len(self._in_flight))
+            self._lock.notify_all()
+
     def forget(self, cameras: set[str]) -> int:
         """Drop the waiting frames of cameras this worker no longer holds: their rows stay pending in the
         database for the new owner. Frames in flight finish, and their writes are fenced out."""
@@ -495,6 +519,21 @@ class Outbox:
             flusher = self._flusher
         if flusher is not None:
             flusher.join(flush_timeout_s)
+        self._report_lost()
+
+    def _report_lost(self) -> None:
+        """Write what is in memory only once more (the reserve may have room again), then name, one line each,
+        the frames and outcomes the run loses when it ends: neither the database, the disk nor the reserve took
+        them."""
+        with self._lock:
+            lost = [entry for entry in self._journaled.values() if not entry.durable]
+            lost = [entry for entry in sorted(lost, key=lambda entry: entry.seq) if not self._journal.save(entry)]
+        if not lost:
+            return
+        log.error("journal: %d entries are in memory only and are lost when this process ends (the disk is full "
+                  "and the journal's reserve used up):", len(lost))  # fmt: skip
+        for entry in lost:
+            log.error("journal: lost: %s", _describe_entry(entry))
 
     def release(self) -> None:
         """Let go of the journal's slot (a worker's): once `close()` returned and no caption worker will record
@@ -508,9 +547,16 @@ class Outbox:
 
     @property
     def journaled(self) -> int:
-        """Entries the database has not taken yet."""
+        """Entries the database has not taken yet (on disk, or in memory only: `journal_lost`)."""
         with self._lock:
             return len(self._journaled)
+
+    @property
+    def journal_lost(self) -> int:
+        """Entries the database has not taken that the disk and the journal's reserve refused too: in memory
+        only, lost when the process ends."""
+        with self._lock:
+            return sum(not entry.durable for entry in self._journaled.values())
 
     def health(self) -> StorageHealth:
         with self._lock:
@@ -712,6 +758,10 @@ class Outbox:
             if entry.version == version:
                 del self._journaled[entry.key]
                 self._journal.remove(entry.key)
+                # A `recover` reading pending rows now may have read this row before its outcome was written:
+                # settled until then by its entry, it must stay settled once the entry is gone.
+                if not _needs_caption(entry) and self._finished_during_read is not None:
+                    self._finished_during_read.add(entry.key)
             else:  # a worker recorded a newer outcome meanwhile: keep it, against the row that now exists
                 entry.row_id, entry.new = row_id, None
                 self._journal.save(entry)

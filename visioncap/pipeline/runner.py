@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 from visioncap.caption.client import VlmCaptioner
 from visioncap.caption.encode import compose, encode_jpeg, people_region
-from visioncap.config.cameras import resolve_references
+from visioncap.config.cameras import SUBMITTED_KINDS, resolve_references
 from visioncap.config.caption import CaptionConfig, ImageMode
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.sources import StreamSourceConfig
@@ -23,6 +24,7 @@ from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError
 from visioncap.frames import Detection, Frame, SelectedFrame
+from visioncap.pipeline.access import CaptionAccess
 from visioncap.pipeline.hub import FrameHub
 from visioncap.pipeline.lease_keeper import LeaseKeeper
 from visioncap.pipeline.metrics import PipelineMetrics
@@ -36,11 +38,23 @@ from visioncap.sources.registry import open_source
 from visioncap.store.camera_configs import StoredCamera
 from visioncap.store.cameras import CameraStateRecorder
 from visioncap.store.captions import CaptionStore, NewCaption
-from visioncap.store.records import CameraState, CaptionStatus
+from visioncap.store.records import CameraOrigin, CameraState, CaptionStatus
 
 log = logging.getLogger(__name__)
 RATE_WINDOW_S = 5.0
 REQUEUE_POLL_S = 5.0
+
+
+class ServedModel(Protocol):
+    """The VLM server a run started for itself (`run --serve`: visioncap.serve.VllmServer)."""
+
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        """Whether it answers now, with details for /readyz."""
+        ...
+
+    def exit_error(self) -> str | None:
+        """Why it is gone for good (its supervisor gave up restarting it); None while it runs."""
+        ...
 
 
 @dataclass
@@ -85,6 +99,8 @@ class RunSummary:
     duplicates: int = 0
     pending: int = 0
     journaled: int = 0  # rows and outcomes still in the local journal (the database was away at the end)
+    journal_lost: int = 0  # of those, in memory only (the disk and the journal's reserve full): lost at exit
+    fatal: str | None = None  # what ended the run early (the VLM server it started is gone for good)
     stopped: bool = False
     elapsed_s: float = 0.0
 
@@ -96,6 +112,10 @@ class RunSummary:
     def ok(self) -> bool:
         # Pending frames are durable: after a requested stop they are expected and the next run takes them;
         # when sources ended by themselves, the drain timed out, which means the VLM could not be reached.
+        if self.fatal is not None:
+            return False
+        if self.journal_lost:
+            return False
         return not self.failed and not self.source_errors and (self.stopped or not (self.pending or self.journaled))
 
     def line(self) -> str:
@@ -106,6 +126,11 @@ class RunSummary:
             f"{self.captions} captions, {self.skipped} skipped, {self.pending} pending, "
             f"{self.failed + len(self.source_errors)} errors in {self.elapsed_s:.1f} s"
             + (f" ({self.journaled} journaled until the database is back)" if self.journaled else "")
+            + (
+                f" ({self.journal_lost} lost: neither the database nor the disk could take them, named in the log)"
+                if self.journal_lost
+                else ""
+            )
         )
 
 
@@ -166,6 +191,8 @@ class PipelineRunner:
             if isinstance(source, StreamSourceConfig)
         }
         self._generations = itertools.count(1)
+        # Cameras whose captioning is paused while the VLM endpoint refuses the key (the caption workers report).
+        self.caption_access = CaptionAccess(config.outbox, metrics)
         self._cameras: dict[str, _Camera] = {}
         self._frames_of_stopped = 0
         self._paused: set[str] = set()
@@ -179,6 +206,12 @@ class PipelineRunner:
         # Made here, read in run(): their rates and descriptions are needed now, their frames only then.
         self._desired = self._watcher.load()
         self._apply(self._owned())
+        self._served: ServedModel | None = None
+
+    def watch_server(self, served: ServedModel) -> None:
+        """Follow the VLM server started for this run: /readyz says whether it answers, and the run ends (not ok)
+        when it is gone for good, instead of retrying its captions forever."""
+        self._served = served
 
     def readiness(self) -> tuple[bool, dict[str, object]]:
         """For `/readyz`: not ready while captions cannot reach the database or frames cannot be saved."""
@@ -199,8 +232,13 @@ class PipelineRunner:
             },
             "outbox_depth": self.outbox.depth,
             "cameras": cameras,
+            "captioning_paused": self.caption_access.paused(),
         }
-        return health.database_ok and health.disk_ok, details
+        ready = health.database_ok and health.disk_ok
+        if self._served is not None:
+            served_ok, details["vllm"] = self._served.readiness()
+            ready = ready and served_ok
+        return ready, details
 
     def stop(self) -> None:
         """Ask the run to end: sources stop, what is pending stays pending for the next run."""
@@ -213,7 +251,9 @@ class PipelineRunner:
         if summary.recovered:
             log.info("outbox: %d pending frames from an earlier run are captioned first", summary.recovered)
         next_requeue_check = time.monotonic() + REQUEUE_POLL_S
-        workers = CaptionWorkers(self.outbox, self._captioner, self._config.vlm.concurrency, self._metrics)
+        workers = CaptionWorkers(
+            self.outbox, self._captioner, self._config.vlm.concurrency, self._metrics, self.caption_access
+        )
         workers.start()
         self._camera_states.start()
         hub = self._hub
@@ -221,6 +261,11 @@ class PipelineRunner:
         self._watcher.start()
         try:
             while not self._stop.is_set():
+                if self._served is not None and (fatal := self._served.exit_error()) is not None:
+                    log.error("%s; the run stops, pending captions stay pending for the next run", fatal)
+                    summary.fatal = fatal
+                    self._stop.set()
+                    break
                 changed = False
                 if (desired := self._watcher.take()) is not None:
                     self._desired, changed = desired, True
@@ -265,7 +310,8 @@ class PipelineRunner:
         summary.captions, summary.failed = counts[CaptionStatus.CAPTIONED], counts[CaptionStatus.FAILED]
         summary.skipped, summary.duplicates = counts[CaptionStatus.SKIPPED], counts[PutResult.DUPLICATE]
         summary.pending = self.outbox.depth
-        summary.journaled = self.outbox.journaled
+        summary.journal_lost = self.outbox.journal_lost
+        summary.journaled = self.outbox.journaled - summary.journal_lost
         summary.stopped = self._stop.is_set()
         summary.elapsed_s = time.perf_counter() - started
         return summary
@@ -314,6 +360,12 @@ class PipelineRunner:
         stats.error, stats.state = None, CameraState.STARTING
         self.summary.cameras = {**self.summary.cameras, camera: stats}  # a new dict: others iterate the old one
         try:
+            if stored.origin is CameraOrigin.API and source_config.kind not in SUBMITTED_KINDS:
+                # A row an older version accepted through the API: only a pipeline file may open local paths.
+                raise ConfigError(
+                    f"{source_config.kind} sources come from a pipeline file only; this camera was added through "
+                    f"the API or `visioncap cameras` (network kinds: {', '.join(SUBMITTED_KINDS)})"
+                )
             if isinstance(source_config, StreamSourceConfig):
                 url = resolve_references(self._file_urls.get(source_config.url, source_config.url))
                 source_config = source_config.model_copy(update={"url": url})

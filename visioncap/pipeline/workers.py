@@ -6,8 +6,16 @@ import logging
 import threading
 import time
 
-from visioncap.caption.client import CaptionError, SkippedCaptionError, TransientCaptionError, VlmCaptioner
+from visioncap.caption.client import (
+    AccessRefusedError,
+    CaptionError,
+    SkippedCaptionError,
+    TransientCaptionError,
+    VlmCaptioner,
+)
+from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
+from visioncap.pipeline.access import CaptionAccess
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox, OutboxItem
 
@@ -19,10 +27,19 @@ WARN_EVERY_S = 10.0
 class CaptionWorkers:
     """N threads draining the outbox until it is closed."""
 
-    def __init__(self, outbox: Outbox, captioner: VlmCaptioner, count: int, metrics: PipelineMetrics) -> None:
+    def __init__(
+        self,
+        outbox: Outbox,
+        captioner: VlmCaptioner,
+        count: int,
+        metrics: PipelineMetrics,
+        access: CaptionAccess | None = None,
+    ) -> None:
         self._outbox = outbox
         self._metrics = metrics
         self._captioner = captioner
+        # Shared with whoever reports it (the runner's /readyz); None: one of the workers' own, default backoff.
+        self.access = access or CaptionAccess(OutboxConfig(), metrics)
         self._threads = [threading.Thread(target=self._loop, name=f"caption-{i}", daemon=True) for i in range(count)]
         self._last_warning = 0.0
         self._warn_lock = threading.Lock()
@@ -60,23 +77,44 @@ class CaptionWorkers:
             log.info("camera %s frame %s: %s", item.camera, item.id or item.key, caption.text[:120])
 
     def _ask(self, item: OutboxItem) -> Caption | None:
-        """The VLM's caption, or None when the frame's outcome is already recorded (retry, skip, failure)."""
+        """The VLM's caption, or None when the frame's outcome is already recorded (retry, skip, failure) or it
+        waits untried (its camera's captioning is paused)."""
+        wait = self.access.admit(item.camera)
+        if wait > 0:
+            self._outbox.defer(item, wait)
+            return None
+        try:
+            return self._attempt(item)
+        finally:
+            self.access.done(item.camera)
+
+    def _attempt(self, item: OutboxItem) -> Caption | None:
         if item.image_path is None or not item.image_path.is_file():
             self._outbox.fail(item, f"image file {item.image_path} is missing")
             return None
         jpeg = item.image_path.read_bytes()
         try:
-            return self._captioner.caption(jpeg, camera=item.camera)
+            caption = self._captioner.caption(jpeg, camera=item.camera)
+        except AccessRefusedError as exc:
+            # The key, not the frame: the frame stays pending and the camera waits for the key to work again.
+            self.access.refused(item.camera, str(exc))
+            self._outbox.retry(item, str(exc))
+            return None
         except TransientCaptionError as exc:
             delay = self._outbox.retry(item, str(exc))
             self._warn(f"caption of frame {item.id or item.key} failed ({exc}); attempt {item.attempts + 2} "
                        f"in {delay:.1f} s")  # fmt: skip
         except SkippedCaptionError as exc:
+            self.access.answered(item.camera)
             log.info("frame %s skipped: %s", item.id or item.key, exc)
             self._outbox.skip(item, exc.reason, exc.detail)
         except CaptionError as exc:
+            self.access.answered(item.camera)
             log.error("caption of frame %s refused: %s", item.id or item.key, exc)
             self._outbox.fail(item, str(exc))
+        else:
+            self.access.answered(item.camera)
+            return caption
         return None
 
     def _warn(self, message: str) -> None:

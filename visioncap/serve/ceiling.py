@@ -3,7 +3,7 @@
 A chat stream gets one token per engine step, so its inter-token gaps are the engine's step times. A step that
 also runs a frame's vision encoder and prefill (vLLM never splits one image's encoder pass; a frame prompt that
 fits the chunk budget is prefilled in one step) lasts `1 + a` decode steps, where `a` is the frame's encoder plus
-prefill cost in decode steps (`visioncap.bench.fidelity` measures it; `visioncap.serve.costmodel` estimates it
+prefill cost in decode steps (`visioncap.bench.standin.fidelity` measures it; `visioncap.serve.costmodel` estimates it
 for a target GPU). With frames started one at a time, a share `f` of the steps carries one frame each and the
 gaps are a mixture: `(1 - f)` chat-alone gaps and `f` chat-alone gaps lengthened by `a` steps.
 

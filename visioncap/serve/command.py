@@ -21,6 +21,7 @@ from visioncap.config.profiles import ModelProfile, load_profile
 from visioncap.config.serve import ServeOptions
 from visioncap.errors import VisioncapError
 from visioncap.serve import costmodel
+from visioncap.serve.gpu_cards import CardFigures
 from visioncap.serve.launcher import ServerError, VllmServer
 from visioncap.serve.plan import PlanError, ServingPlan, plan_serving
 
@@ -132,7 +133,7 @@ def planned_server(options: ServeOptions) -> VllmServer:
     )
     if options.dry_run:
         # A dry run is where one sizes a deployment: say what steps, frames and chat prompts will cost there.
-        plan.report.extend(cost_report(profile, plan.gpu_class))
+        plan.report.extend(cost_report(plan.served_profile(profile), plan.gpu_class, plan.card))
     return VllmServer(
         profile,
         python=options.python,
@@ -144,10 +145,12 @@ def planned_server(options: ServeOptions) -> VllmServer:
     )
 
 
-def cost_report(profile: ModelProfile, gpu_class: str) -> list[str]:
-    """The cost model's lines for the plan's report, or the one line saying why there is none."""
+def cost_report(profile: ModelProfile, gpu_class: str, card: CardFigures | None = None) -> list[str]:
+    """The cost model's lines for the plan's report, or the one line saying why there is none. `card`: a card
+    outside the classes, whose own figures replace the class's."""
     try:
-        return costmodel.report_lines(costmodel.for_profile(profile, gpu_class), profile.model)
+        cost = costmodel.for_profile(profile, gpu_class, gpu=card.spec if card else None)
+        return costmodel.report_lines(cost, profile.model)
     except LookupError as exc:
         return [f"cost model: none ({exc})"]
 
@@ -156,8 +159,10 @@ def cost_dict(server: VllmServer) -> dict[str, Any] | None:
     """The cost model as JSON-ready data; None where the class or the model has no figures."""
     if server.plan is None:
         return None
+    plan = server.plan
     try:
-        return costmodel.for_profile(server.profile, server.plan.gpu_class).to_dict()
+        profile = plan.served_profile(server.profile)
+        return costmodel.for_profile(profile, plan.gpu_class, gpu=plan.card.spec if plan.card else None).to_dict()
     except LookupError:
         return None
 
@@ -175,6 +180,9 @@ def describe(server: VllmServer, output_format: str = "shell") -> str:
                 "gpu_class": plan.gpu_class if plan else None,
                 "gpu_memory_utilization": plan.gpu_memory_utilization if plan else None,
                 "total_gib": plan.total_gib if plan else None,
+                # A card outside the classes: its figures and every number the plan assumed for it.
+                "gpu": plan.card.to_dict() if plan and plan.card else None,
+                "assumed": plan.assumed if plan else [],
                 "report": plan.report if plan else [],
                 "cost_model": cost_dict(server),
             },

@@ -90,6 +90,20 @@ GPU_SPECS: dict[str, GpuSpec] = {
     "l4": GpuSpec("L4", 121, 0.3, 24),
     # Not a serving class: the card of a published measurement (PUBLISHED); NVIDIA A100 datasheet.
     "a100-40gb": GpuSpec("A100 40 GB", 312, 1.555, 40, source="NVIDIA A100 datasheet"),
+    # Cards outside the serving classes, which the plan serves with derived budgets (visioncap.serve.gpu_cards).
+    # GeForce cards: bf16 with fp32 accumulation, the rate a framework uses (half the fp16-accumulate one).
+    "rtx3090": GpuSpec("GeForce RTX 3090", 71, 0.936, 24, source="NVIDIA Ampere GA102 GPU architecture whitepaper"),
+    "rtx4090": GpuSpec("GeForce RTX 4090", 165.2, 1.008, 24, source="NVIDIA Ada GPU architecture whitepaper"),
+    "rtx5090": GpuSpec("GeForce RTX 5090", 209.5, 1.792, 32, source="NVIDIA RTX Blackwell GPU architecture whitepaper"),
+    "a6000": GpuSpec("RTX A6000", 154.8, 0.768, 48, source="NVIDIA RTX A6000 datasheet"),
+    "a40": GpuSpec("A40", 149.7, 0.696, 48, source="NVIDIA A40 datasheet"),
+    "l40": GpuSpec("L40", 181.05, 0.864, 48, source="NVIDIA L40 datasheet"),
+    # Turing has no bf16: the fp16 tensor rate, which is what vLLM runs there (--dtype float16).
+    "t4": GpuSpec("T4", 65, 0.32, 16, source="NVIDIA T4 datasheet (fp16; no bf16 on Turing)"),
+    "jetson-agx-orin": GpuSpec(
+        "Jetson AGX Orin 64 GB", 42.5, 0.2048, 64, source="NVIDIA Jetson AGX Orin series datasheet (GPU only)"
+    ),
+    "b200": GpuSpec("B200 (HGX)", 2250, 7.7, 180, source="NVIDIA HGX B200 datasheet"),
 }
 
 # The GPU classes of visioncap.config.profiles; the cpu class has no roofline here (bench mixed measures it).
@@ -710,10 +724,17 @@ def estimate(
 
 
 def for_profile(
-    profile: ModelProfile, gpu_class: str, workload: Workload = Workload(), efficiency: Efficiency = Efficiency()
+    profile: ModelProfile,
+    gpu_class: str,
+    workload: Workload = Workload(),
+    efficiency: Efficiency = Efficiency(),
+    gpu: GpuSpec | None = None,
 ) -> CostModel:
-    """The cost model of a profile on a GPU class; LookupError when either has no figures here."""
-    if gpu_class not in CLASS_SPECS:
+    """The cost model of a profile on a GPU class; LookupError when either has no figures here.
+
+    `gpu` replaces the class's figures: a card outside the classes, served with the class's arguments (the
+    serving plan's derived figures, visioncap.serve.gpu_cards)."""
+    if gpu is None and gpu_class not in CLASS_SPECS:
         raise LookupError(f"no roofline for GPU class {gpu_class!r} (the CPU is measured: visioncap bench mixed)")
     shape = shape_for(profile)
     serving = profile.serving_for(gpu_class)
@@ -726,7 +747,7 @@ def for_profile(
     longest_edge = size.get("longest_edge") if isinstance(size, dict) else None
     return estimate(
         shape,
-        GPU_SPECS[CLASS_SPECS[gpu_class]],
+        gpu or GPU_SPECS[CLASS_SPECS[gpu_class]],
         profile=profile.name,
         gpu_class=gpu_class,
         max_num_batched_tokens=budget,

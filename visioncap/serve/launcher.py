@@ -1,7 +1,9 @@
 """Starts vLLM from a profile in the server environment, waits until healthy, stops it with its children.
 
 A started server dies with the process that started it (a lifeline pipe watched by vllm_entry.py's supervisor),
-and a pid file per profile and port lets the next start stop a server that an earlier run left behind anyway.
+and a pid file per profile and port lets the next start stop a server that an earlier run left behind anyway (and
+remove the files of servers that have ended, on any port). Once serving, the supervisor restarts a vLLM that exits
+(a few times an hour); `readiness()` says whether it answers meanwhile and `exit_error()` when it gave up.
 """
 
 from __future__ import annotations
@@ -35,6 +37,15 @@ HEALTH_POLL_S = 0.5
 # Read by vllm_entry.py (same names there; it runs in the other environment and is never imported here).
 LIFELINE_FD_ENV = "VISIONCAP_LIFELINE_FD"
 LIFELINE_PARENT_ENV = "VISIONCAP_LIFELINE_PARENT"
+# Also vllm_entry.py's: written to the lifeline once /health answered (from then on the supervisor restarts vLLM
+# after an exit); restarts allowed an hour and the first one's delay; a descriptor of this process's stderr, where
+# the supervisor reports an exit and a restart in one line each.
+SERVING = b"s"
+RESTARTS_PER_HOUR_ENV = "VISIONCAP_VLLM_RESTARTS_PER_HOUR"
+RESTART_BACKOFF_ENV = "VISIONCAP_VLLM_RESTART_BACKOFF_S"
+SUPERVISOR_LOG_FD_ENV = "VISIONCAP_SUPERVISOR_LOG_FD"
+# Free space below this in a folder vLLM writes to, when it exits before serving, is named as the likely cause.
+LOW_SPACE_BYTES = 16 * 1024 * 1024
 # A random token in the environment of every process of one server (children inherit it): a pid file's
 # processes are recognised by it, so a recycled pid or process group id never gets an unrelated process killed.
 SERVER_ID_ENV = "VISIONCAP_SERVER_ID"
@@ -136,6 +147,8 @@ class VllmServer:
         aliases: tuple[str, ...] = (),
         run_dir: Path | None = None,
         die_with_parent: bool = True,
+        restarts_per_hour: int = 5,
+        restart_backoff_s: float = 2.0,
     ) -> None:
         self.profile = profile
         # The GPU class and memory split `visioncap serve` chose; None serves the profile's CPU arguments.
@@ -151,6 +164,11 @@ class VllmServer:
         # False leaves the server running when this process dies (as before this existed; tests make a stale
         # server with it).
         self.die_with_parent = die_with_parent
+        # Once serving, an exit of vLLM is restarted by its supervisor (tied to this process only): this many times
+        # within an hour, the first after restart_backoff_s, each further one after twice the last delay.
+        self.restarts_per_hour = restarts_per_hour
+        self.restart_backoff_s = restart_backoff_s
+        self._stopping = False
         self._process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
         self._lifeline: int | None = None
@@ -289,15 +307,36 @@ class VllmServer:
                 if exc.errno == errno.EADDRINUSE:
                     raise ServerError(f"port {self.port} on {self.host} is already in use by another process") from exc
 
+    def remove_dead_pid_files(self) -> list[Path]:
+        """Remove the pid files in this server's folder whose server and starter have both ended (a killed run on
+        a random port leaves one that no later start on that port would find); the files removed."""
+        removed = []
+        for path in sorted(self.pid_file.parent.glob("vllm-*.pid")):
+            record = ServerRecord.read(path)
+            if record is not None and (record.members() or record.owner_alive()):
+                continue
+            # Unreadable: a start killed while writing it, unless it is being written now.
+            with contextlib.suppress(OSError):
+                if record is None and time.time() - path.stat().st_mtime < STALE_GRACE_S:
+                    continue
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed.append(path)
+        if removed:
+            log.info("removed %d pid files of vLLM servers that have ended: %s", len(removed), removed)
+        return removed
+
     def start(self) -> None:
         self._check_python()
         self.ensure_model()
         self.stop_stale()
+        self.remove_dead_pid_files()
         self._check_port()
         self._server_id = secrets.token_hex(8)
         env = {**os.environ, **self.profile.env, SERVER_ID_ENV: self._server_id}
         pass_fds: tuple[int, ...] = ()
         lifeline_read: int | None = None
+        report: int | None = None
         if self.die_with_parent:
             # os.pipe() is close-on-exec: only vllm_entry.py (pass_fds) holds the read end, and only this process
             # the write end, which the kernel closes when this process ends, however it ends.
@@ -305,6 +344,13 @@ class VllmServer:
             pass_fds = (lifeline_read,)
             env[LIFELINE_FD_ENV] = str(lifeline_read)
             env[LIFELINE_PARENT_ENV] = str(os.getpid())
+            env[RESTARTS_PER_HOUR_ENV] = str(self.restarts_per_hour)
+            env[RESTART_BACKOFF_ENV] = str(self.restart_backoff_s)
+            with contextlib.suppress(OSError):
+                report = os.dup(2)
+                pass_fds = (lifeline_read, report)
+                env[SUPERVISOR_LOG_FD_ENV] = str(report)
+        self._stopping = False
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log = self.log_file.open("ab")
@@ -322,8 +368,9 @@ class VllmServer:
             self._close_lifeline()
             raise
         finally:
-            if lifeline_read is not None:
-                os.close(lifeline_read)
+            for fd in (lifeline_read, report):
+                if fd is not None:
+                    os.close(fd)
         self._write_pid_file(self._process)
 
     def _close_lifeline(self) -> None:
@@ -340,7 +387,9 @@ class VllmServer:
             while time.monotonic() - started < limit:
                 code = self._process.poll()
                 if code is not None:
-                    raise ServerError(f"vLLM exited with code {code} before becoming healthy{self._log_tail()}")
+                    raise ServerError(
+                        f"vLLM exited with code {code} before becoming healthy{self._low_space()}{self._log_tail()}"
+                    )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(f"{self.root_url}/health").status_code == 200:
                         try:
@@ -348,16 +397,88 @@ class VllmServer:
                         except PortTakenError as exc:
                             self.stop()
                             raise ServerError(f"vLLM could not serve on port {self.port}: {exc}") from exc
+                        self._tell_supervisor(SERVING)
                         return time.monotonic() - started
                 time.sleep(HEALTH_POLL_S)
         self.stop()
         raise ServerError(f"vLLM did not become healthy within {limit:.0f} s{self._log_tail()}")
 
+    def _tell_supervisor(self, message: bytes) -> None:
+        if self._lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._lifeline, message)
+
     def _log_tail(self, lines: int = 30) -> str:
         if self.log_file is None or not self.log_file.exists():
             return ""
         tail = self.log_file.read_text(errors="replace").splitlines()[-lines:]
+        if not tail:
+            # A log that could not be written (a full disk) must not end the message in an empty list.
+            return f"; its log {self.log_file} is empty"
         return "; last log lines:\n" + "\n".join(tail)
+
+    def written_folders(self) -> list[Path]:
+        """Folders vLLM writes to while starting: its log's, the model's (a local one), its caches, the
+        temporary folder, this server's pid file's."""
+        home = Path.home()
+        model = Path(self.profile.model_location())
+        env = {**os.environ, **self.profile.env}
+        candidates = [
+            self.log_file.parent if self.log_file is not None else None,
+            model if model.is_absolute() else None,  # else a hub id, fetched into HF_HOME
+            Path(env.get("VLLM_CACHE_ROOT") or home / ".cache" / "vllm"),
+            Path(env.get("HF_HOME") or home / ".cache" / "huggingface"),
+            Path(env.get("TMPDIR") or "/tmp"),
+            self.pid_file.parent,
+        ]
+        return [path for path in dict.fromkeys(candidates) if path is not None]
+
+    def _low_space(self) -> str:
+        """`; disk full: PATH has N bytes free` for each folder vLLM writes to that is (nearly) out of space."""
+        found: dict[int, str] = {}
+        for folder in self.written_folders():
+            existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+            if existing is None:
+                continue
+            try:
+                stats = os.statvfs(existing)
+            except OSError:
+                continue
+            free = stats.f_bavail * stats.f_frsize
+            # One line per file system (keyed by its device), naming the first folder found on it.
+            device = existing.stat().st_dev
+            if free < LOW_SPACE_BYTES and device not in found:
+                found[device] = f"; disk full: {folder} has {free} bytes free"
+        return "".join(found.values())
+
+    def exit_error(self) -> str | None:
+        """Why the server is gone when it ended on its own after start() (its supervisor gave up restarting it,
+        or it was killed); None while it runs or after stop()."""
+        process = self._process
+        if process is None or self._stopping:
+            return None
+        code = process.poll()
+        if code is None:
+            return None
+        where = f"; its log: {self.log_file}" if self.log_file is not None else ""
+        return f"the vLLM server of profile {self.profile.name} on port {self.port} exited with code {code}{where}"
+
+    def readiness(self) -> tuple[bool, dict[str, object]]:
+        """Whether vLLM answers /health now, with details for a readiness probe."""
+        details: dict[str, object] = {"url": self.base_url}
+        if self._process is None:
+            return False, {**details, "ok": False, "error": "not started"}
+        if (error := self.exit_error()) is not None:
+            return False, {**details, "ok": False, "error": error}
+        try:
+            ok = httpx.get(f"{self.root_url}/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if not ok:
+            details["error"] = "vLLM does not answer /health; its supervisor restarts it after an exit" + (
+                f" (see {self.log_file})" if self.log_file is not None else ""
+            )
+        return ok, {**details, "ok": ok}
 
     def send_signal(self, signum: int) -> None:
         if self._process is not None and self._process.poll() is None:
@@ -373,6 +494,7 @@ class VllmServer:
         process = self._process
         if process is None:
             return
+        self._stopping = True
         if process.poll() is None:
             self.send_signal(signal.SIGTERM)
             try:

@@ -8,34 +8,27 @@ then checked against the model's weights, overhead and the KV cache of at least 
 from __future__ import annotations
 
 import math
-import shutil
-import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from visioncap.config.profiles import GPU_CLASSES, ModelProfile, ServingArgs
 from visioncap.config.serve import ServeOptions
 from visioncap.errors import ConfigError
+from visioncap.serve.costmodel import CLASS_SPECS, GPU_SPECS
+from visioncap.serve.gpu_cards import CardFigures, UnsupportedGpu, figures_for
+from visioncap.serve.gpu_probe import MIB_PER_GIB, GpuInfo, GpuProbe, NvidiaSmi, detect_gpus
 
-MIB_PER_GIB = 1024
+__all__ = ["GpuInfo", "GpuProbe", "PlanError", "ServingPlan", "classify", "detect_gpus", "plan_serving"]
+
 DEFAULTS = ServeOptions.model_fields
 
 # Memory nvidia-smi reports (memory.total, MiB) for each class's common model, for dry runs on machines
 # without the GPU. The A100 class assumes the 80 GB card; set gpu_memory_gib for the 40 GB one.
 NOMINAL_MIB: dict[str, int] = {"l4": 23034, "a10": 23028, "a100": 81920, "h100": 81559, "h200": 143771}
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    """One GPU as nvidia-smi names it."""
-
-    name: str
-    total_mib: int
-
-    @property
-    def total_gib(self) -> float:
-        return self.total_mib / MIB_PER_GIB
+# A derived chunk budget is a multiple of this (vLLM needs none; round numbers read as the estimates they are).
+BUDGET_STEP = 64
+NVIDIA_SMI = NvidiaSmi()
 
 
 def classify(name: str, total_mib: int) -> str | None:
@@ -53,33 +46,6 @@ def classify(name: str, total_mib: int) -> str | None:
     if "A10" in words or "A10G" in words:
         return "a10"
     return None
-
-
-def detect_gpus(nvidia_smi: str = "nvidia-smi") -> list[GpuInfo]:
-    """The GPUs nvidia-smi lists; empty when there is no nvidia-smi or it finds no GPU."""
-    binary = shutil.which(nvidia_smi)
-    if binary is None:
-        return []
-    try:
-        result = subprocess.run(
-            [binary, "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    if result.returncode != 0:
-        return []
-    gpus = []
-    for line in result.stdout.splitlines():
-        name, _, memory = line.rpartition(",")
-        try:
-            gpus.append(GpuInfo(name=name.strip(), total_mib=int(float(memory.strip()))))
-        except ValueError:
-            continue
-    return gpus
 
 
 class Naming(Protocol):
@@ -115,6 +81,15 @@ class ServingPlan:
     total_gib: float | None
     args: list[str]
     report: list[str] = field(default_factory=list)
+    # A card outside the classes: the figures assumed for it, the serving values derived for it (written over
+    # gpus.<gpu_class>, the class they start from) and each assumption in a sentence. Empty for a known class.
+    card: CardFigures | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    assumed: list[str] = field(default_factory=list)
+
+    def served_profile(self, profile: ModelProfile) -> ModelProfile:
+        """The profile as planned: with the derived serving values for a card outside the classes."""
+        return profile.with_serving(self.gpu_class, **self.overrides) if self.overrides else profile
 
 
 def _gib(value: float) -> str:
@@ -129,27 +104,43 @@ def plan_serving(
     headroom_gib: float = DEFAULTS["headroom_gib"].default,
     dry_run: bool = DEFAULTS["dry_run"].default,
     gpus: list[GpuInfo] | None = None,
+    probe: GpuProbe = NVIDIA_SMI,
 ) -> ServingPlan:
     """Choose the GPU class, compute gpu_memory_utilization and check the model fits.
 
     The arguments are the ServeOptions fields of the same names; a bad one is a PlanError naming it. `gpu` is a
     class name or `auto` (nvidia-smi; `cpu` without a GPU). `gpus` replaces detection (tests, callers that
-    already asked). A dry run without a GPU shows the profile's first GPU class at its nominal memory instead of
-    failing, and says so.
+    already asked), `probe` is how detection asks. A dry run without a GPU shows the profile's first GPU class at
+    its nominal memory instead of failing, and says so. A card outside the classes is served with values derived
+    from its memory, its figures (visioncap.serve.gpu_cards) and the nearest classes; the plan lists what it
+    assumed.
     """
     _check_choices(gpu, gpu_memory_gib, detector_gib, headroom_gib)
-    found = detect_gpus() if gpus is None else gpus
+    found = probe() if gpus is None else gpus
     device = found[0] if found else None
     report = [_device_line(found)]
-    gpu_class = _choose_class(profile, gpu, device, dry_run, report)
-    serving = profile.serving_for(gpu_class)
+    gpu_class, card = _choose_class(profile, gpu, device, dry_run, report)
+    overrides: dict[str, Any] = {}
+    assumed: list[str] = []
+    if card is not None:
+        gpu_class, overrides, assumed = _derive(profile, card)
+        report.append(
+            f"GPU class: {gpu_class} (none for {card.name!r}: the serving values start from the nearest classes and "
+            "are derived as the assumed lines say)"
+        )
+    served = profile.with_serving(gpu_class, **overrides) if overrides else profile
+    serving = served.serving_for(gpu_class)
     if gpu_class == "cpu":
         report.append("memory: vLLM on the CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE; no GPU check")
         return ServingPlan(gpu_class, None, None, profile.command_args(gpu_class), report)
     total = _total_memory(gpu, gpu_class, gpu_memory_gib, device, report)
     utilization = _utilization(serving, total, detector_gib, headroom_gib, report)
-    _check_fit(profile, serving, gpu_class, total, total * utilization, report)
-    return ServingPlan(gpu_class, utilization, total, profile.command_args(gpu_class, utilization), report)
+    _check_fit(profile, serving, card.name if card else gpu_class, total, total * utilization, report)
+    args = served.command_args(gpu_class, utilization)
+    if card is not None and not card.bf16:
+        args = _float16(args, card, assumed)
+    report.extend(f"assumed: {line}" for line in assumed)
+    return ServingPlan(gpu_class, utilization, total, args, report, card, overrides, assumed)
 
 
 def _check_choices(gpu: str, gpu_memory_gib: float | None, detector_gib: float, headroom_gib: float) -> None:
@@ -168,34 +159,32 @@ def _device_line(found: list[GpuInfo]) -> str:
     return f"GPU: {found[0].name}, {_gib(found[0].total_gib)} (nvidia-smi){more}"
 
 
-def _choose_class(profile: ModelProfile, gpu: str, device: GpuInfo | None, dry_run: bool, report: list[str]) -> str:
-    """The GPU class: the one asked for, else the device's, else cpu or (dry runs only) the profile's first."""
+def _choose_class(
+    profile: ModelProfile, gpu: str, device: GpuInfo | None, dry_run: bool, report: list[str]
+) -> tuple[str, CardFigures | None]:
+    """The GPU class: the one asked for, else the device's, else cpu or (dry runs only) the profile's first. A
+    device outside the classes gives its figures instead, for _derive to choose the class from."""
     if gpu != "auto":
         report.append(f"GPU class: {gpu} (asked for)")
-        return gpu
+        return gpu, None
     if device is not None:
         detected = classify(device.name, device.total_mib)
-        if detected is None:
-            name = device.name
-            raise PlanError(
-                lambda n: (
-                    f"no GPU class for {name!r}; pass {n('gpu')} with the closest of "
-                    f"{', '.join(GPU_CLASSES[1:])} (and {n('gpu_memory_gib')} if its memory differs)"
-                )
-            )
-        if profile.gpus and detected not in profile.gpus and "cpu" in profile.gpus:
+        gpu_classes = [c for c in profile.gpus if c != "cpu"]
+        if profile.gpus and detected not in profile.gpus and "cpu" in profile.gpus and (detected or not gpu_classes):
             # A CPU-only profile (the test models) keeps working on a machine that happens to have a GPU.
-            report.append(f"GPU class: cpu (the profile has no {detected} arguments, only cpu ones)")
-            return "cpu"
+            report.append(f"GPU class: cpu (the profile has no {detected or device.name} arguments, only cpu ones)")
+            return "cpu", None
+        if detected is None:
+            return "", _card_figures(device)
         report.append(f"GPU class: {detected} (from the name)")
-        return detected
+        return detected, None
     if "cpu" in profile.gpus or not profile.gpus:
         report.append("GPU class: cpu (no GPU)")
-        return "cpu"
+        return "cpu", None
     if dry_run:
         first = next(c for c in profile.gpus if c != "cpu")
         report.append(f"GPU class: {first} (no GPU here: the profile's first class, for this dry run only)")
-        return first
+        return first, None
     raise PlanError(
         lambda n: (
             f"no NVIDIA GPU found and profile {profile.name!r} has no cpu class (it has: "
@@ -203,6 +192,138 @@ def _choose_class(profile: ModelProfile, gpu: str, device: GpuInfo | None, dry_r
             "its command"
         )
     )
+
+
+def _card_figures(device: GpuInfo) -> CardFigures:
+    try:
+        return figures_for(device)
+    except UnsupportedGpu as exc:
+        reason = str(exc)
+        if not exc.runnable:
+            raise PlanError(lambda _n: reason) from None
+        raise PlanError(
+            lambda n: (
+                f"{reason}. To serve anyway, pass {n('gpu')} with the closest of {', '.join(GPU_CLASSES[1:])} "
+                f"(and {n('gpu_memory_gib')} if its memory differs)"
+            )
+        ) from None
+
+
+def _class_tflops(gpu_class: str) -> float:
+    return GPU_SPECS[CLASS_SPECS[gpu_class]].peak_bf16_tflops
+
+
+def _derive(profile: ModelProfile, card: CardFigures) -> tuple[str, dict[str, Any], list[str]]:
+    """The class a card outside the classes starts from, the serving values derived for it and the assumptions.
+
+    Memory sets what the KV cache must hold (max_model_len, max_num_seqs, a fixed gpu_memory_utilization): from
+    the class with the most memory that is not more than the card's. Compute sets how long a chunk stalls chat
+    (max_num_batched_tokens, long_prefill_token_threshold): from the fastest class not faster than the card. Ties
+    take the smaller values; a card below every class scales the smallest class's values down by the ratio.
+    """
+    classes = [c for c in (profile.gpus or GPU_CLASSES) if c != "cpu"]
+    serving = {c: profile.serving_for(c) for c in classes}
+    assumed = [
+        f"{card.name} (compute capability {card.compute_cap or 'from the table'}, {card.architecture}): "
+        f"{card.spec.peak_bf16_tflops:g} TFLOP/s {'bf16' if card.bf16 else 'fp16'} dense, "
+        f"{card.spec.bandwidth_tb_s:g} TB/s, from {card.basis}; efficiencies as measured on an H200"
+    ]
+    memory_mib = card.total_gib * MIB_PER_GIB
+    fitting = [c for c in classes if NOMINAL_MIB[c] <= memory_mib]
+    memory_ratio = 1.0
+    if fitting:
+        largest = max(NOMINAL_MIB[c] for c in fitting)
+        by_memory = [c for c in fitting if NOMINAL_MIB[c] == largest]
+    else:
+        smallest = min(NOMINAL_MIB[c] for c in classes)
+        by_memory = [c for c in classes if NOMINAL_MIB[c] == smallest]
+        memory_ratio = memory_mib / smallest
+    # The class name: of the tied ones, the slowest (its tuned values are the cautious ones).
+    base = min(by_memory, key=_class_tflops)
+    slower = [c for c in classes if _class_tflops(c) <= card.spec.peak_bf16_tflops]
+    compute_ratio = 1.0
+    if slower:
+        fastest = max(_class_tflops(c) for c in slower)
+        by_compute = [c for c in slower if _class_tflops(c) == fastest]
+    else:
+        slowest = min(_class_tflops(c) for c in classes)
+        by_compute = [c for c in classes if _class_tflops(c) == slowest]
+        compute_ratio = card.spec.peak_bf16_tflops / slowest
+
+    def smallest(candidates: list[str], name: str) -> Any:
+        values = [getattr(serving[c], name) for c in candidates if getattr(serving[c], name) is not None]
+        return min(values, key=lambda v: (isinstance(v, str), v)) if values else None
+
+    values: dict[str, Any] = {}
+    for name in ("max_model_len", "max_num_seqs"):
+        values[name] = smallest(by_memory, name)
+    utilization = smallest(by_memory, "gpu_memory_utilization")
+    if isinstance(utilization, float):
+        values["gpu_memory_utilization"] = utilization
+    for name in ("max_num_batched_tokens", "long_prefill_token_threshold"):
+        values[name] = smallest(by_compute, name)
+    if memory_ratio < 1 and values["max_num_seqs"] is not None:
+        values["max_num_seqs"] = max(int(values["max_num_seqs"] * memory_ratio), 1)
+    if compute_ratio < 1:
+        for name in ("max_num_batched_tokens", "long_prefill_token_threshold"):
+            if values[name]:
+                values[name] = max(int(values[name] * compute_ratio) // BUDGET_STEP * BUDGET_STEP, BUDGET_STEP)
+    length, tokens, threshold = (
+        values["max_model_len"],
+        values["max_num_batched_tokens"],
+        values["long_prefill_token_threshold"],
+    )
+    if threshold and length is not None and threshold > length:
+        values["long_prefill_token_threshold"] = length
+    if tokens is not None and values["max_num_seqs"] is not None and values["max_num_seqs"] > tokens:
+        values["max_num_seqs"] = tokens  # vLLM refuses a batch larger than the step budget
+    memory_names = "/".join(by_memory)
+    if memory_ratio < 1:
+        memory_why = f"{memory_names}, the smallest class ({_gib(NOMINAL_MIB[by_memory[0]] / MIB_PER_GIB)}), "
+        memory_why += f"max_num_seqs scaled by {memory_ratio:.2f} for {_gib(card.total_gib)}"
+    else:
+        memory_why = f"{memory_names} ({_gib(NOMINAL_MIB[by_memory[0]] / MIB_PER_GIB)}, the most memory not above "
+        memory_why += f"this card's {_gib(card.total_gib)})"
+    compute_names = "/".join(by_compute)
+    if compute_ratio < 1:
+        compute_why = f"{compute_names}, the slowest class ({_class_tflops(by_compute[0]):g} TFLOP/s), scaled by "
+        compute_why += f"{compute_ratio:.2f} and rounded down to a multiple of {BUDGET_STEP}"
+    else:
+        compute_why = f"{compute_names} ({_class_tflops(by_compute[0]):g} TFLOP/s, the fastest class not above this "
+        compute_why += f"card's {card.spec.peak_bf16_tflops:g})"
+    said = lambda names: ", ".join(f"{n} {values[n]}" for n in names if values.get(n) is not None)  # noqa: E731
+    memory_values = said(("max_model_len", "max_num_seqs", "gpu_memory_utilization"))
+    compute_values = said(("max_num_batched_tokens", "long_prefill_token_threshold"))
+    if memory_values:
+        assumed.append(f"{memory_values} from {memory_why}")
+    if compute_values:
+        assumed.append(f"{compute_values} from {compute_why}")
+    overrides = {name: value for name, value in values.items() if value is not None}
+    return base, overrides, assumed
+
+
+def _float16(args: list[str], card: CardFigures, assumed: list[str]) -> list[str]:
+    """Turing has no bf16, which vLLM refuses there: the model runs in float16, which the plan says."""
+    dtype = _flag_value(args, "--dtype")
+    if dtype in ("bfloat16", "bf16"):
+        name = card.name
+        raise PlanError(lambda n: f"{name!r} has no bf16 but the profile sets --dtype {dtype}")
+    if dtype is not None:
+        return args
+    assumed.append(
+        f"{card.name} has no bf16 (compute capability {card.compute_cap or 'below 8.0'}): --dtype float16, as vLLM "
+        "asks; a model trained in bf16 may overflow in fp16, so check its captions"
+    )
+    return [*args, "--dtype", "float16"]
+
+
+def _flag_value(args: list[str], flag: str) -> str | None:
+    for index, arg in enumerate(args):
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+        if arg == flag:
+            return args[index + 1] if index + 1 < len(args) else ""
+    return None
 
 
 def _total_memory(
@@ -253,7 +374,7 @@ def _utilization(
 def _check_fit(
     profile: ModelProfile,
     serving: ServingArgs,
-    gpu_class: str,
+    gpu_class: str,  # or the card's name, for a card outside the classes
     total: float,
     budget: float,
     report: list[str],

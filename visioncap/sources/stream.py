@@ -20,7 +20,8 @@ from datetime import UTC, datetime
 import cv2
 import numpy as np
 
-from visioncap.config.sources import StreamSourceConfig
+from visioncap.config.settings import load_settings
+from visioncap.config.sources import StreamSourceConfig, webcam_problem
 from visioncap.frames import Frame
 from visioncap.sources.base import FrameSource
 from visioncap.sources.registry import register_source
@@ -128,6 +129,9 @@ class StreamSource(FrameSource):
         self.reconnects = 0
         self.started_at: datetime | None = None
         self._masked_url = config.description
+        # Read here, not passed in: every way a worker opens a camera goes through this, whoever made the config.
+        # A bad setting is a ConfigError, which fails this camera alone.
+        self._allowed_hosts = load_settings().camera_hosts() if config.kind != "webcam" else None
         self._lock = threading.Lock()
         # Consumers wait for a newer frame; the supervisor waits for its reader to fail or for the stall deadline.
         self._new_frame = threading.Condition(self._lock)
@@ -254,6 +258,8 @@ class StreamSource(FrameSource):
     def _run_attempt(self) -> tuple[str | None, bool]:
         """Opens the stream and reads it until it fails; returns why (None: stopping) and whether it gave frames."""
         cfg = self._config
+        if problem := self._refusal():
+            return f"cannot open the stream: {problem}", False
         started = time.monotonic()
         capture = self._open()
         if not capture.isOpened():
@@ -297,6 +303,14 @@ class StreamSource(FrameSource):
             # The reader failed on its own and is returning: let it release the capture before the reopen.
             reader.join(STOP_JOIN_S)
         return failure, got_frame
+
+    def _refusal(self) -> str | None:
+        """Why this camera may not be opened now, or None: a host outside VISIONCAP_CAMERA_ALLOWED_HOSTS (checked at
+        every open, its name resolved then: what it resolves to may have changed since the camera was submitted),
+        a webcam path out of /dev (rows stored before submissions were limited to network cameras)."""
+        if self._config.kind == "webcam":
+            return webcam_problem(self._config.url)
+        return self._allowed_hosts.url_problem(self._config.url) if self._allowed_hosts else None
 
     def _open(self) -> cv2.VideoCapture:
         cfg = self._config

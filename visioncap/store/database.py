@@ -74,3 +74,27 @@ def create_db_engine(url: str, *, idle_transaction_s: float | None = None) -> En
         dbapi_connection.enable_load_extension(False)
 
     return engine
+
+
+def masked_url(url: str) -> str:
+    """`url` as it may be shown: its password, if any, as ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a URL SQLAlchemy reads: create_db_engine says so; show nothing of it meanwhile
+        return "(not a database URL)"
+
+
+def missing_sqlite_file(url: str) -> Path | None:
+    """The file a SQLite URL names when it does not exist; None when it exists, and for in-memory SQLite and every
+    other database. For the commands that only read (`api`, `captions`): connecting would create an empty file,
+    and a mistyped path would look like a database with nothing stored."""
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return None  # create_db_engine says what is wrong with it
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return None
+    if parsed.database.startswith("file:") or parsed.query.get("mode") == "memory":
+        return None  # SQLite URI filenames: their own rules
+    path = Path(parsed.database)
+    return None if path.exists() else path.resolve()

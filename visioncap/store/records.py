@@ -361,6 +361,10 @@ class AlertDeliveryRecord(Base):
     created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     next_attempt_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    # The delivery process sending it now, until when (schema step 15): several `visioncap alerts` never send one
+    # delivery at once, and a crashed one's claims lapse.
+    claimed_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    claimed_until: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
 
     __table_args__ = (
         Index("ix_alert_deliveries_state_id", "state", "id"),

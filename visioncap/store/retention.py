@@ -18,9 +18,11 @@ Policy (process settings): `VISIONCAP_RETENTION_DAYS` for every camera, `VISIONC
   recording it, or from rows deleted by a process with another data directory (a shared PostgreSQL).
 
 - Free space: with `VISIONCAP_RETENTION_MIN_FREE_MB`, when the file system holding `DATA_DIR/frames` has less
-  free space than that (after the age-based part of the sweep), the oldest finished rows (captured first, whatever
-  their age or camera; never pending ones) go with their images, in batches sized to what is missing, until free
+  free space than that (after the age-based part of the sweep), the oldest finished rows with an image (captured
+  first, whatever their age or camera) go with their images, in batches sized to what is missing, until free
   space is back at the minimum or nothing more can go (one warning then). It works without any age retention too.
+  Pending rows never go for space, nor rows without an image (or whose image is gone): deleting them frees
+  nothing, and among them are the records of the frames a full disk cost (`skipped`, `disk_full`).
 
 `RetentionJob` runs sweeps on a thread every `VISIONCAP_RETENTION_INTERVAL_S` seconds (the first at start), and
 soon after `wake()` (the outbox calls it when a write fails for lack of space); `visioncap api` and `visioncap
@@ -30,7 +32,6 @@ two together are safe (above). `visioncap retention [--dry-run]` runs one.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -242,7 +243,12 @@ def _sweep_rows(
             else:
                 # One statement that writes from its start: no read-then-write transaction that SQLite could
                 # refuse with "database is locked" when the pipeline wrote in between.
-                rows = conn.execute(delete(CaptionRecord).where(CaptionRecord.id.in_(chosen)).returning(*columns)).all()
+                # The condition again on the row itself, not only in the subquery: on PostgreSQL the subquery
+                # reads a snapshot taken when the statement starts, so a row the API put back to pending
+                # (regenerate) in the meantime would match it still; a condition on the target row is checked again
+                # on the row's newest version once its lock is granted.
+                statement = delete(CaptionRecord).where(CaptionRecord.id.in_(chosen), condition)
+                rows = conn.execute(statement.returning(*columns)).all()
         if not rows:
             return
         last_id = max(row_id for row_id, _, _ in rows) if result.dry_run else 0
@@ -300,7 +306,9 @@ def _sweep_for_space(
     freed = result.bytes if result.dry_run else 0
     after: tuple[datetime, int] | None = None
     columns = (CaptionRecord.id, CaptionRecord.camera, CaptionRecord.image_path)
-    finished = CaptionRecord.status != CaptionStatus.PENDING  # pending rows' images are the outbox's work
+    # Pending rows' images are the outbox's work; rows without an image free nothing (the records of frames that
+    # could not be saved, a full disk's among them): neither is ever deleted for space.
+    finished = and_(CaptionRecord.status != CaptionStatus.PENDING, CaptionRecord.image_path.is_not(None))
     while True:
         free = shutil.disk_usage(target).free + freed
         result.free_bytes = free
@@ -309,7 +317,7 @@ def _sweep_for_space(
         query = select(*columns, CaptionRecord.captured_at).where(finished)
         if result.dry_run and aged is not None:
             query = query.where(not_(aged))  # counted by the age-based part already
-        if after is not None:  # a dry run deleted nothing: go on past the rows counted
+        if after is not None:  # go on past the rows looked at (a dry run deletes nothing; others free nothing)
             captured, last_id = after
             later = or_(CaptionRecord.captured_at > captured, CaptionRecord.id > last_id)
             query = query.where(CaptionRecord.captured_at >= captured, later)
@@ -319,26 +327,31 @@ def _sweep_for_space(
         if not candidates:
             result.space_short = True
             log.warning(
-                "retention: %s has %d bytes free, below the minimum of %d, and no finished row is left to delete",
+                "retention: %s has %d bytes free, below the minimum of %d, and no finished row with an image is "
+                "left to delete",
                 target,
                 free,
                 min_free,
             )
             return
         # Take the oldest rows whose images cover what is missing, not a whole batch: rows go for space only
-        # while space is short. Rows without an image (or with one gone) count as nothing and go along.
+        # while space is short, and only for the space they free (a row whose image is gone already stays).
         chosen: list[int] = []
         covered = 0
-        for row_id, _, image_path, _ in candidates:
+        for row_id, _, image_path, captured_at in candidates:
+            after = captured_at, row_id
+            path = _inside(root, image_path)
+            if path is None:
+                continue
+            try:
+                covered += path.stat().st_size
+            except OSError:
+                continue
             chosen.append(row_id)
-            path = _inside(root, image_path) if image_path else None
-            if path is not None:
-                with contextlib.suppress(OSError):  # gone already: frees nothing
-                    covered += path.stat().st_size
             if free + covered >= min_free:
                 break
-        if result.dry_run:
-            after = candidates[len(chosen) - 1][3], chosen[-1]
+        if not chosen:
+            continue
         with engine.begin() as conn:
             if result.dry_run:
                 rows = conn.execute(select(*columns).where(CaptionRecord.id.in_(chosen))).all()

@@ -412,6 +412,16 @@ def _pipeline_seeds_table(conn: Connection) -> None:
     PipelineSeedRecord.__table__.create(conn, checkfirst=True)
 
 
+def _alert_delivery_claims(conn: Connection) -> None:
+    """Who sends a delivery now and until when: a delivery process claims the rows it is about to send (with
+    `FOR UPDATE SKIP LOCKED` on PostgreSQL), so that two `visioncap alerts` never send one twice."""
+    present = {column["name"] for column in inspect(conn).get_columns(AlertDeliveryRecord.__tablename__)}
+    for name in ("claimed_by", "claimed_until"):
+        if name not in present:
+            sql_type = AlertDeliveryRecord.__table__.c[name].type.compile(dialect=conn.dialect)
+            conn.execute(text(f"ALTER TABLE {AlertDeliveryRecord.__tablename__} ADD COLUMN {name} {sql_type}"))
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -427,6 +437,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _camera_configs_table,  # 12
     _worker_leases_tables,  # 13
     _pipeline_seeds_table,  # 14
+    _alert_delivery_claims,  # 15
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -132,6 +132,11 @@ def _conditions(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool
     return conditions
 
 
+def filter_conditions(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool]]:
+    """Every filter of `query` as terms of one statement (no walk, no budget)."""
+    return _conditions(engine, query)
+
+
 def after_position(after: Position | None) -> list[ColumnElement[bool]]:
     """Rows strictly older than `after` (all rows without one)."""
     if after is None:

@@ -1,8 +1,10 @@
 """Semantic and hybrid search: captions ranked by meaning, or by meaning and words fused.
 
-Bounded like every search: the rows ranked are a window, the newest `window_rows` rows of the newest-first walk
-(one camera, the time range: the terms an index walks) that meet the other filters (people, status, several
-cameras). Older rows are reached by narrowing the walk (`until`, `camera`), not by paging. In the window:
+Over every row the filters keep (cameras, time, people, status; store/vector_index.py): when they keep at most
+`scan_rows` rows, all of them are ranked exactly; more, the vector index hands out the nearest candidates by sign
+bits, re-ranked exactly with every filter checked again in SQL, their number growing until the page fills. While
+the index is being built (the API's start), the rows ranked are a window as before: the newest `scan_rows` rows of
+the newest-first walk (one camera, the time range) that meet the other filters. In the rows ranked:
 
 - semantic: by cosine similarity of the caption's vector to the search text's, best first (rows whose vector the
   embedder has not written yet are not ranked);
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -55,6 +58,7 @@ from visioncap.store.search import (
     SearchLimits,
     after_position,
     camera_check,
+    filter_conditions,
     fts5_query,
     just_above,
     limited,
@@ -63,8 +67,15 @@ from visioncap.store.search import (
     row_checks,
     walk_conditions,
 )
+from visioncap.store.vector_index import IndexFilter, VectorIndex, refreshed
 
 RRF_K = 60
+# Candidates the index hands out first, and the factor they grow by while too few pass the filters: 256 sign-bit
+# neighbours re-ranked exactly gave recall@10 >= 0.95 against the exact ranking (tests/test_vector_index.py).
+MIN_CANDIDATES = 256
+CANDIDATE_GROWTH = 4
+# The words list of a search over the index: the best this many full-text matches (all of them in a window).
+WORDS_LIMIT = 1000
 # Words that say nothing about a scene: the words list needs every word, and captions seldom have "someone".
 STOP_WORDS = (
     frozenset({"a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "by", "for", "with", "from", "into"})
@@ -121,8 +132,9 @@ def _sqlite_alike(
     return {int(row_id): float(score) for row_id, score in conn.execute(statement)}
 
 
-def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str]) -> list[int]:
-    """The window's rows with every one of `words` (the last also as a prefix, as `q`), best first."""
+def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str], limit: int | None = None) -> list[int]:
+    """The window's rows with every one of `words` (the last also as a prefix, as `q`), best first (the first
+    `limit`)."""
     if not words:
         return []
     if conn.dialect.name == "sqlite":
@@ -134,7 +146,7 @@ def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str]) 
         match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
         statement = select(_FTS.c.rowid).where(match, _FTS.c.rowid.between(min(in_window), max(in_window)))
         statement = statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc())
-        return [row_id for row_id in conn.scalars(statement) if row_id in in_window]
+        return [row_id for row_id in conn.scalars(statement) if row_id in in_window][:limit]
     # Only word characters reach to_tsquery (see search.py), so its syntax cannot be injected.
     tsquery = func.to_tsquery(
         literal_column(f"'{PG_TS_CONFIG}'::regconfig"), " & ".join([*words[:-1], f"{words[-1]}:*"])
@@ -142,7 +154,7 @@ def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str]) 
     tsvector = literal_column(PG_TSVECTOR_COLUMN)
     statement = select(CaptionRecord.id).where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery))
     statement = statement.order_by(func.ts_rank(tsvector, tsquery).desc(), CaptionRecord.id.desc())
-    return list(conn.scalars(statement))
+    return list(conn.scalars(statement.limit(limit)))
 
 
 def _id_range(conn: Connection, window: list[ColumnElement[bool]]) -> tuple[int, int] | None:
@@ -152,7 +164,11 @@ def _id_range(conn: Connection, window: list[ColumnElement[bool]]) -> tuple[int,
 
 
 def _sqlite_word_ranks(
-    conn: Connection, window: list[ColumnElement[bool]], words: list[str], ids: tuple[int, int] | None = None
+    conn: Connection,
+    window: list[ColumnElement[bool]],
+    words: list[str],
+    ids: tuple[int, int] | None = None,
+    limit: int | None = None,
 ) -> list[int]:
     """`_word_ranks` on SQLite from the window's terms, without reading the window's ids into Python. `ids`: the
     window's `_id_range` when the caller has it (one read for several lists)."""
@@ -167,7 +183,7 @@ def _sqlite_word_ranks(
     # join term from reaching FTS5 as a rowid constraint: it would then run the whole match once per window row.
     matches = _FTS.join(CaptionRecord.__table__, CaptionRecord.id == _FTS.c.rowid + 0)
     statement = select(_FTS.c.rowid).select_from(matches).where(match, _FTS.c.rowid.between(low, high), *window)
-    return list(conn.scalars(statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc())))
+    return list(conn.scalars(statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc()).limit(limit)))
 
 
 def _sqlite_page(
@@ -233,6 +249,196 @@ def _fused_ranks(semantic: dict[int, int], words: list[int]) -> dict[int, float]
     return fused
 
 
+@dataclass(frozen=True, slots=True)
+class SemanticPage:
+    """A page of a search by meaning, each hit explained: its score (the similarity, or the fused score for
+    hybrid), its cosine similarity to the search text, and for hybrid the search words its caption matched."""
+
+    rows: list[CaptionRow]
+    scores: list[float]
+    similarities: list[float | None]
+    matched_words: list[list[str]] | None  # hybrid only
+    next: RankedPosition | None
+    indexed: bool  # ranked from the vector index (a broad filter) rather than exactly from every row it keeps
+
+
+def _index_filter(query: CaptionFilter, top: Position) -> IndexFilter:
+    return IndexFilter(
+        cameras=query.cameras,
+        since=query.since,
+        until=query.until,
+        min_people=query.min_people,
+        statuses=query.statuses,
+        top=(top.captured_at, top.id),
+    )
+
+
+def _ids_in(conn: Connection, ids: Sequence[int]) -> ColumnElement[bool]:
+    """`captions.id` among `ids` (thousands): a JSON array on SQLite, not a bound parameter each."""
+    if conn.dialect.name == "sqlite":
+        listed = select(literal_column("value")).select_from(func.json_each(json.dumps([int(i) for i in ids])))
+        return CaptionRecord.id.in_(listed)
+    return CaptionRecord.id.in_([int(i) for i in ids])
+
+
+def _scope(
+    conn: Connection, engine: Engine, query: CaptionFilter, top: Position, limits: SearchLimits, words: bool = False
+) -> tuple[list[ColumnElement[bool]], VectorIndex | None]:
+    """The terms of the rows to rank, and the index when they are to be ranked from it.
+
+    With the index built: every row the filters keep at or below `top`. When they are at most `scan_rows`, exactly
+    (their ids, from the index's columns, and every filter again); more, from the index (returned with it).
+    While it is being built: the bounded window of before (the newest `scan_rows` rows of the walk)."""
+    index = refreshed(engine)
+    if index is None:
+        return _in_window(conn, engine, query, top, limits.scan_rows), None
+    conditions = [*filter_conditions(engine, query), *after_position(just_above(top))]
+    where = _index_filter(query, top)
+    if index.count(where) <= limits.scan_rows:
+        # With words, rows without a vector yet count too (by their words): the filters alone then, not the ids.
+        return (conditions if words else [_ids_in(conn, index.matching(where).tolist()), *conditions]), None
+    return conditions, index
+
+
+def _from_index(
+    conn: Connection,
+    index: VectorIndex,
+    query: CaptionFilter,
+    top: Position,
+    conditions: list[ColumnElement[bool]],
+    vector: np.ndarray,
+    enough: Callable[[list[tuple[float, int]]], bool],
+) -> list[tuple[float, int]]:
+    """(similarity, id) of the index's nearest candidates that pass every filter, re-ranked exactly, best first;
+    the candidates grow (x4) until `enough` says the list is deep enough or the index has no more rows."""
+    where = _index_filter(query, top)
+    k = MIN_CANDIDATES
+    while True:
+        ids, every = index.nearest(vector, where, k)
+        candidates = select(CaptionRecord.id).where(_ids_in(conn, ids.tolist()), *conditions)
+        ranked = sorted(
+            ((score, row_id) for row_id, score in _similarities(conn, candidates, vector).items()), reverse=True
+        )
+        if every or enough(ranked):
+            return ranked
+        k *= CANDIDATE_GROWTH
+
+
+def _matched_words(conn: Connection, ids: list[int], words: list[str]) -> dict[int, list[str]]:
+    """Which of `words` (the last also as a prefix, as the words list takes it) each of the rows `ids` matched,
+    by the same full-text index."""
+    matched: dict[int, list[str]] = {row_id: [] for row_id in ids}
+    if not ids:
+        return matched
+    for place, word in enumerate(words):
+        prefix = place == len(words) - 1
+        if conn.dialect.name == "sqlite":
+            match = f'"{word}"' + ("*" if prefix else "")
+            statement = select(_FTS.c.rowid).where(
+                text("captions_fts MATCH :match").bindparams(match=match), _FTS.c.rowid.in_(ids)
+            )
+        else:
+            tsquery = func.to_tsquery(literal_column(f"'{PG_TS_CONFIG}'::regconfig"), word + (":*" if prefix else ""))
+            statement = select(CaptionRecord.id).where(
+                CaptionRecord.id.in_(ids), literal_column(PG_TSVECTOR_COLUMN).op("@@")(tsquery)
+            )
+        for row_id in conn.scalars(statement):
+            matched[int(row_id)].append(word)
+    return matched
+
+
+def explained_search(
+    engine: Engine,
+    embedder: TextEmbedder,
+    query: CaptionFilter,
+    search_text: str,
+    limit: int,
+    *,
+    hybrid: bool = False,
+    after: RankedPosition | None = None,
+    limits: SearchLimits | None = None,
+) -> SemanticPage:
+    """Up to `limit` rows ranked by meaning (or fused with words) over every row the filters keep, explained,
+    and the next page's cursor (None on the last page). `query.text` must be None: the search text is
+    `search_text`."""
+    query = replace(query, text=None)
+    words = [word for word in WORD.findall(search_text) if word.lower() not in STOP_WORDS]
+    limits = limits or SearchLimits()
+    size = limit + 1
+    # The search text is encoded in a thread of its own (~25 ms of PyTorch on a CPU, which lets go of the GIL)
+    # while the database finds the rows to rank and, for hybrid, the words list: neither needs the vector. The
+    # model is loaded first, here: its seconds, once, are not to count against the search's time limit.
+    embedder.load()
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-text") as encoding:
+        encoded = encoding.submit(embedder.encode, [search_text])
+        with limited(engine, limits.timeout_s) as conn:
+            top = after.top if after is not None else nth(conn, walk_conditions(query), 0)
+            if top is None:
+                encoded.cancel()
+                return SemanticPage([], [], [], [] if hybrid else None, None, False)
+            in_scope, index = _scope(conn, engine, query, top, limits, words=hybrid)
+            sqlite = conn.dialect.name == "sqlite"
+            if index is not None:
+                listed = None
+                if hybrid:
+                    listed = (
+                        _sqlite_word_ranks(conn, in_scope, words, limit=WORDS_LIMIT)
+                        if sqlite
+                        else _word_ranks(conn, select(CaptionRecord.id).where(*in_scope), words, limit=WORDS_LIMIT)
+                    )
+                vector = encoded.result()[0]
+                if listed is None:
+                    below = after
+
+                    def enough(ranked: list[tuple[float, int]]) -> bool:
+                        return sum(1 for entry in ranked if below is None or entry < (below.score, below.id)) >= size
+
+                    ranked = _from_index(conn, index, query, top, in_scope, vector, enough)
+                    page = _below({row_id: score for score, row_id in ranked}, after, size)
+                else:
+                    deepest = _start(after, limits.scan_rows * 100) + size + len(listed) + 2
+                    ranked = _from_index(conn, index, query, top, in_scope, vector, lambda found: len(found) >= deepest)
+                    semantic = {row_id: rank for rank, (_, row_id) in enumerate(ranked, start=1)}
+                    page = _below(_fused_ranks(semantic, listed), after, size)
+            elif sqlite:
+                listed = _sqlite_word_ranks(conn, in_scope, words) if hybrid else None
+                vector = encoded.result()[0]
+                page = _sqlite_page(conn, in_scope, vector, listed, after, size, limits.scan_rows)
+            else:
+                window = select(CaptionRecord.id).where(*in_scope)
+                listed = _word_ranks(conn, window, words) if hybrid else None
+                vector = encoded.result()[0]
+                scores = _similarities(conn, window, vector)
+                if listed is not None:
+                    scores = _fused(scores, listed)
+                page = _below(scores, after, size)
+            ids = [row_id for _, row_id in page[:limit]]
+            found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
+            similar = _similarities(conn, select(CaptionRecord.id).where(CaptionRecord.id.in_(ids)), vector)
+            matched = _matched_words(conn, ids, words) if hybrid else None
+    kept = [(score, row_id) for score, row_id in page[:limit] if row_id in found]
+    following = None
+    if len(page) > limit:
+        last_score, last_id = page[limit - 1]
+        following = RankedPosition(top, last_score, last_id)
+    return SemanticPage(
+        rows=[found[row_id] for _, row_id in kept],
+        scores=[score for score, _ in kept],
+        similarities=[similar.get(row_id) for _, row_id in kept],
+        matched_words=[matched[row_id] for _, row_id in kept] if matched is not None else None,
+        next=following,
+        indexed=index is not None,
+    )
+
+
+def _start(after: RankedPosition | None, deepest: int) -> int:
+    """The semantic rank a hybrid cursor's score implies (the fused score of a row outside the words list is
+    1 / (RRF_K + rank)), clamped: a cursor's score is the client's to send."""
+    if after is None or not math.isfinite(after.score) or after.score <= 0:
+        return 0
+    return min(deepest, max(0, int(1.0 / after.score) - RRF_K - 1))
+
+
 def semantic_search(
     engine: Engine,
     embedder: TextEmbedder,
@@ -244,42 +450,9 @@ def semantic_search(
     after: RankedPosition | None = None,
     limits: SearchLimits | None = None,
 ) -> tuple[list[CaptionRow], list[float], RankedPosition | None]:
-    """Up to `limit` rows of the window ranked by meaning (or fused with words), their scores, and the next
-    page's cursor (None on the last page). `query.text` must be None: the search text is `search_text`."""
-    query = replace(query, text=None)
-    words = [word for word in WORD.findall(search_text) if word.lower() not in STOP_WORDS]
-    limits = limits or SearchLimits()
-    # The search text is encoded in a thread of its own (~25 ms of PyTorch on a CPU, which lets go of the GIL)
-    # while the database finds the window and, for hybrid, the words list: neither needs the vector. The model is
-    # loaded first, here: its seconds, once, are not to count against the search's time limit.
-    embedder.load()
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-text") as encoding:
-        encoded = encoding.submit(embedder.encode, [search_text])
-        with limited(engine, limits.timeout_s) as conn:
-            top = after.top if after is not None else nth(conn, walk_conditions(query), 0)
-            if top is None:
-                encoded.cancel()
-                return [], [], None
-            in_window = _in_window(conn, engine, query, top, limits.scan_rows)
-            if conn.dialect.name == "sqlite":
-                listed = _sqlite_word_ranks(conn, in_window, words) if hybrid else None
-                vector = encoded.result()[0]
-                page = _sqlite_page(conn, in_window, vector, listed, after, limit + 1, limits.scan_rows)
-            else:
-                window = select(CaptionRecord.id).where(*in_window)
-                listed = _word_ranks(conn, window, words) if hybrid else None
-                scores = _similarities(conn, window, encoded.result()[0])
-                if listed is not None:
-                    scores = _fused(scores, listed)
-                page = _below(scores, after, limit + 1)
-            ids = [row_id for _, row_id in page[:limit]]
-            found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
-    rows = [found[row_id] for row_id in ids if row_id in found]
-    page_scores = [score for score, row_id in page[:limit] if row_id in found]
-    if len(page) <= limit:
-        return rows, page_scores, None
-    last_score, last_id = page[limit - 1]
-    return rows, page_scores, RankedPosition(top, last_score, last_id)
+    """`explained_search`'s rows, their scores and the next page's cursor."""
+    page = explained_search(engine, embedder, query, search_text, limit, hybrid=hybrid, after=after, limits=limits)
+    return page.rows, page.scores, page.next
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,23 +485,34 @@ def any_word_search(
         top = nth(conn, walk_conditions(query), 0)
         if top is None:
             return []
-        in_window = _in_window(conn, engine, query, top, limits.scan_rows)
+        in_scope, index = _scope(conn, engine, query, top, limits, words=True)
+        # Over the index (a broad filter: a month of many cameras) each list is its best WORDS_LIMIT rows.
+        cap = WORDS_LIMIT if index is not None else None
         if conn.dialect.name == "sqlite":
-            # The window's ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
+            # The rows' ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
             # more than the full-text matches themselves.
-            ids = _id_range(conn, in_window)
+            ids = _id_range(conn, in_scope)
             if ids is None:
                 return []
-            rankings = [_fused({}, _sqlite_word_ranks(conn, in_window, [word], ids)) for word in words]
-            if meaning is not None and vector is not None:
-                rankings.append(_fused(_sqlite_alike(conn, in_window, vector, meaning.min_similarity), []))
+            rankings = [_fused({}, _sqlite_word_ranks(conn, in_scope, [word], ids, limit=cap)) for word in words]
         else:
-            window = select(CaptionRecord.id).where(*in_window)
-            rankings = [_fused({}, _word_ranks(conn, window, [word])) for word in words]
-            if meaning is not None and vector is not None:
-                similar = _similarities(conn, window, vector)
-                alike = {row_id: score for row_id, score in similar.items() if score >= meaning.min_similarity}
-                rankings.append(_fused(alike, []))
+            window = select(CaptionRecord.id).where(*in_scope)
+            rankings = [_fused({}, _word_ranks(conn, window, [word], limit=cap)) for word in words]
+        if meaning is not None and vector is not None:
+            floor = meaning.min_similarity
+            if index is not None:
+
+                def enough(ranked: list[tuple[float, int]]) -> bool:
+                    return len(ranked) >= WORDS_LIMIT or (bool(ranked) and ranked[-1][0] < floor)
+
+                ranked = _from_index(conn, index, query, top, in_scope, vector, enough)
+                alike = {row_id: score for score, row_id in ranked if score >= floor}
+            elif conn.dialect.name == "sqlite":
+                alike = _sqlite_alike(conn, in_scope, vector, floor)
+            else:
+                similar = _similarities(conn, select(CaptionRecord.id).where(*in_scope), vector)
+                alike = {row_id: score for row_id, score in similar.items() if score >= floor}
+            rankings.append(_fused(alike, []))
         scores: dict[int, float] = {}
         for ranking in rankings:
             for row_id, score in ranking.items():

@@ -24,6 +24,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from visioncap.store.embeddings import DIMENSIONS, TextEmbedder
 from visioncap.store.records import CaptionStatus
 from visioncap.store.schema import VECTORS_TABLE
+from visioncap.store.vector_index import index_for
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +82,14 @@ def backfill(engine: Engine, embedder: TextEmbedder, batch_size: int = DEFAULT_B
 
 
 def vector_method(engine: Engine) -> str:
-    """How semantic search ranks on this database (for /readyz)."""
+    """How semantic search ranks exactly on this database (for /readyz; the index's candidates and filters that
+    keep few rows)."""
     if engine.dialect.name == "sqlite":
-        return f"sqlite-vec vec_distance_cosine over the filtered rows (exact, {DIMENSIONS} dims)"
+        return f"exact: sqlite-vec vec_distance_cosine ({DIMENSIONS} dims)"
     with engine.connect() as conn:
         pgvector = conn.scalar(text("SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'"))
     found = "pgvector is installed but not used yet" if pgvector else "pgvector is not installed"
-    return f"exact re-rank in numpy over the filtered rows ({found})"
+    return f"exact: cosine in numpy ({found})"
 
 
 class BackgroundEmbedder:
@@ -149,3 +151,7 @@ class BackgroundEmbedder:
             idle_s += self.poll_s
             if idle_s >= self.rescan_s:
                 after, idle_s = 0, 0.0
+                try:  # rows deleted or re-captioned since the index was built: rebuilt when many
+                    index_for(self.engine, start=False).maintain()
+                except SQLAlchemyError as exc:
+                    log.warning("vector index: %s", exc)

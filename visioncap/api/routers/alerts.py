@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -11,6 +9,8 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import Response
 
 from visioncap.alerts import store
+from visioncap.api.auth import EVERY_CAMERA, CameraScope, camera_scope
+from visioncap.api.cursors import decode_alert_cursor, encode_alert_cursor
 from visioncap.api.errors import ApiError, bad_param
 from visioncap.api.protocol import Alert, AlertDelivery, AlertPage, AlertRuleList, AlertRuleView, ErrorResponse
 from visioncap.api.routers.captions import Time
@@ -28,7 +28,15 @@ RULE_ERRORS = {
     404: {"model": ErrorResponse, "description": "No rule of that name."},
     409: {"model": ErrorResponse, "description": "A rule of that name exists, or the rule is the file's."},
 }
-BODY_ERRORS = {**RULE_ERRORS, **BAD_BODY}
+BODY_ERRORS = {
+    **RULE_ERRORS,
+    **BAD_BODY,
+    403: {
+        "model": ErrorResponse,
+        "description": "The key lacks the write scope, or is limited to some cameras and the rule's `cameras` does "
+        "not name only those (`param`: cameras).",
+    },
+}
 
 
 def file_config(request: Request) -> AlertsConfig | None:
@@ -40,24 +48,17 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 def _cursor(cursor: str | None) -> int | None:
-    if cursor is None:
-        return None
-    try:
-        value = int(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().removeprefix("a"))
-    except (binascii.Error, UnicodeDecodeError, ValueError) as exc:
-        raise bad_param("cursor", "not a cursor this API returned") from exc
-    if value < 1:
-        raise bad_param("cursor", "not a cursor this API returned")
-    return value
+    return None if cursor is None else decode_alert_cursor(cursor)
 
 
 def _next_cursor(alert_id: int) -> str:
-    return base64.urlsafe_b64encode(f"a{alert_id}".encode()).decode().rstrip("=")
+    return encode_alert_cursor(alert_id)
 
 
 @router.get("", response_model=AlertPage, summary="Alerts that fired, newest first")
 def list_alerts(
     api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
     rule: Annotated[list[str], Query(description="Rule name; repeat for several.")] = [],  # noqa: B006
     camera: Annotated[list[str], Query(description="Camera id; repeat for several.")] = [],  # noqa: B006
     since: Annotated[Time, Query(description="Captured at or after (ISO 8601; no offset means UTC).")] = None,
@@ -68,7 +69,11 @@ def list_alerts(
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
     cursor: Annotated[str | None, Query(max_length=40, description="`next_cursor` of the previous page.")] = None,
 ) -> AlertPage:
-    where = store.AlertFilter(rule, camera, _utc(since), _utc(until), state, _cursor(cursor))
+    after = _cursor(cursor)
+    visible = scope.narrow(camera)
+    if visible is None:  # only cameras the key may not see: as for cameras that do not exist
+        return AlertPage(items=[], next_cursor=None)
+    where = store.AlertFilter(rule, visible, _utc(since), _utc(until), state, after)
     found = store.list_alerts(api.engine, where, limit)
     items = [
         Alert(
@@ -97,22 +102,39 @@ def list_alerts(
     return AlertPage(items=items, next_cursor=_next_cursor(items[-1].id) if len(items) == limit else None)
 
 
-@router.get("/rules", response_model=AlertRuleList, summary="Alert rules: the file's (read-only), then the API's")
+@router.get(
+    "/rules",
+    response_model=AlertRuleList,
+    summary="Alert rules: the file's (read-only), then the API's",
+    description="A key limited to some cameras sees only the rules whose `cameras` it names, all of them its own "
+    "(a rule without `cameras` watches every camera: not a limited key's).",
+)
 def list_rules(
-    api: Annotated[ApiService, Depends(service)], config: Annotated[AlertsConfig | None, Depends(file_config)]
+    api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
+    config: Annotated[AlertsConfig | None, Depends(file_config)],
 ) -> AlertRuleList:
     file_rules = list(config.rules) if config else []
     names = {rule.name for rule in file_rules}
-    items = [AlertRuleView(rule=rule, source="file", read_only=True) for rule in file_rules]
+    items = [
+        AlertRuleView(rule=rule, source="file", read_only=True) for rule in file_rules if scope.covers(rule.cameras)
+    ]
+    # A short list, not a page: leaving out the rules of other cameras here loses nothing.
     items += [
         AlertRuleView(rule=rule, source="api", read_only=False)
         for rule in store.api_rules(api.engine)
-        if rule.name not in names
+        if rule.name not in names and scope.covers(rule.cameras)
     ]
     return AlertRuleList(items=items)
 
 
-def _checked(rule: AlertRule, config: AlertsConfig | None) -> AlertRule:
+def _checked(rule: AlertRule, config: AlertsConfig | None, scope: CameraScope) -> AlertRule:
+    if not scope.covers(rule.cameras):
+        raise ApiError(
+            403,
+            "this API key may only make rules for its own cameras: name them (and only them) in `cameras`",
+            param="cameras",
+        )
     if config is not None:
         unknown = sorted(set(rule.notify) - set(config.destination_names()))
         if unknown:
@@ -120,8 +142,17 @@ def _checked(rule: AlertRule, config: AlertsConfig | None) -> AlertRule:
     return rule
 
 
-def _file_rule(config: AlertsConfig | None, name: str) -> bool:
-    return config is not None and any(rule.name == name for rule in config.rules)
+def _file_rule(config: AlertsConfig | None, name: str, scope: CameraScope) -> bool:
+    """Whether `name` is a rule of the file that `scope` sees (one it does not see is as unknown as no rule)."""
+    return config is not None and any(rule.name == name and scope.covers(rule.cameras) for rule in config.rules)
+
+
+def _api_rule(api: ApiService, name: str, scope: CameraScope) -> AlertRule:
+    """The API's rule `name`; 404 also for one of cameras `scope` does not cover."""
+    found = next((rule for rule in store.api_rules(api.engine) if rule.name == name), None)
+    if found is None or not scope.covers(found.cameras):
+        raise ApiError(404, f"no rule named {name!r}")
+    return found
 
 
 @router.post(
@@ -134,10 +165,12 @@ def _file_rule(config: AlertsConfig | None, name: str) -> bool:
 )
 def add_rule(
     api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
     config: Annotated[AlertsConfig | None, Depends(file_config)],
     rule: AlertRule,
 ) -> AlertRuleView:
-    if _file_rule(config, rule.name) or not store.add_rule(api.engine, _checked(rule, config)):
+    # Rule names are one namespace: a limited key learns that a name is taken, never the rule itself.
+    if _file_rule(config, rule.name, EVERY_CAMERA) or not store.add_rule(api.engine, _checked(rule, config, scope)):
         raise ApiError(409, f"a rule named {rule.name!r} exists", param="name")
     return AlertRuleView(rule=rule, source="api", read_only=False)
 
@@ -150,18 +183,17 @@ def add_rule(
 )
 def patch_rule(
     api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
     config: Annotated[AlertsConfig | None, Depends(file_config)],
     name: RuleName,
     changes: AlertRulePatch,  # type: ignore[valid-type]
 ) -> AlertRuleView:
-    if _file_rule(config, name):
+    if _file_rule(config, name, scope):
         raise ApiError(409, f"rule {name!r} is the alerts file's: change it there")
-    current = next((rule for rule in store.api_rules(api.engine) if rule.name == name), None)
-    if current is None:
-        raise ApiError(404, f"no rule named {name!r}")
+    current = _api_rule(api, name, scope)
     # Validated field by field already (the patch has the rule's constraints): this cannot fail.
     rule = AlertRule.model_validate({**current.model_dump(), **changes.model_dump(exclude_unset=True)})  # type: ignore[attr-defined]
-    if not store.replace_rule(api.engine, _checked(rule, config)):
+    if not store.replace_rule(api.engine, _checked(rule, config, scope)):
         raise ApiError(404, f"no rule named {name!r}")
     return AlertRuleView(rule=rule, source="api", read_only=False)
 
@@ -169,11 +201,14 @@ def patch_rule(
 @router.delete("/rules/{name}", status_code=204, summary="Delete a rule (write scope)", responses=RULE_ERRORS)
 def delete_rule(
     api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
     config: Annotated[AlertsConfig | None, Depends(file_config)],
     name: RuleName,
 ) -> Response:
-    if _file_rule(config, name):
+    if _file_rule(config, name, scope):
         raise ApiError(409, f"rule {name!r} is the alerts file's: change it there")
+    if scope.limited:
+        _api_rule(api, name, scope)
     if not store.delete_rule(api.engine, name):
         raise ApiError(404, f"no rule named {name!r}")
     return Response(status_code=204)

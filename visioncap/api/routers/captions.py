@@ -11,6 +11,7 @@ from pydantic import BeforeValidator
 from starlette.responses import Response
 
 from visioncap.api import images
+from visioncap.api.auth import CameraScope, camera_scope
 from visioncap.api.protocol import Caption, CaptionPage, ErrorResponse, Regenerated
 from visioncap.api.routers.common import ERRORS, NOT_FOUND, SECURED, service
 from visioncap.api.serving import MAX_ID, ApiService
@@ -53,6 +54,7 @@ Time = Annotated[datetime | None, BeforeValidator(_not_a_number)]
 )
 def list_captions(
     api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
     camera: Annotated[list[str], Query(description="Camera id; repeat (or separate with commas) for several.")] = [],  # noqa: B006 (FastAPI copies defaults)
     since: Annotated[Time, Query(description="Captured at or after (ISO 8601; no offset means UTC).")] = None,
     until: Annotated[
@@ -90,13 +92,15 @@ def list_captions(
     ] = False,
 ) -> Response:
     # The JSON is made from the rows directly (see caption_page_json); response_model still documents it.
-    page = api.list_captions(camera, since, until, q, min_people, status, limit, cursor, semantic, hybrid)
+    page = api.list_captions(camera, since, until, q, min_people, status, limit, cursor, semantic, hybrid, scope)
     return Response(page, media_type="application/json")
 
 
 @router.get("/{id}", response_model=Caption, summary="One caption", responses=NOT_FOUND)
-def get_caption(api: Annotated[ApiService, Depends(service)], id: CaptionId) -> Caption:
-    return Caption.of(api.row(id))
+def get_caption(
+    api: Annotated[ApiService, Depends(service)], scope: Annotated[CameraScope, Depends(camera_scope)], id: CaptionId
+) -> Caption:
+    return Caption.of(api.row(id, scope))
 
 
 @router.get(
@@ -108,23 +112,30 @@ def get_caption(api: Annotated[ApiService, Depends(service)], id: CaptionId) -> 
         304: {"description": "Not modified (If-None-Match)."},
         404: {"model": ErrorResponse, "description": "No such caption, or its image is no longer stored."},
         409: {"model": ErrorResponse, "description": "boxes=true but the row lacks the frame geometry."},
+        503: {
+            "model": ErrorResponse,
+            "description": f"The image store (its volume) kept every file read busy for {images.FILE_WAIT_S:g} s; "
+            "Retry-After says when to try again.",
+        },
     },
 )
 async def get_image(
     request: Request,
     api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
     id: CaptionId,
     boxes: Annotated[bool, Query(description="Draw the detected people on the image.")] = False,
 ) -> Response:
-    row = await anyio.to_thread.run_sync(api.row, id)
-    stored = images.locate(api.data_dir, row, boxes)
+    row = await anyio.to_thread.run_sync(api.row, id, scope)
+    held = {tag.strip() for tag in request.headers.get("if-none-match", "").split(",")}
+    # Off the event loop, in a bounded pool: a stalled volume must not freeze the other requests (images.py).
+    stored, jpeg = await images.ImageFiles.of(request.app).run(images.fetch, api.data_dir, row, boxes, held)
     headers = {
         "ETag": stored.etag,
         "Cache-Control": f"private, max-age={api.settings.api_image_max_age_s}",
     }
-    if stored.etag in [tag.strip() for tag in request.headers.get("if-none-match", "").split(",")]:
+    if stored.etag in held:
         return Response(status_code=304, headers=headers)
-    jpeg = await anyio.Path(stored.path).read_bytes()
     if boxes:
         jpeg = await anyio.to_thread.run_sync(images.with_boxes, row, jpeg)
     return Response(jpeg, media_type="image/jpeg", headers=headers)
@@ -140,5 +151,7 @@ async def get_image(
     "Needs the `write` scope. 409 when the row is already pending or has no stored image.",
     responses={**NOT_FOUND, 409: {"model": ErrorResponse, "description": "Already pending, or no stored image."}},
 )
-def regenerate(api: Annotated[ApiService, Depends(service)], id: CaptionId) -> Regenerated:
-    return api.regenerate(id)
+def regenerate(
+    api: Annotated[ApiService, Depends(service)], scope: Annotated[CameraScope, Depends(camera_scope)], id: CaptionId
+) -> Regenerated:
+    return api.regenerate(id, scope)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import get_origin
 
 import anyio
 from fastapi import Depends, HTTPException, Request, Security
+from fastapi._compat import ModelField
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.responses import StreamingResponse
@@ -48,21 +51,51 @@ class ClosingStreamingResponse(StreamingResponse):
                     await self._on_close()
 
 
-def _single_valued(dependant: Dependant) -> list[str]:
-    names = [f.alias for f in dependant.query_params if get_origin(f.field_info.annotation) not in _SEQUENCES]
-    return names + [name for sub in dependant.dependencies for name in _single_valued(sub)]
+def _query_fields(dependant: Dependant) -> list[ModelField]:
+    return dependant.query_params + [field for sub in dependant.dependencies for field in _query_fields(sub)]
 
 
-def one_value_each(request: Request) -> None:
-    """Refuses a parameter that takes one value when it is given more than once. FastAPI would quietly keep the
-    last one, so `q=a&q=b` searched for b alone: a client (or a proxy appending parameters) got an answer to
-    a question it did not ask, and the schema says the parameter is a single value."""
+def _takes_one(field: ModelField) -> bool:
+    return get_origin(field.field_info.annotation) not in _SEQUENCES
+
+
+def _moment(field: ModelField, raw: str) -> datetime | None:
+    """`raw` read as the route reads it (naive: UTC); None when the route will refuse it itself."""
+    value, errors = field.validate(raw)
+    if errors or not isinstance(value, datetime):
+        return None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def checked_query(request: Request) -> None:
+    """What every route's query must be besides each parameter's schema, checked in one place for all of them.
+
+    No parameter the route does not declare: FastAPI would ignore it, so `?cameras=lobby` (for `camera`) listed
+    every camera, as the config files refuse unknown keys. A parameter that takes one value given once: FastAPI
+    would keep the last, so `q=a&q=b` searched for b alone. And a window's `until` after its `since`, on every
+    route that has one (one answered 422, another 200 and nothing)."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
-    for name in _single_valued(route.dependant):
-        if len(request.query_params.getlist(name)) > 1:
+    fields = {field.alias: field for field in _query_fields(route.dependant)}
+    unknown = [name for name in dict.fromkeys(request.query_params) if name not in fields]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(fields), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        known = f"this route takes {', '.join(fields)}" if fields else "this route takes none"
+        raise bad_param(unknown[0], f"unknown query parameter ({known}){hint}")
+    for name, field in fields.items():
+        if _takes_one(field) and len(request.query_params.getlist(name)) > 1:
             raise bad_param(name, "given more than once; it takes one value")
+    if "since" in request.query_params and "until" in request.query_params:
+        since = _moment(fields["since"], request.query_params["since"])
+        until = _moment(fields["until"], request.query_params["until"])
+        try:
+            backwards = since is not None and until is not None and since >= until
+        except OverflowError:  # at the ends of the calendar; the route says which is out of range
+            backwards = False
+        if backwards:
+            raise bad_param("until", "must be after since")
 
 
 class SharedPathRoute(APIRoute):
@@ -81,9 +114,9 @@ class SharedPathRoute(APIRoute):
         await super().handle(scope, receive, send)
 
 
-# Declares the schemes for /docs (the AuthMiddleware enforces them on every request), and refuses repeated
-# single-valued parameters on every route.
-SECURED = [Security(bearer_scheme), Security(header_scheme), Depends(one_value_each)]
+# Declares the schemes for /docs (the AuthMiddleware enforces them on every request), and checks every route's
+# query (checked_query).
+SECURED = [Security(bearer_scheme), Security(header_scheme), Depends(checked_query)]
 
 ERRORS = {
     401: {"model": ErrorResponse, "description": "Missing or unknown API key."},
@@ -93,13 +126,21 @@ ERRORS = {
     },
     422: {
         "model": ErrorResponse,
-        "description": "A malformed parameter; `param` names it. Besides each parameter's schema: a parameter "
+        "description": "A malformed parameter; `param` names it. Besides each parameter's schema: no parameter the "
+        "operation does not list (the message names the closest one it takes); a parameter "
         "that takes one value may not be given more than once; no text parameter may hold a NUL character; "
         "`camera` names at most 50 cameras of at most 64 characters each (commas separate cameras within a value); "
         "`until` must be after `since`; `cursor` must be a `next_cursor` the API returned.",
     },
 }
-BAD_BODY = {400: {"model": ErrorResponse, "description": "The body is not JSON."}}
+BAD_BODY = {
+    400: {"model": ErrorResponse, "description": "The body is not JSON, not UTF-8, or holds a lone surrogate."},
+    413: {
+        "model": ErrorResponse,
+        "description": "The body is larger than the operation's limit (VISIONCAP_API_MAX_BODY_BYTES, Ask's "
+        "VISIONCAP_ASK_MAX_BODY_BYTES); refused before it is read.",
+    },
+}
 NOT_FOUND = {404: {"model": ErrorResponse, "description": "No caption with this id."}}
 
 

@@ -1,4 +1,5 @@
-"""The captions browser at /: a static page that calls the API with the key the user enters."""
+"""The web app at /: a static page (ES modules under /static/) that calls the API with the key the user enters;
+its views live in the address fragment (#/captions/ID, ...), so every path here is `/`."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from visioncap.api.auth import CameraScope, camera_scope
 from visioncap.api.errors import RETRY_AFTER_S, ApiError
 from visioncap.api.routers.common import ERRORS, SECURED, ClosingStreamingResponse, service
 from visioncap.api.serving import ApiService, StreamSlot, cameras_param
@@ -52,6 +53,7 @@ class _SlotResponse(ClosingStreamingResponse):
 async def stream(
     request: Request,
     api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
     camera: Annotated[list[str], Query(description="Camera id; repeat or separate with commas.")] = [],  # noqa: B006
     min_people: Annotated[int | None, Query(ge=0, le=10_000, description="At least this many people.")] = None,
     last_event_id: Annotated[
@@ -63,7 +65,7 @@ async def stream(
         ),
     ] = None,
 ) -> StreamingResponse:
-    cameras = cameras_param(camera)
+    cameras = scope.narrow(cameras_param(camera))
     slot = api.reserve_stream()  # before any await, so the cap holds for requests that arrive together
     if slot is None:
         raise ApiError(

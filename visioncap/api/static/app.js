@@ -1,325 +1,103 @@
-// The captions browser: plain JS, no dependencies. The API key stays in this browser (localStorage) and is
-// sent as a header; images and the live stream are fetched with it too (an <img src> or EventSource
-// could not send one).
-"use strict";
+// The web app: plain ES modules, no dependencies. A hash router picks the view (#/, #/captions/ID,
+// #/timeline/CAMERA?day=..., #/cameras, #/alerts), so every view has an address that survives a reload and can be
+// shared. The API key stays in this browser (localStorage) and is sent as a header; images and the live stream are
+// fetched with it too (an <img src> or EventSource could not send one).
+
+import { alertsView, setUp as setUpAlerts } from "./alerts.js";
+import { loadCapabilities, session, setKey } from "./api.js";
+import { camerasView } from "./cameras.js";
+import { applyCapabilities, captionsView, refresh, setUp as setUpCaptions } from "./captions.js";
+import { detailView } from "./detail.js";
+import { setUp as setUpTimeline, timelineView } from "./timeline.js";
+import { setStatus } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
-const state = {
-  key: localStorage.getItem("visioncap.key") || "",
-  cursor: null,
-  stream: null,
-  lastEventId: null,
-  shown: new Set(),
-  generation: 0, // counts refresh() calls: a list answered after a newer refresh began is not shown
+
+const missingView = { name: "missing", title: "Not found", enter() {}, leave() {} };
+const views = {
+  captions: captionsView, detail: detailView, timeline: timelineView, cameras: camerasView, alerts: alertsView, missing: missingView,
 };
-const imageUrls = new Map();
+// The navigation entry each view belongs to.
+const NAV = { captions: "captions", detail: "captions", timeline: "timeline", cameras: "cameras", alerts: "alerts" };
+const STATUS = { captions: "status", detail: "detail-status", timeline: "timeline-status", cameras: "cameras-status", alerts: "alerts-status" };
 
-function headers() {
-  return { Authorization: `Bearer ${state.key}` };
-}
-
-function setStatus(text, error = false) {
-  $("status").textContent = text;
-  $("status").className = error ? "error" : "";
-}
-
-async function api(path, params) {
-  const url = new URL(path, location.origin);
-  for (const [name, value] of params || []) url.searchParams.append(name, value);
-  const response = await fetch(url, { headers: headers() });
-  if (!response.ok) {
-    let message = `HTTP ${response.status}`;
-    try { message = (await response.json()).error.message; } catch (_) { /* not JSON */ }
-    throw new Error(message);
-  }
-  return response;
-}
-
-function toUtc(localValue) {
-  return localValue ? new Date(localValue).toISOString() : null;
-}
-
-function filterParams() {
-  const params = [];
-  const q = $("q").value.trim();
-  const mode = $("mode").value;
-  // semantic and hybrid rank by meaning (the API needs VISIONCAP_API_SEMANTIC_SEARCH); words: every word, newest first.
-  if (q && mode === "words") params.push(["q", q]);
-  if (q && mode !== "words") params.push(["semantic", q]);
-  if (q && mode === "hybrid") params.push(["hybrid", "true"]);
-  for (const option of $("camera").selectedOptions) params.push(["camera", option.value]);
-  const since = toUtc($("since").value);
-  const until = toUtc($("until").value);
-  if (since) params.push(["since", since]);
-  if (until) params.push(["until", until]);
-  const people = Number($("min_people").value || 0);
-  if (people > 0) params.push(["min_people", String(people)]);
-  return params;
-}
-
-async function loadImage(img, caption) {
-  if (!caption.image_url) return;
+function parse(hash) {
+  const [path, query = ""] = hash.replace(/^#/, "").split("?");
+  let parts;
   try {
-    const blob = await (await api(caption.image_url)).blob();
-    const url = URL.createObjectURL(blob);
-    imageUrls.set(caption.id, url);
-    img.src = url;
+    parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   } catch (_) {
-    img.alt = "image not available";
+    return ["missing", {}];
   }
+  const search = new URLSearchParams(query);
+  if (parts.length === 0 || (parts.length === 1 && parts[0] === "captions")) return ["captions", {}];
+  if (parts[0] === "captions" && parts.length === 2 && /^\d{1,18}$/.test(parts[1])) return ["detail", { id: parts[1] }];
+  if (parts[0] === "timeline" && parts.length <= 2) return ["timeline", { camera: parts[1] || null, day: search.get("day") }];
+  if (parts[0] === "cameras" && parts.length === 1) return ["cameras", {}];
+  if (parts[0] === "alerts" && parts.length === 1) return ["alerts", {}];
+  return ["missing", {}];
 }
 
-function card(caption, fresh) {
-  const node = $("card").content.firstElementChild.cloneNode(true);
-  node.dataset.id = caption.id;
-  if (fresh) node.classList.add("new");
-  node.querySelector(".camera").textContent = caption.camera;
-  const time = node.querySelector("time");
-  time.dateTime = caption.captured_at;
-  time.textContent = new Date(caption.captured_at).toLocaleString();
-  node.querySelector(".people").textContent = `${caption.people_count} ${caption.people_count === 1 ? "person" : "people"}`;
-  const status = node.querySelector(".state");
-  status.textContent = caption.status === "captioned" ? "" : caption.status;
-  status.classList.add(caption.status);
-  node.querySelector(".text").textContent = caption.caption ?? caption.error ?? "";
-  const img = node.querySelector("img");
-  img.alt = caption.caption || `frame of ${caption.camera}`;
-  loadImage(img, caption);
-  return node;
+let active = null;
+
+function route(moveFocus) {
+  const [name, params] = parse(location.hash);
+  const view = views[name];
+  if (active) active.leave();
+  active = view;
+  for (const section of document.querySelectorAll("[data-view]")) section.hidden = section.dataset.view !== name;
+  for (const link of document.querySelectorAll("[data-nav]")) {
+    if (link.dataset.nav === NAV[name]) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  document.title = `${view.title} · visioncap`;
+  if (session.key || name === "captions" || name === "missing") view.enter(params);
+  else setStatus($(STATUS[name]), "Enter an API key above to see this page (visioncap api-key makes one).");
+  // A screen reader hears the new view's heading; a keyboard continues from there.
+  if (moveFocus) document.querySelector(`[data-view="${name}"] h1`)?.focus();
 }
 
-function clearCards() {
-  for (const url of imageUrls.values()) URL.revokeObjectURL(url);
-  imageUrls.clear();
-  state.shown.clear();
-  $("captions").replaceChildren();
-}
-
-async function loadPage() {
-  const generation = state.generation;
-  const params = filterParams();
-  params.push(["limit", "48"]);
-  if (state.cursor) params.push(["cursor", state.cursor]);
-  setStatus("Loading...");
+async function capabilities() {
   try {
-    const page = await (await api("/v1/captions", params)).json();
-    if (generation !== state.generation) return; // the filters changed meanwhile: a newer list is on its way
-    for (const caption of page.items) {
-      if (state.shown.has(caption.id)) continue;
-      state.shown.add(caption.id);
-      $("captions").append(card(caption, false));
-    }
-    state.cursor = page.next_cursor;
-    $("more").hidden = !state.cursor;
-    setStatus(`${state.shown.size} captions shown`);
+    await loadCapabilities();
   } catch (error) {
-    setStatus(error.message, true);
+    const name = active ? active.name : "captions";
+    setStatus($(STATUS[name] || "status"), error.message, "error");
   }
+  applyCapabilities();
 }
 
-async function loadCameras() {
-  try {
-    const cameras = (await (await api("/v1/cameras")).json()).items;
-    const select = $("camera");
-    const chosen = new Set([...select.selectedOptions].map((option) => option.value));
-    select.replaceChildren(...cameras.map((camera) => {
-      const label = camera.state ? `${camera.camera} · ${camera.state}` : camera.camera;
-      const option = new Option(`${label} (${camera.captions})`, camera.camera);
-      option.selected = chosen.has(camera.camera);
-      return option;
-    }));
-    select.size = Math.min(4, Math.max(1, cameras.length));
-  } catch (_) { /* shown by loadPage */ }
+async function useKey(key) {
+  setKey(key);
+  $("key").placeholder = "Key in use";
+  await capabilities();
+  // The captions view follows the new key at once; another view loads again with it.
+  if (!active || active === captionsView) refresh();
+  else route(false);
 }
 
-// Camera counts and states change as captions arrive and pipelines report: reload the list after live
-// captions (at most every few seconds) and on a slow timer for cameras the stream's filter leaves out.
-const CAMERAS_MIN_INTERVAL_MS = 3000;
-const CAMERAS_POLL_MS = 30000;
-let camerasTimer = null;
-let camerasLoadedAt = 0;
-
-function camerasSoon() {
-  if (camerasTimer) return;
-  const wait = Math.max(0, camerasLoadedAt + CAMERAS_MIN_INTERVAL_MS - Date.now());
-  camerasTimer = setTimeout(() => {
-    camerasTimer = null;
-    camerasLoadedAt = Date.now();
-    loadCameras();
-  }, wait);
-}
-
-function matchesFilters(caption) {
-  // The stream filters cameras and people on the server; time and text are checked here.
-  const q = $("q").value.trim().toLowerCase();
-  // A ranked list has no place for a caption by its time: live captions wait for the next search.
-  if (q && $("mode").value !== "words") return false;
-  if (q && !q.split(/\W+/).filter(Boolean).every((word) => (caption.caption || "").toLowerCase().includes(word))) return false;
-  const until = toUtc($("until").value);
-  return !(until && caption.captured_at >= until);
-}
-
-// `resume`: a reconnect of the same stream, which sends the last event id so the server sends what was missed.
-// `opened` is called once the stream has started (its first block, which carries the start position, arrived)
-// or could not start: a list loaded after that misses nothing the stream does not then send.
-async function follow(resume = false, opened = () => {}) {
-  if (state.stream) state.stream.abort();
-  if (!resume) state.lastEventId = null;
-  if (!$("live").checked || !state.key) { opened(); return; }
-  const controller = new AbortController();
-  state.stream = controller;
-  const params = filterParams().filter(([name]) => name === "camera" || name === "min_people");
-  const url = new URL("/v1/stream", location.origin);
-  for (const [name, value] of params) url.searchParams.append(name, value);
-  try {
-    const sent = state.lastEventId ? { ...headers(), "Last-Event-ID": state.lastEventId } : headers();
-    const response = await fetch(url, { headers: sent, signal: controller.signal });
-    if (!response.ok) throw new Error(`stream: HTTP ${response.status}`);
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, end);
-        buffer = buffer.slice(end + 2);
-        const lines = block.split("\n");
-        const id = lines.find((line) => line.startsWith("id: "));
-        if (id) state.lastEventId = id.slice(4); // keep-alives carry one too
-        opened();
-        const data = lines.filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
-        if (!block.includes("event: caption") || !data) continue;
-        const caption = JSON.parse(data);
-        if (!matchesFilters(caption)) continue;
-        // A row captioned again (regenerate), or one the list loaded too, comes again: its new card replaces the old.
-        if (state.shown.has(caption.id)) $("captions").querySelector(`[data-id="${caption.id}"]`)?.remove();
-        state.shown.add(caption.id);
-        $("captions").prepend(card(caption, true));
-        setStatus(`${state.shown.size} captions shown (live)`);
-        camerasSoon();
-      }
-    }
-  } catch (error) {
-    if (error.name === "AbortError") return;
-    setStatus(`live updates paused: ${error.message}`, true);
-  } finally {
-    opened();
+async function start() {
+  setUpCaptions();
+  setUpTimeline();
+  setUpAlerts();
+  $("keyform").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const key = $("key").value.trim();
+    $("key").value = "";
+    if (key) useKey(key);
+  });
+  window.addEventListener("hashchange", () => route(true));
+  // A key can also come in the address fragment (#key=...), which browsers never send to the server.
+  const fragmentKey = location.hash.startsWith("#key=") ? new URLSearchParams(location.hash.slice(1)).get("key") : null;
+  if (fragmentKey) {
+    setKey(fragmentKey);
+    history.replaceState(null, "", location.pathname);
   }
-  if (state.stream === controller) setTimeout(() => follow(true), 3000); // reconnect where it stopped
-}
-
-// -- Ask: POST /v1/chat/completions, streamed; the citations come on the first chunk, before the answer's text --
-
-let asking = null;
-
-function citationLink(citation) {
-  const link = document.createElement("a");
-  link.className = "citation";
-  link.dataset.id = citation.caption_id;
-  link.target = "_blank";
-  link.rel = "noopener";
-  link.title = citation.caption;
-  const img = document.createElement("img");
-  img.alt = citation.caption;
-  const label = document.createElement("span");
-  label.textContent = `[${citation.caption_id}] ${citation.camera} · ${new Date(citation.captured_at).toLocaleString()}`;
-  link.append(img, label);
-  if (citation.image_url) {
-    // The thumbnail opens the full image (fetched with the key: a plain link could not send it).
-    api(citation.image_url).then((response) => response.blob()).then((blob) => {
-      const url = URL.createObjectURL(blob);
-      img.src = url;
-      link.href = url;
-    }).catch(() => { img.alt = "image not available"; });
+  if (session.key) {
+    $("key").placeholder = "Key in use";
+    await capabilities();
   }
-  return link;
+  route(false);
 }
 
-async function askQuestion(question) {
-  if (asking) asking.abort(); // a new question ends the previous answer (and its request to the VLM)
-  const controller = new AbortController();
-  asking = controller;
-  const answer = $("answer");
-  answer.textContent = "";
-  answer.className = "";
-  answer.hidden = false;
-  $("citations").replaceChildren();
-  $("ask").dataset.state = "asking";
-  try {
-    const response = await fetch(new URL("/v1/chat/completions", location.origin), {
-      method: "POST",
-      headers: { ...headers(), "Content-Type": "application/json" },
-      body: JSON.stringify({ model: "visioncap-ask", messages: [{ role: "user", content: question }], stream: true }),
-      signal: controller.signal,
-    });
-    if (!response.ok) {
-      let message = `HTTP ${response.status}`;
-      try { message = (await response.json()).error.message; } catch (_) { /* not JSON */ }
-      throw new Error(message);
-    }
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        const data = buffer.slice(0, end).split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
-        buffer = buffer.slice(end + 2);
-        if (!data || data === "[DONE]") continue;
-        const chunk = JSON.parse(data);
-        if (chunk.error) throw new Error(chunk.error.message);
-        if (chunk.visioncap) $("citations").replaceChildren(...chunk.visioncap.citations.map(citationLink));
-        answer.textContent += chunk.choices[0].delta.content || "";
-      }
-    }
-    $("ask").dataset.state = "answered";
-  } catch (error) {
-    if (error.name === "AbortError") return;
-    answer.textContent = error.message;
-    answer.className = "error";
-    $("ask").dataset.state = "failed";
-  }
-}
-
-// The stream first, the list once the stream has started: a caption stored while both open is then in the list,
-// or sent by the stream, or both (its card is replaced, not doubled), never in neither.
-async function refresh() {
-  const generation = ++state.generation;
-  camerasLoadedAt = Date.now();
-  loadCameras();
-  clearCards();
-  state.cursor = null;
-  await new Promise((resolve) => follow(false, resolve));
-  if (generation === state.generation) loadPage(); // else a newer refresh loads its own list
-}
-
-$("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
-// Turned back on: the list again (with what came while off), then the stream; turned off: the stream closes.
-$("live").addEventListener("change", () => ($("live").checked ? refresh() : follow()));
-$("askform").addEventListener("submit", (event) => {
-  event.preventDefault();
-  const question = $("question").value.trim();
-  if (question && state.key) askQuestion(question);
-});
-$("mode").addEventListener("change", () => { if ($("q").value.trim()) refresh(); });
-$("more").addEventListener("click", () => loadPage());
-$("keyform").addEventListener("submit", (event) => {
-  event.preventDefault();
-  state.key = $("key").value.trim();
-  localStorage.setItem("visioncap.key", state.key);
-  $("key").value = "";
-  refresh();
-});
-// A key can also come in the address fragment (#key=...), which browsers never send to the server.
-const fragmentKey = new URLSearchParams(location.hash.slice(1)).get("key");
-if (fragmentKey) {
-  state.key = fragmentKey;
-  localStorage.setItem("visioncap.key", fragmentKey);
-  history.replaceState(null, "", location.pathname);
-}
-setInterval(() => { if (state.key && !document.hidden) camerasSoon(); }, CAMERAS_POLL_MS);
-if (state.key) refresh(); else setStatus("Enter an API key (visioncap api-key makes one).");
+start();

@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from visioncap.bench.machine import portable
+from visioncap.bench.common.machine import portable
 
 RSS_GOAL_MB_H = 10.0
 MIN_POST_SAMPLES = 3  # fewer after the warm-up and no slope is worth printing

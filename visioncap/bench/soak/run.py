@@ -27,7 +27,7 @@ from typing import IO, Any
 
 import psutil
 
-from visioncap.bench.machine import REPO, machine_facts, portable
+from visioncap.bench.common.machine import REPO, machine_facts, portable
 from visioncap.bench.soak.analysis import MODULE, analyse_file
 from visioncap.serve.ports import free_port
 

@@ -29,14 +29,14 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from visioncap.bench.fidelity import FidelityResult, attempt_record
-from visioncap.bench.fidelity import report_lines as fidelity_lines
-from visioncap.bench.load import Target
-from visioncap.bench.machine import hardware, machine_facts
-from visioncap.bench.mixed import MixedOptions, Run, gap_clusters
-from visioncap.bench.servers import measured_vllm
-from visioncap.bench.standin import stand_in_tokens, workload_for, workload_options
-from visioncap.bench.stats import bootstrap_interval
+from visioncap.bench.common.load import Target
+from visioncap.bench.common.machine import hardware, machine_facts
+from visioncap.bench.common.servers import measured_vllm
+from visioncap.bench.common.stats import bootstrap_interval
+from visioncap.bench.mixed.run import MixedOptions, Run, gap_clusters
+from visioncap.bench.standin.fidelity import FidelityResult, attempt_record
+from visioncap.bench.standin.fidelity import report_lines as fidelity_lines
+from visioncap.bench.standin.sizing import stand_in_tokens, workload_for, workload_options
 from visioncap.bench.tune.candidates import Candidate, candidate_profile
 from visioncap.bench.tune.progress import TuneProgress
 from visioncap.config.profiles import ModelProfile, load_profile
@@ -121,12 +121,12 @@ class TuneOptions:
     caption_max_tokens: int = 24
     image_width: int = 640
     image_height: int = 480
-    frame_filler_words: int = 0  # text after each frame's image (a sized stand-in's; visioncap.bench.standin)
+    frame_filler_words: int = 0  # text after each frame's image (a sized stand-in's; visioncap.bench.standin.sizing)
     seed: int = 0
     write: bool = True
     quick: bool = False
     command: str = ""
-    # The model and GPU class the served profile stands in for (visioncap.bench.fidelity): measured on the first
+    # The model and GPU class the served profile stands in for (visioncap.bench.standin.fidelity): measured on the first
     # candidate's server; when the stand-in is off target nothing is judged and the profile is not written.
     fidelity_target: str | None = None
     fidelity_gpu: str = "h200"
@@ -761,7 +761,7 @@ def _write(
             choice.objectives,
             choice.met,
             finished_at,
-            options,
+            options.workload_line(),
             measured_on,
         )
         results["profile_written"] = str(written)

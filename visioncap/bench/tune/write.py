@@ -11,18 +11,15 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from visioncap.bench.machine import portable
+from visioncap.bench.common.machine import portable
 from visioncap.config.profiles import ModelProfile
 from visioncap.config.tuned import TunedMeasurement, TunedObjectives, TunedRecord
 from visioncap.errors import ConfigError
-
-if TYPE_CHECKING:
-    from visioncap.bench.tune.run import TuneOptions
 
 BLOCK_START = (
     "# --- tuned by `visioncap tune` (generated: re-run it rather than editing; the rest of the file is yours) ---"
@@ -162,11 +159,12 @@ def write_tuned(
     target: TunedObjectives,
     met: bool,
     finished_at: datetime,
-    options: TuneOptions,
+    workload: str,
     measured_on: str | None = None,
 ) -> TunedRecord:
-    """Set the chosen values for the GPU class in the profile and record how they were chosen (`measured_on`:
-    the stand-in that was served instead of the profile)."""
+    """Set the chosen values for the GPU class in the profile and record how they were chosen (`workload`: the
+    run's, as `TuneOptions.workload_line` says it; `measured_on`: the stand-in that was served instead of the
+    profile)."""
     text = profile_path.read_text(encoding="utf-8")
     data = yaml.safe_load(text) or {}
     chosen = results["chosen"]
@@ -192,7 +190,7 @@ def write_tuned(
         long_prefill_token_threshold=chosen.get("long_prefill_token_threshold"),
         objectives_met=met,
         objectives=target,
-        workload=options.workload_line(),
+        workload=workload,
         measured_on=measured_on,
         candidates=marked,
     )

@@ -1,0 +1,364 @@
+"""The web app's views in real headless Chromium against `visioncap api` over a seeded SQLite store
+(tests/web_app_support.py): a caption's detail, a camera's timeline, the cameras, the alerts, addresses that
+survive a reload, the semantic switch only where the server has semantic search, and readable errors for a key
+limited to one camera. Screenshots: test-artifacts/web-*.png."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from urllib.parse import parse_qsl, urlsplit
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, expect
+from web_app_support import (
+    DAY,
+    DOCK_DAY,
+    DOCK_FPS,
+    FAILED_ERROR,
+    LOBBY_KEY,
+    READ_KEY,
+    SHOTS,
+    TIMEOUT_MS,
+    WRITE_KEY,
+    Site,
+    launched_browser,
+    screenshot,
+    seeded_site,
+    signed_in,
+    watched,
+)
+
+pytestmark = pytest.mark.browser
+
+DASH = "\u2013"  # between the ends of the range the timeline shows
+
+# The query parameters each route the page calls declares (the API answers 422 to any other).
+DECLARED = {
+    "/v1/captions": {"camera", "since", "until", "q", "min_people", "status", "limit", "cursor", "semantic", "hybrid"},
+    "/v1/alerts": {"rule", "camera", "since", "until", "state", "limit", "cursor"},
+    "/v1/stream": {"camera", "min_people"},
+}
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    with seeded_site(tmp_path_factory.mktemp("web-app")) as seeded:
+        yield seeded
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with launched_browser() as launched:
+        yield launched
+
+
+def api_get(site: Site, path: str, key: str = READ_KEY) -> httpx.Response:
+    return httpx.get(site.url + path, headers={"Authorization": f"Bearer {key}"}, timeout=TIMEOUT_MS / 1000)
+
+
+def only_declared(requests: list[str]) -> None:
+    for url in requests:
+        parts = urlsplit(url)
+        path = re.sub(r"/\d+(/|$)", r"/{id}\1", parts.path)
+        names = {name for name, _ in parse_qsl(parts.query)}
+        allowed = DECLARED.get(path, {"boxes"} if path == "/v1/captions/{id}/image" else set())
+        assert names <= allowed, f"{url} sends {names - allowed}, which {path} does not declare"
+
+
+def test_caption_detail_opens_from_a_card_and_survives_a_reload(site: Site, browser: Browser) -> None:
+    """A card opens the caption: the frame with its people drawn, its fields, its structured fields, the other
+    captions of its event; the link copies; back and reload keep the address's view. A read key gets no
+    re-caption button."""
+    handed = SHOTS[2]
+    shown = site.id_of(handed.text or "")
+    seen = signed_in(browser, site.url, READ_KEY, permissions=["clipboard-read", "clipboard-write"])
+    page = seen.page
+    try:
+        expect(page.locator("article.card")).to_have_count(len(SHOTS))
+        page.locator(f'article.card[data-id="{shown}"] a').click()
+        expect(page).to_have_url(f"{site.url}/#/captions/{shown}")
+        heading = page.locator("#detail-heading")
+        expect(heading).to_have_text(f"Caption {shown} · dock")
+        expect(heading).to_be_focused()  # a screen reader starts at the new view
+        expect(page.locator("#detail-text")).to_have_text(handed.text or "")
+        page.wait_for_function(
+            "() => { const i = document.getElementById('detail-image'); return i && i.complete && i.naturalWidth > 0; }"
+        )
+        assert page.eval_on_selector("#detail-image", "i => [i.naturalWidth, i.naturalHeight]") == list(handed.size)
+        # The server drew the two people (green outlines at the boxes' left edges, x = 40 and 110).
+        edge = page.evaluate(
+            """() => { const i = document.getElementById('detail-image'); const c = document.createElement('canvas');
+            c.width = i.naturalWidth; c.height = i.naturalHeight; const g = c.getContext('2d'); g.drawImage(i, 0, 0);
+            return [40, 110].map((x) => Array.from(g.getImageData(x, 140, 1, 1).data.slice(0, 3))); }"""
+        )
+        for red, green, blue in edge:
+            assert green > 180 and red < 90 and blue < 90, edge
+        fields = page.locator("dl.fields").first
+        expect(fields).to_contain_text("2 people")
+        expect(fields).to_contain_text("dock:courier")
+        expect(fields).to_contain_text("new-event")
+        structured = page.locator("dl.structured")
+        expect(structured).to_contain_text("handing over a parcel, signing")
+        expect(structured).to_contain_text("yellow vest, blue cap")
+        event = page.locator("#detail-event li")
+        courier = [s for s in SHOTS if s.event == "dock:courier"]
+        expect(event).to_have_count(len(courier))
+        expect(event.locator(".event-text")).to_have_text([s.text or "" for s in courier])  # oldest first
+        expect(page.locator('#detail-event a[aria-current="page"]')).to_contain_text(handed.text or "")
+        expect(page.locator("#detail-recaption")).to_have_count(0)  # a read key cannot
+
+        page.click("#detail-copy")
+        expect(page.locator("#detail-status")).to_have_text("Link copied to the clipboard.")
+        assert page.evaluate("() => navigator.clipboard.readText()") == f"{site.url}/#/captions/{shown}"
+        screenshot(page, "web-detail.png")
+
+        # Another caption of the event, then back, then a reload: the address decides the view each time.
+        first = site.id_of(courier[0].text or "")
+        event.first.locator("a").click()
+        expect(page).to_have_url(f"{site.url}/#/captions/{first}")
+        expect(page.locator("#detail-text")).to_have_text(courier[0].text or "")
+        page.go_back()
+        expect(page.locator("#detail-text")).to_have_text(handed.text or "")
+        page.reload()
+        expect(page.locator("#detail-heading")).to_have_text(f"Caption {shown} · dock")
+        expect(page.locator("#detail-text")).to_have_text(handed.text or "")
+        expect(page.locator("#detail-event li")).to_have_count(len(courier))
+        page.click('nav a[data-nav="captions"]')
+        expect(page.locator("article.card")).to_have_count(len(SHOTS))
+    finally:
+        seen.context.close()
+    assert seen.errors == []
+    assert seen.refused == []
+    only_declared(seen.requests)
+
+
+def test_a_shared_link_opens_once_a_key_is_given_and_a_write_key_recaptions(site: Site, browser: Browser) -> None:
+    """A caption's address opened in a fresh browser asks for a key, then shows the caption; a write key queues
+    it for a new caption (the API says pending), and a second try is refused with the API's reason."""
+    lobby = SHOTS[4]
+    shown = site.id_of(lobby.text or "")
+    seen = watched(browser)
+    page = seen.page
+    try:
+        page.goto(f"{site.url}/#/captions/{shown}")
+        expect(page.locator("#detail-status")).to_contain_text("Enter an API key")
+        page.fill("#key", WRITE_KEY)
+        page.click("#keyform button[type=submit]")
+        expect(page.locator("#detail-text")).to_have_text(lobby.text or "")
+        page.click("#detail-recaption")
+        expect(page.locator("#detail-status")).to_contain_text("Queued for a new caption")
+        expect(page.locator("dl.fields .badge")).to_have_text("pending")
+        assert api_get(site, f"/v1/captions/{shown}").json()["status"] == "pending"
+        page.reload()
+        expect(page.locator("#detail-text")).to_have_text("(pending: no caption yet)")
+        page.click("#detail-recaption")
+        expect(page.locator("#detail-status")).to_have_text(re.compile(r"^Not done: .*pending"))
+        expect(page.locator("#detail-status")).to_have_class("status error")
+    finally:
+        seen.context.close()
+    assert seen.errors == ["Failed to load resource: the server responded with a status of 409 (Conflict)"]
+    assert seen.refused == [f"409 v1/captions/{shown}/regenerate"]
+
+
+def test_timeline_marks_a_cameras_day_zooms_and_opens_a_caption(site: Site, browser: Browser) -> None:
+    seen = signed_in(browser, site.url, READ_KEY)
+    page = seen.page
+    try:
+        expect(page.locator("article.card")).to_have_count(len(SHOTS))
+        page.click('nav a[data-nav="timeline"]')
+        # No camera or day asked for: the camera captioned last, on the day of its newest caption.
+        expect(page).to_have_url(f"{site.url}/#/timeline/dock?day={DAY}")
+        marks = page.locator("#timeline-marks a.mark")
+        expect(marks).to_have_count(len(DOCK_DAY))  # not the caption of the night before
+        rng = page.locator("#timeline-range")
+        expect(rng).to_have_text(f"00:00{DASH}24:00 · {len(DOCK_DAY)} of {len(DOCK_DAY)} captions in view")
+        lefts = page.eval_on_selector_all("#timeline-marks a.mark", "ms => ms.map((m) => parseFloat(m.style.left))")
+        midnight = DOCK_DAY[0].at.replace(hour=0, minute=0)
+        assert lefts == pytest.approx([(s.at - midnight).total_seconds() / 864 for s in DOCK_DAY], abs=0.01)
+
+        page.click("#timeline-zoom-in")  # twice as close, around the middle of the day
+        expect(rng).to_have_text(f"06:00{DASH}18:00 · 4 of {len(DOCK_DAY)} captions in view")
+        page.click("#timeline-zoom-in")
+        expect(rng).to_have_text(f"09:00{DASH}15:00 · 1 of {len(DOCK_DAY)} captions in view")
+        expect(marks).to_have_count(1)
+        page.click("#timeline-earlier")
+        expect(rng).to_have_text(f"06:00{DASH}12:00 · 3 of {len(DOCK_DAY)} captions in view")
+        expect(page.locator("#timeline-list li")).to_have_count(3)
+        expect(page.locator("#timeline-list li").first).to_contain_text(DOCK_DAY[0].text or "")
+        marks.nth(1).focus()
+        expect(page.locator("#timeline-preview")).to_contain_text(DOCK_DAY[1].text or "")
+        screenshot(page, "web-timeline.png")
+
+        page.keyboard.press("Enter")  # the focused mark (at this zoom the marks a minute apart overlap)
+        expect(page).to_have_url(f"{site.url}/#/captions/{site.id_of(DOCK_DAY[1].text or '')}")
+        expect(page.locator("#detail-text")).to_have_text(DOCK_DAY[1].text or "")
+        page.go_back()
+        expect(rng).to_have_text(f"06:00{DASH}12:00 · 3 of {len(DOCK_DAY)} captions in view")  # as it was left
+
+        page.click("#timeline-prev")
+        expect(page).to_have_url(f"{site.url}/#/timeline/dock?day=2026-11-28")
+        expect(marks).to_have_count(1)
+        page.reload()
+        expect(page.locator("#timeline-day")).to_have_value("2026-11-28")
+        expect(marks).to_have_count(1)
+        expect(marks.first).to_have_attribute("aria-label", re.compile(re.escape(SHOTS[0].text or "")))
+        page.select_option("#timeline-camera", "gate")
+        expect(page).to_have_url(f"{site.url}/#/timeline/gate?day=2026-11-28")
+        expect(page.locator("#timeline-status")).to_have_text("No captions on this day.")
+        page.click("#timeline-next")
+        expect(marks).to_have_count(2)
+        expect(page.locator("#timeline-marks a.mark-pending")).to_have_count(1)  # waiting for the VLM
+    finally:
+        seen.context.close()
+    assert seen.errors == []
+    assert seen.refused == []
+    only_declared(seen.requests)
+
+
+def test_cameras_page_shows_state_rate_people_and_last_caption(site: Site, browser: Browser) -> None:
+    seen = signed_in(browser, site.url, READ_KEY)
+    page = seen.page
+    try:
+        page.click('nav a[data-nav="cameras"]')
+        expect(page).to_have_url(f"{site.url}/#/cameras")
+        rows = page.locator("#cameras-rows tr")
+        expect(rows).to_have_count(3)
+        dock, gate, lobby = (
+            page.locator(f'#cameras-rows tr[data-camera="{name}"]') for name in ("dock", "gate", "lobby")
+        )
+        expect(dock.locator(".badge")).to_have_text("online")
+        expect(dock.locator(".fps")).to_have_text(f"{DOCK_FPS} fps")
+        expect(dock.locator(".people-now")).to_have_text("1")
+        expect(dock.locator(".last-caption a")).to_contain_text(SHOTS[-1].text or "")
+        expect(lobby.locator(".badge")).to_have_text("offline")
+        expect(lobby).to_contain_text("connection refused")
+        expect(lobby.locator(".fps")).to_have_text("—")
+        # gate: nobody reported it; its newest row (three people) waits for its caption, the one before is shown.
+        expect(gate.locator(".badge")).to_have_text("unknown")
+        expect(gate.locator(".people-now")).to_have_text("3")
+        expect(gate.locator(".last-caption a")).to_have_text(re.compile(re.escape(SHOTS[6].text or "")))
+        expect(page.locator("#cameras-rows button")).to_have_count(0)  # a read key cannot pause
+        screenshot(page, "web-cameras.png")
+        gate.locator(".last-caption a").click()
+        expect(page.locator("#detail-text")).to_have_text(SHOTS[6].text or "")
+    finally:
+        seen.context.close()
+    assert seen.errors == []
+    assert seen.refused == []
+    only_declared(seen.requests)
+
+    seen = signed_in(browser, site.url, WRITE_KEY, path="/#/cameras")
+    page = seen.page
+    try:
+        dock = page.locator('#cameras-rows tr[data-camera="dock"]')
+        expect(page.locator('#cameras-rows tr[data-camera="gate"]')).to_contain_text("not configured here")
+        dock.get_by_role("button", name="Pause dock").click()
+        expect(dock.locator(".badge")).to_have_text("paused")
+        expect(page.locator("#cameras-status")).to_contain_text("dock is paused")
+        dock_config = next(c for c in api_get(site, "/v1/cameras").json()["items"] if c["camera"] == "dock")["config"]
+        assert dock_config["paused"] is True
+        dock.get_by_role("button", name="Resume dock").click()
+        expect(dock.locator(".badge")).to_have_text("online")
+        dock_config = next(c for c in api_get(site, "/v1/cameras").json()["items"] if c["camera"] == "dock")["config"]
+        assert dock_config["paused"] is False
+    finally:
+        seen.context.close()
+    assert seen.errors == []
+    assert seen.refused == []
+
+
+def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site, browser: Browser) -> None:
+    fired = sum(len(ids) for ids in site.alerts.values())
+    assert set(site.alerts) == {"courier", "crowd", "forklift"}
+    seen = signed_in(browser, site.url, READ_KEY)
+    page = seen.page
+    try:
+        page.click('nav a[data-nav="alerts"]')
+        rules = page.locator("#alert-rules tr")
+        expect(rules).to_have_count(3)
+        expect(rules.locator("th")).to_have_text(["courier", "crowd", "forklift"])  # the file's first
+        courier, crowd, forklift = (
+            page.locator(f'#alert-rules tr[data-rule="{name}"]') for name in ("courier", "crowd", "forklift")
+        )
+        expect(courier).to_contain_text("any of “courier”")
+        expect(courier.locator(".badge")).to_have_text("alerts file")
+        expect(crowd).to_contain_text("at least 2 people")
+        expect(forklift.locator("td").first).to_have_text("dock")
+        expect(forklift.locator(".badge")).to_have_text("API")
+
+        items = page.locator("#alert-list > li")
+        expect(items).to_have_count(fired)
+        expect(page.locator("#alerts-status")).to_have_text(f"{fired} alerts shown")
+        failed = page.locator("#alert-list li.delivery-failed")
+        expect(failed).to_have_count(1)
+        expect(failed).to_contain_text(FAILED_ERROR)
+        expect(failed).to_contain_text("20 attempts")
+        expect(page.locator("#alert-list li.delivery-delivered")).to_have_count(1)
+        screenshot(page, "web-alerts.png")
+
+        page.select_option("#alerts-state", "failed")
+        expect(items).to_have_count(1)
+        expect(items.first.locator(".rule-name")).to_have_text("courier")
+        page.select_option("#alerts-state", "")
+        page.select_option("#alerts-rule", "forklift")
+        expect(items).to_have_count(1)
+        items.first.locator("a.alert-caption").click()
+        expect(page).to_have_url(f"{site.url}/#/captions/{site.alerts['forklift'][0]}")
+        expect(page.locator("#detail-text")).to_have_text(SHOTS[-1].text or "")
+    finally:
+        seen.context.close()
+    assert seen.errors == []
+    assert seen.refused == []
+    only_declared(seen.requests)
+    assert any("state=failed" in url for url in seen.requests)
+
+
+def test_semantic_switch_is_hidden_where_the_server_has_semantic_search_off(site: Site, browser: Browser) -> None:
+    capabilities = api_get(site, "/v1/capabilities").json()
+    assert capabilities == {"semantic_search": False, "max_page_size": 200, "scopes": ["read"], "cameras": None}
+    seen = signed_in(browser, site.url, READ_KEY)
+    page = seen.page
+    try:
+        expect(page.locator("article.card")).to_have_count(len(SHOTS))
+        expect(page.locator("#mode")).to_be_hidden()
+        page.fill("#q", "courier")
+        page.click("#filters button[type=submit]")
+        expect(page.locator("article.card")).to_have_count(3)
+    finally:
+        seen.context.close()
+    assert seen.refused == []
+    assert not [url for url in seen.requests if "semantic=" in url or "hybrid=" in url]
+    assert any("/v1/captions?q=courier" in url for url in seen.requests)
+
+
+def test_a_key_limited_to_one_camera_gets_readable_answers(site: Site, browser: Browser) -> None:
+    """The lobby's key: another camera's caption is as unknown as one that does not exist, and the page says so
+    in words; its pages show only the lobby. An unknown address and a wrong key are answered in words too."""
+    capabilities = api_get(site, "/v1/capabilities", LOBBY_KEY).json()
+    assert capabilities["cameras"] == ["lobby"]
+    dock = site.id_of(SHOTS[1].text or "")
+    seen = signed_in(browser, site.url, LOBBY_KEY, path=f"/#/captions/{dock}")
+    page = seen.page
+    try:
+        status = page.locator("#detail-status")
+        expect(status).to_have_text(f"Caption {dock} does not exist, or this key may not see its camera.")
+        expect(status).to_have_class("status error")
+        page.goto(f"{site.url}/#/cameras")
+        expect(page.locator("#cameras-rows tr")).to_have_count(1)
+        expect(page.locator('#cameras-rows tr[data-camera="lobby"]')).to_have_count(1)
+        page.goto(f"{site.url}/#/timeline/dock")
+        expect(page.locator("#timeline-status")).to_have_text("No camera named dock (or this key may not see it).")
+        page.goto(f"{site.url}/#/alerts")
+        expect(page.locator("#alert-rules tr")).to_have_count(0)  # every rule watches a camera not its own
+        page.goto(f"{site.url}/#/nowhere/at/all")
+        expect(page.locator("#missing-heading")).to_be_visible()
+        page.goto(f"{site.url}/#/cameras")
+        page.fill("#key", "not-a-key")
+        page.click("#keyform button[type=submit]")
+        expect(page.locator("#cameras-status")).to_have_text(re.compile(r"^The API key was not accepted"))
+    finally:
+        seen.context.close()
+    assert f"404 v1/captions/{dock}" in seen.refused
+    assert {entry.split(" ")[0] for entry in seen.refused} <= {"401", "404"}

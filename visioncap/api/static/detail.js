@@ -1,0 +1,199 @@
+// One caption (#/captions/ID): the frame with the detected people drawn, its fields and structured fields, the
+// other captions of its event, re-caption (write keys) and a link to copy.
+
+import { Images, apiJson, canWrite, session } from "./api.js";
+import { badge, dayOf, h, people, setStatus, timeEl, whenLocal } from "./ui.js";
+
+const $ = (id) => document.getElementById(id);
+// The event's captions are looked for this far either side of the caption (the API filters by time, not event).
+const EVENT_WINDOW_MS = 2 * 3600 * 1000;
+const EVENT_MAX_SHOWN = 24;
+
+let images = new Images();
+let current = null; // the AbortController of the caption being shown
+
+function status(text, kind = "") {
+  setStatus($("detail-status"), text, kind);
+}
+
+function linkOf(id) {
+  return `${location.origin}${location.pathname}#/captions/${id}`;
+}
+
+function field(term, ...value) {
+  return [h("dt", {}, term), h("dd", {}, ...value)];
+}
+
+function structuredValue(value) {
+  if (value === null || value === undefined) return "—";
+  if (Array.isArray(value)) {
+    if (value.every((item) => typeof item !== "object" || item === null)) return value.length ? value.join(", ") : "—";
+    return h("ul", { class: "plain" }, value.map((item) => h("li", {}, structuredValue(item))));
+  }
+  if (typeof value === "object") {
+    return h("dl", { class: "nested" }, Object.entries(value).map(([key, inner]) => field(key, structuredValue(inner))));
+  }
+  return String(value);
+}
+
+function fields(caption) {
+  const tokens = [
+    caption.prompt_tokens !== null ? `${caption.prompt_tokens} prompt` : null,
+    caption.completion_tokens !== null ? `${caption.completion_tokens} caption` : null,
+    `${caption.image_tokens} image`,
+  ].filter(Boolean).join(" · ");
+  return h("dl", { class: "fields" },
+    field("Camera", h("a", { href: `#/timeline/${encodeURIComponent(caption.camera)}?day=${dayOf(Date.parse(caption.captured_at))}` }, caption.camera)),
+    field("Captured", timeEl(caption.captured_at), h("span", { class: "muted" }, ` (${caption.captured_at} UTC)`)),
+    field("People", people(caption.people_count)),
+    field("Status", badge(caption.status)),
+    field("Why selected", caption.reason),
+    field("Event", h("code", {}, caption.event_key), caption.event_ids.length ? ` · tracks ${caption.event_ids.join(", ")}` : ""),
+    field("Model", caption.model),
+    field("Tokens", tokens),
+    field("Latency", caption.latency_ms !== null ? `${Math.round(caption.latency_ms)} ms` : "—"),
+    field("Attempts", String(caption.attempts)),
+    field("Frame score", caption.score.toFixed(2)),
+    field("Source", h("code", {}, caption.source)),
+    caption.error ? field("Error", h("span", { class: "error-text" }, caption.error)) : null,
+  );
+}
+
+async function copyLink(id) {
+  const link = linkOf(id);
+  try {
+    await navigator.clipboard.writeText(link);
+    status("Link copied to the clipboard.", "ok");
+  } catch (_) {
+    // No clipboard permission (an http page, a denied prompt): the link is selected to copy by hand.
+    const input = $("detail-link");
+    input.focus();
+    input.select();
+    status("Press Ctrl+C to copy the selected link.");
+  }
+}
+
+async function recaption(caption, button) {
+  button.disabled = true;
+  try {
+    const answer = await apiJson(`/v1/captions/${caption.id}/regenerate`, { method: "POST" });
+    status(`Queued for a new caption: ${answer.detail}`, "ok");
+    const badgeNode = $("detail-body").querySelector(".fields .badge");
+    if (badgeNode) badgeNode.replaceWith(badge(answer.status));
+  } catch (error) {
+    status(error.message, "error");
+    button.disabled = false;
+  }
+}
+
+function eventItem(other, shownId) {
+  const img = h("img", { alt: other.caption || `frame of ${other.camera}`, loading: "lazy" });
+  images.into(img, other.image_url);
+  const here = other.id === shownId;
+  return h("li", {},
+    h("a", { href: `#/captions/${other.id}`, class: here ? "event-item current" : "event-item", "aria-current": here ? "page" : null },
+      img,
+      h("span", { class: "event-meta" }, timeEl(other.captured_at, new Date(other.captured_at).toLocaleTimeString()), ` · ${people(other.people_count)}`),
+      h("span", { class: "event-text" }, other.caption ?? other.status)));
+}
+
+async function loadEvent(caption, signal) {
+  const list = $("detail-event");
+  const at = Date.parse(caption.captured_at);
+  const params = [
+    ["camera", caption.camera],
+    ["since", new Date(at - EVENT_WINDOW_MS).toISOString()],
+    ["until", new Date(at + EVENT_WINDOW_MS).toISOString()],
+    ["limit", String(Math.min(200, session.caps.max_page_size || 50))],
+  ];
+  try {
+    // One page of up to 200 rows of this camera around the caption; the event's are picked from them.
+    const page = await apiJson("/v1/captions", { params, signal });
+    const same = page.items.filter((item) => item.event_key === caption.event_key).reverse();
+    const shown = same.slice(0, EVENT_MAX_SHOWN);
+    list.replaceChildren(...shown.map((item) => eventItem(item, caption.id)));
+    $("detail-event-note").textContent = same.length <= 1
+      ? "This is the event's only caption within two hours."
+      : `${same.length} captions of event ${caption.event_key}, oldest first${same.length > shown.length ? ` (first ${shown.length} shown)` : ""}.`;
+  } catch (error) {
+    if (error.name === "AbortError") return;
+    $("detail-event-note").textContent = `The event's captions could not be loaded: ${error.message}`;
+  }
+}
+
+function render(caption) {
+  const img = h("img", { id: "detail-image", alt: caption.caption ? `Frame: ${caption.caption}` : `Frame of ${caption.camera}` });
+  const figure = h("figure", { class: "frame" }, img,
+    h("figcaption", {}, `${caption.camera} · ${whenLocal(caption.captured_at)} · ${people(caption.people_count)}, outlined`));
+  if (caption.image_url) {
+    // The people drawn by the server (it knows where the stored image sits in the frame); a row without the
+    // frame's size has no boxes to draw: the plain image then.
+    images.load(`${caption.image_url}?boxes=true`)
+      .catch(() => images.load(caption.image_url))
+      .then((url) => { img.src = url; })
+      .catch(() => { img.alt = "The image is no longer stored."; figure.classList.add("missing"); });
+  } else {
+    img.alt = "No image was stored for this caption.";
+    figure.classList.add("missing");
+  }
+
+  const actions = h("div", { class: "actions" },
+    h("label", { class: "link-field" }, h("span", { class: "visually-hidden" }, "Link to this caption"),
+      h("input", { id: "detail-link", type: "text", readonly: true, value: linkOf(caption.id) })),
+    h("button", { type: "button", id: "detail-copy", onclick: () => copyLink(caption.id) }, "Copy link"));
+  if (canWrite()) {
+    const button = h("button", { type: "button", id: "detail-recaption", class: "secondary" }, "Re-caption");
+    button.addEventListener("click", () => recaption(caption, button));
+    actions.append(button);
+  }
+
+  const structured = caption.structured && Object.keys(caption.structured).length
+    ? h("section", { class: "panel", "aria-labelledby": "structured-heading" },
+      h("h2", { id: "structured-heading" }, "Structured fields"),
+      h("dl", { class: "fields structured" }, Object.entries(caption.structured).map(([key, value]) => field(key, structuredValue(value)))))
+    : null;
+
+  $("detail-body").replaceChildren(
+    h("div", { class: "detail-grid" },
+      figure,
+      h("div", { class: "detail-side" },
+        h("p", { class: "caption-text", id: "detail-text" }, caption.caption ?? caption.error ?? `(${caption.status}: no caption yet)`),
+        actions,
+        fields(caption))),
+    structured,
+    h("section", { class: "panel", "aria-labelledby": "event-heading" },
+      h("h2", { id: "event-heading" }, "This event's captions"),
+      h("p", { id: "detail-event-note", class: "muted" }, "Loading..."),
+      h("ol", { id: "detail-event", class: "event-list" })));
+}
+
+export const detailView = {
+  name: "detail",
+  title: "Caption",
+  async enter({ id }) {
+    this.leave();
+    current = new AbortController();
+    const signal = current.signal;
+    $("detail-heading").textContent = `Caption ${id}`;
+    $("detail-body").replaceChildren();
+    status("Loading...");
+    try {
+      const caption = await apiJson(`/v1/captions/${id}`, { signal });
+      if (signal.aborted) return;
+      document.title = `Caption ${id} · ${caption.camera} · visioncap`;
+      $("detail-heading").textContent = `Caption ${id} · ${caption.camera}`;
+      render(caption);
+      status("");
+      loadEvent(caption, signal);
+    } catch (error) {
+      if (error.name === "AbortError") return;
+      status(error.status === 404 ? `Caption ${id} does not exist, or this key may not see its camera.` : error.message, "error");
+    }
+  },
+  leave() {
+    if (current) current.abort();
+    current = null;
+    images.release();
+    images = new Images();
+  },
+};

