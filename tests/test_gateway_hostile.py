@@ -171,3 +171,223 @@ def test_background_bodies_have_their_own_smaller_limit(gateway: GatewayThread) 
     answer = post(gateway, CAMERA_KEY, body)
     assert answer.status_code == 413 and answer.json()["error"]["type"] == "request_too_large"
     assert post(gateway, CHAT_KEY, body).status_code == 502  # an interactive key may send up to 20 MiB
+
+
+# -- one media check on every route (issue 40, item 2) -----------------------------------------------------------
+
+
+def body_routes(gw: GatewayThread) -> list[str]:
+    """Every route of the app that takes a body: each is forwarded to vLLM, which reads media on several."""
+    paths = {path for path, operations in gw.app.openapi()["paths"].items() if "post" in operations}
+    assert {"/tokenize", "/detokenize", "/v1/chat/completions", "/v1/embeddings"} <= paths
+    return sorted(paths)
+
+
+def post_to(gw: GatewayThread, path: str, key: str, body: bytes) -> httpx.Response:
+    return httpx.post(
+        f"{gw.root_url}{path}",
+        content=body,
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+        timeout=60,
+    )
+
+
+def media_bodies(url: str) -> dict[str, dict[str, Any]]:
+    """A media URL where each route's readers look: a chat message's part, a Responses input item's part, and the
+    Responses shorthand of an image item on its own; in a body every route's view takes (the fields each requires)."""
+    valid = {"model": "m", "prompt": "x", "messages": [{"role": "user", "content": "x"}], "input": "x"}
+    return {
+        "messages": {
+            **valid,
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+        },
+        "input": {**valid, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": url}]}]},
+        "input item": {**valid, "input": [{"type": "input_image", "image_url": url}]},
+    }
+
+
+@pytest.mark.parametrize("where", ["messages", "input", "input item"])
+@pytest.mark.parametrize("key", [CHAT_KEY, CAMERA_KEY])
+def test_every_route_refuses_media_urls_vllm_would_fetch(gateway: GatewayThread, where: str, key: str) -> None:
+    # /tokenize rendered a conversation's images, fetching any URL (a loopback listener logged vLLM's user agent).
+    # Through the dead upstream a forwarded body comes back 502.
+    for path in body_routes(gateway):
+        body = json.dumps(media_bodies("http://127.0.0.1:9/internal")[where]).encode()
+        answer = post_to(gateway, path, key, body)
+        assert answer.status_code == 400, (path, answer.text[:300])
+        assert answer.json()["error"]["type"] == "media_url_not_allowed", path
+
+
+def test_every_route_refuses_pixel_bombs(gateway: GatewayThread) -> None:
+    uri = "data:image/png;base64," + base64.b64encode(png_header(40_000, 30_000)).decode()
+    for path in body_routes(gateway):
+        answer = post_to(gateway, path, CHAT_KEY, json.dumps(media_bodies(uri)["messages"]).encode())
+        assert answer.status_code == 400 and answer.json()["error"]["type"] == "image_too_large", path
+
+
+def test_tokenize_passes_a_conversation_with_an_inline_image(gateway: GatewayThread) -> None:
+    uri = "data:image/png;base64," + base64.b64encode(png_header(640, 480)).decode()
+    body = json.dumps(media_bodies(uri)["messages"]).encode()
+    assert post_to(gateway, "/tokenize", CHAT_KEY, body).status_code == 502  # forwarded: the upstream is dead
+
+
+# -- text that cannot be encoded, and every admission slot given back (issue 40, item 4) -------------------------
+
+# A lone surrogate as JSON sends it: the escape (what `json.dumps("\ud800")` writes), or its three bytes, which
+# Python's json decoder lets through too.
+ESCAPED = b'"x \\ud800"'
+RAW_BYTES = b'"x \xed\xa0\x80"'
+
+
+def chat_bytes(content: bytes = b'"hello"', user: bytes | None = None, model: str = "m") -> bytes:
+    extra = b"" if user is None else b',"user":' + user
+    return (
+        b'{"model":"'
+        + model.encode()
+        + b'","max_tokens":4,"messages":[{"role":"user","content":'
+        + content
+        + b"}]"
+        + (extra + b"}")
+    )
+
+
+def padded(body: bytes, size: int) -> bytes:
+    """`body` with a text field that makes it `size` bytes or more: a body checked in a worker process."""
+    return body[:-1] + b',"padding":"' + b"x" * size + b'"}' if size else body
+
+
+@pytest.mark.parametrize("size", [0, 256 * 1024], ids=["checked on the loop", "checked in a worker"])
+@pytest.mark.parametrize("key", [CHAT_KEY, CAMERA_KEY])
+@pytest.mark.parametrize(
+    "body",
+    [chat_bytes(ESCAPED), chat_bytes(RAW_BYTES), chat_bytes(user=ESCAPED), chat_bytes(content=b'"\\udfff"')],
+    ids=["escape in content", "bytes in content", "escape in user", "low surrogate"],
+)
+def test_text_that_cannot_be_encoded_gets_400(gateway: GatewayThread, key: str, body: bytes, size: int) -> None:
+    answer = post(gateway, key, padded(body, size))
+    assert answer.status_code == 400, answer.text[:300]
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert "surrogate" in answer.json()["error"]["message"]
+
+
+def test_a_surrogate_pair_is_one_character_and_passes(gateway: GatewayThread) -> None:
+    assert post(gateway, CAMERA_KEY, chat_bytes(b'"smile \\ud83d\\ude00"')).status_code == 502
+
+
+def test_a_refusal_quoting_a_lone_surrogate_is_still_an_answer(gateway: GatewayThread) -> None:
+    # A key of the caller's own in the validation error's location: the answer writes the surrogate as its escape.
+    body = b'{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}], "x":1}, 5]}'
+    answer = post(gateway, CHAT_KEY, body)
+    assert answer.status_code == 422
+    bad_key = b'{"model":"m","messages":[{"role":"user","content":[{"\\ud800":1,"type":"text"}]}],"n":"2"}'
+    answer = post(gateway, CHAT_KEY, bad_key)
+    assert answer.status_code in (400, 422) and answer.json()["error"]["code"] == answer.status_code
+
+
+def background_state(gw: GatewayThread) -> tuple[int, int, float]:
+    """(in flight, waiting) of the background queue from /healthz, and the bytes of bodies the budget holds."""
+    health = httpx.get(f"{gw.root_url}/healthz", timeout=60).json()
+    queue = health["upstreams"]["dead"]["background"]
+    text = httpx.get(f"{gw.root_url}/metrics", timeout=60).text
+    held = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("visioncap_gateway_waiting_body_bytes")
+    )
+    return queue["in_flight"], queue["waiting"], held
+
+
+def completion(**extra: Any) -> bytes:
+    return json.dumps({"model": "m", "prompt": "describe", "max_tokens": 4, **extra}).encode()
+
+
+BACKGROUND_REFUSALS: dict[str, tuple[str, bytes, dict[str, str], int]] = {
+    "lone surrogate in content": ("/v1/chat/completions", chat_bytes(ESCAPED), {}, 400),
+    "lone surrogate in user": ("/v1/chat/completions", chat_bytes(user=ESCAPED), {}, 400),
+    "n as a string": ("/v1/chat/completions", json.dumps(chat(n="5")).encode(), {}, 422),
+    "n above 1": ("/v1/chat/completions", json.dumps(chat(n=5)).encode(), {}, 400),
+    "a prompt list": ("/v1/completions", completion(prompt=["a"] * 20), {}, 400),
+    "a media URL": ("/v1/chat/completions", json.dumps(media_bodies("http://10.0.0.1/")["messages"]).encode(), {}, 400),
+    "a pixel bomb": (
+        "/v1/chat/completions",
+        json.dumps(
+            media_bodies("data:image/png;base64," + base64.b64encode(png_header(40_000, 30_000)).decode())["messages"]
+        ).encode(),
+        {},
+        400,
+    ),
+    "not JSON": ("/v1/chat/completions", b'{"messages": [', {}, 400),
+    "a bad deadline": ("/v1/chat/completions", json.dumps(chat()).encode(), {"x-visioncap-deadline-ms": "soon"}, 400),
+    "too large": ("/v1/chat/completions", json.dumps(chat(pad="x" * (9 * 1024 * 1024))).encode(), {}, 413),
+    "forwarded, upstream dead": ("/v1/chat/completions", json.dumps(chat()).encode(), {}, 502),
+}
+
+
+@pytest.mark.parametrize("size", [0, 256 * 1024], ids=["checked on the loop", "checked in a worker"])
+def test_every_refusal_of_a_background_request_gives_its_slot_and_bytes_back(gateway: GatewayThread, size: int) -> None:
+    # A lone surrogate used to fail after admission (500), its slot never released: after 8, every caption 408.
+    assert background_state(gateway) == (0, 0, 0)
+    for kind, (path, body, headers, status) in BACKGROUND_REFUSALS.items():
+        answer = httpx.post(
+            f"{gateway.root_url}{path}",
+            content=padded(body, size) if status != 413 else body,
+            headers={"authorization": f"Bearer {CAMERA_KEY}", "content-type": "application/json", **headers},
+            timeout=60,
+        )
+        assert background_state(gateway) == (0, 0, 0), (kind, answer.status_code)
+        assert answer.status_code == status, (kind, answer.text[:300])
+    for _ in range(12):  # more than the idle concurrency cap
+        assert post(gateway, CAMERA_KEY, padded(chat_bytes(ESCAPED), size)).status_code == 400
+    assert post(gateway, CAMERA_KEY, json.dumps(chat()).encode()).status_code == 502  # admitted, not 408
+
+
+# -- one answer a background request, types as vLLM reads them (issue 40, item 5) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param"),
+    [
+        ("/v1/chat/completions", {"n": "5"}, "n"),
+        ("/v1/chat/completions", {"n": 5.0}, "n"),
+        ("/v1/chat/completions", {"n": True}, "n"),
+        ("/v1/completions", {"n": "5"}, "n"),
+        ("/v1/completions", {"best_of": "3"}, "best_of"),
+        ("/v1/completions", {"prompt": ["a cat"] * 20}, "prompt"),
+        ("/v1/completions", {"prompt": [[1, 2], [3, 4]]}, "prompt"),
+        ("/v1/embeddings", {"input": ["a", "b", "c"]}, "input"),
+    ],
+    ids=lambda value: json.dumps(value)[:24] if not isinstance(value, str) else value,
+)
+def test_background_keys_get_one_answer_whatever_the_types(
+    gateway: GatewayThread, path: str, extra: dict[str, Any], param: str
+) -> None:
+    # vLLM's models coerce "5" to 5 and a prompt list is a request per prompt: once forwarded (502 here), several
+    # answers in one admission slot.
+    body = chat(**extra) if path == "/v1/chat/completions" else completion(**extra)
+    if isinstance(body, bytes):
+        body = json.loads(body)
+    answer = post_to(gateway, path, CAMERA_KEY, json.dumps(body).encode())
+    assert 400 <= answer.status_code < 500, answer.text[:300]
+    assert answer.json()["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    ("path", "extra"),
+    [
+        ("/v1/completions", {"prompt": [1, 2, 3]}),  # token ids: one prompt
+        ("/v1/completions", {"prompt": ["one prompt"]}),
+        ("/v1/completions", {"prompt": [[1, 2, 3]]}),
+        ("/v1/completions", {"n": 1}),
+        ("/v1/embeddings", {"input": "one text"}),
+    ],
+)
+def test_one_prompt_in_any_shape_passes_for_background_keys(
+    gateway: GatewayThread, path: str, extra: dict[str, Any]
+) -> None:
+    assert post_to(gateway, path, CAMERA_KEY, completion(**extra)).status_code == 502
+
+
+def test_interactive_keys_may_send_prompt_lists_but_not_numbers_as_strings(gateway: GatewayThread) -> None:
+    assert post_to(gateway, "/v1/completions", CHAT_KEY, completion(prompt=["a", "b"], n=2)).status_code == 502
+    answer = post_to(gateway, "/v1/completions", CHAT_KEY, completion(n="2"))
+    assert answer.status_code == 422 and answer.json()["error"]["param"] == "n"

@@ -23,6 +23,7 @@ class RefusalReason(StrEnum):
     BODY_TOO_LARGE = "body_too_large"  # the body is larger than the key's class allows
     UPSTREAM = "upstream"  # vLLM is unreachable or did not answer in time
     CLIENT_GONE = "client_gone"  # the caller left while its background request waited (nobody is answered)
+    INTERNAL = "internal"  # the gateway failed itself (a body-check worker died)
 
 
 class ErrorType(StrEnum):
@@ -45,7 +46,15 @@ class ErrorType(StrEnum):
 
 def error_body(status: int, error_type: ErrorType, message: str, param: str | None = None) -> dict[str, Any]:
     """`{"error": {"message", "type", "param", "code"}}`: vLLM's ErrorResponse, so clients parse one shape."""
-    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+    return {"error": {"message": _encodable(message), "type": error_type, "param": _encodable(param), "code": status}}
+
+
+def _encodable(text: str | None) -> str | None:
+    """`text` with any lone surrogate written as its escape: a refusal may quote a caller's key or value, and the
+    answer is UTF-8, which cannot hold one (the refusal of such text would itself fail)."""
+    if text is None:
+        return None
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 class GatewayError(Exception):
@@ -69,12 +78,22 @@ class GatewayError(Exception):
         self.param = param
         self.headers = headers or {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Raised in a body-check worker process (`visioncap.gateway.body_check`) and re-raised here: pickled whole.
+        fields = (self.status, self.error_type, self.message, self.reason, self.param, self.headers)
+        return _rebuild, (type(self), fields)
+
     def response(self) -> JSONResponse:
         return JSONResponse(
             error_body(self.status, self.error_type, self.message, self.param),
             status_code=self.status,
             headers=self.headers,
         )
+
+
+def _rebuild(kind: type[GatewayError], fields: tuple[Any, ...]) -> GatewayError:
+    status, error_type, message, reason, param, headers = fields
+    return kind(status, error_type, message, reason=reason, param=param, headers=headers)
 
 
 def unauthorized() -> GatewayError:

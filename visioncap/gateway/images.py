@@ -149,6 +149,27 @@ def inspect_messages(messages: Any, config: ImagesConfig) -> int:
     return total
 
 
+# The request fields that can carry media, on every route the gateway forwards: chat's `messages` (also read by vLLM's
+# /tokenize and its embeddings of a conversation) and the Responses API's `input` items.
+MEDIA_FIELDS = ("messages", "input")
+
+
+def inspect_media(body: dict[str, Any], config: ImagesConfig) -> int:
+    """The one media check of every route: each URL anywhere under a media field is checked (vLLM fetches media
+    from parts of several shapes, and from routes that do not generate), and the image parts' tokens are summed."""
+    total = 0
+    for field in MEDIA_FIELDS:
+        value = body.get(field)
+        if not isinstance(value, list):
+            continue  # text, or token ids: no media
+        for _key, url in _urls(value):
+            check_url(url, config)
+        # An input item may be an image part itself (the Responses API's shorthand), or hold its parts in `content`.
+        total += inspect_messages([{"content": value}], config)
+        total += inspect_messages(value, config)
+    return total
+
+
 def _decode_data_uri(uri: str) -> bytes | None:
     header, sep, payload = uri.partition(",")
     if not sep:

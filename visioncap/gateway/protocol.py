@@ -10,7 +10,7 @@ import json
 from copy import deepcopy
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from visioncap.gateway.errors import invalid_request
 
@@ -24,12 +24,20 @@ class ChatMessageView(_View):
     content: str | list[dict[str, Any]] | None = Field(default=None, description="Text or content parts.")
 
 
+# Answers per request. Strict: vLLM's models coerce "5" and true to integers, so a looser type here would let a
+# background key past the one-answer rule (`visioncap.gateway.body_check`) with a string.
+_N = Field(default=None, description="Answers to generate (vLLM reads it as an integer).")
+_BEST_OF = Field(default=None, description="Candidates to generate, the best returned.")
+
+
 class ChatCompletionView(_View):
     """POST /v1/chat/completions."""
 
     messages: list[ChatMessageView] = Field(min_length=1, description="The conversation.")
     stream: StrictBool | None = Field(default=False, description="Server-sent events when true.")
     user: str | None = Field(default=None, description="End-user id; names the camera of background requests.")
+    n: StrictInt | None = _N
+    best_of: StrictInt | None = _BEST_OF
 
 
 class CompletionView(_View):
@@ -38,6 +46,8 @@ class CompletionView(_View):
     prompt: Any = Field(description="Text, token ids, or lists of either.")
     stream: StrictBool | None = Field(default=False, description="Server-sent events when true.")
     user: str | None = Field(default=None, description="End-user id; names the camera of background requests.")
+    n: StrictInt | None = _N
+    best_of: StrictInt | None = _BEST_OF
 
 
 # Deeper than any OpenAI request (tool and response schemas included) and far below the recursion limit of the
@@ -58,15 +68,22 @@ def _depth_and_nul(value: Any) -> tuple[int, bool]:
     deepest, nul = 0, False
     if isinstance(value, dict):
         nul = any(isinstance(value.get(name), str) and "\x00" in value[name] for name in _LABEL_FIELDS)
+    if not isinstance(value, dict | list):
+        return 1, nul
+    # Only containers are visited (scalars are most of a large body's values), and a dict's keys are searched as
+    # one string: a body of millions of values is walked in a fraction of the time of its parsing.
     pending: list[tuple[Any, int]] = [(value, 1)]
     while pending:
         item, depth = pending.pop()
-        deepest = max(deepest, depth)
+        deepest = max(deepest, depth + 1 if item else depth)  # a scalar child is a level too
         if isinstance(item, dict):
-            nul = nul or any("\x00" in key for key in item)
-            pending.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list):
-            pending.extend((child, depth + 1) for child in item)
+            nul = nul or "\x00" in "".join(item)
+            children = item.values()
+        else:
+            children = item
+        kinds = set(map(type, children))
+        if dict in kinds or list in kinds:
+            pending.extend([(child, depth + 1) for child in children if isinstance(child, dict | list)])
     return deepest, nul
 
 
@@ -195,7 +212,10 @@ class CompletionRequest(_Doc):
     """POST /v1/completions: OpenAI's (legacy) completion request."""
 
     model: str | None = _MODEL
-    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(description="Text, token ids, or lists of either.")
+    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(
+        description="Text, token ids, or lists of either; a list of several prompts is that many requests (refused "
+        "for background keys, which ask for one answer a request)."
+    )
     stream: bool | None = _STREAM
     user: str | None = _USER
     max_tokens: int | None = _MAX_TOKENS

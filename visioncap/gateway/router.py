@@ -79,8 +79,9 @@ GENERATION: dict[int | str, dict[str, Any]] = {
     **UPSTREAM,
     400: _error(
         f"{_HOSTILE} Also the gateway's: an image beyond the model's largest (`image_too_large`); a media URL that "
-        "is neither a data: URI nor of an allow-listed host (`media_url_not_allowed`); a background key asking "
-        "for `n` or `best_of` above 1; a bad X-Visioncap-Deadline-Ms."
+        "is neither a data: URI nor of an allow-listed host (`media_url_not_allowed`), on every route; text that "
+        "cannot be encoded as UTF-8 (a lone surrogate); a background key asking for more than one answer (`n` or "
+        "`best_of` above 1, or a list of several prompts); a bad X-Visioncap-Deadline-Ms."
     ),
     403: _error("A background key named a camera it may not (`camera_not_allowed`)."),
     408: _error("A background request waited in the queue past its deadline (`deadline_exceeded`)."),

@@ -9,25 +9,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from copy import deepcopy
 from enum import Enum
 from typing import Any, Literal
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from visioncap import __version__
 from visioncap.config.gateway import GatewayConfig
 from visioncap.gateway.admission import Decision
 from visioncap.gateway.auth import Caller, KeyRing
 from visioncap.gateway.bodies import BodyBudget, RequestBody
+from visioncap.gateway.body_check import BodyChecker, Rules
 from visioncap.gateway.errors import ErrorType, GatewayError, RefusalReason, unauthorized
-from visioncap.gateway.images import ImageTooLargeError, MediaRefusedError, downscale_messages, inspect_messages
 from visioncap.gateway.metrics import GatewayMetrics
 from visioncap.gateway.protocol import (
     AnyObjectView,
@@ -35,7 +34,6 @@ from visioncap.gateway.protocol import (
     CompletionView,
     EmbeddingsView,
     ResponsesView,
-    parse_body,
 )
 from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream, UpstreamRefusedError, UpstreamResponse
 from visioncap.gateway.replicas import Replica, rank_for_chat
@@ -68,9 +66,8 @@ VIEWS = {
     "responses": ResponsesView,
     "embeddings": EmbeddingsView,
 }
-# Where each endpoint keeps the messages whose images count (the Responses API's input items hold content parts
-# of type input_image, which the image inspection knows).
-MESSAGES_FIELD: dict[Endpoint, str] = {"chat": "messages", "responses": "input"}
+# Where a list is that many prompts, each a request of vLLM's own (a background key sends one).
+PROMPT_FIELD: dict[Endpoint, str] = {"completions": "prompt", "embeddings": "input"}
 
 
 class RetryElsewhereError(Exception):
@@ -93,6 +90,8 @@ class Gateway:
             lambda: max(replica.scheduler.retry_after_s() for replica in self.replicas),
             self.metrics.waiting_body_bytes.set,
         )
+        # Parsing and checking bodies: large ones in worker processes, off the event loop that streams every answer.
+        self.checker = BodyChecker()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.ready = threading.Event()  # set once serving: lets a thread that started the server wait for it
         self._tasks: list[asyncio.Task[None]] = []
@@ -104,6 +103,7 @@ class Gateway:
 
     async def start(self) -> None:
         self.loop = asyncio.get_running_loop()
+        await self.checker.start()
         for replica in self.replicas:
             self._tasks.extend(replica.start())
         self._tasks.append(asyncio.create_task(self._control_loop(), name="gateway-controller"))
@@ -119,6 +119,7 @@ class Gateway:
         self._tasks.clear()
         for replica in self.replicas:
             await replica.aclose()
+        self.checker.close()
 
     async def _control_loop(self) -> None:
         while True:
@@ -169,21 +170,20 @@ class Gateway:
             self._rate_limit(caller)
             if caller.interactive:
                 raw = await body_in.read(self.config.limits.max_body_bytes)
-                body, view, image_tokens = self._parse(raw, endpoint, caller)
+                checked = await self.checker.check(raw, self._rules(endpoint, caller))
                 del raw
-                payload = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-                stream = bool(getattr(view, "stream", False))
-                return await self._forward_interactive(request, endpoint, caller, payload, stream, started)
+                return await self._forward_interactive(
+                    request, endpoint, caller, checked.payload, checked.stream, started
+                )
             # Background bodies wait in memory: room in the queue and in the body budget is checked before a byte
-            # is read, and only the parsed body is kept while it waits (encoded again once admitted).
+            # is read, and only the checked body, encoded as it is sent, is kept while it waits.
             replica = self.background_replica(caller)
             replica.scheduler.check_room()
             with self.bodies.hold(request.headers.get("content-length")) as held:
                 raw = await body_in.read(self.config.limits.max_background_body_bytes, held.grow)
-                body, view, image_tokens = self._parse(raw, endpoint, caller)
+                checked = await self.checker.check(raw, self._rules(endpoint, caller))
                 del raw
-                _refuse_multiple_choices(body)
-                named = request.headers.get(CAMERA_HEADER) or getattr(view, "user", None)
+                named = request.headers.get(CAMERA_HEADER) or checked.user
                 if named is not None and caller.cameras is not None and named not in caller.cameras:
                     raise GatewayError(
                         403,
@@ -193,10 +193,18 @@ class Gateway:
                         param=CAMERA_HEADER,
                     )
                 camera = named or caller.camera or caller.name
-                stream = bool(getattr(view, "stream", False))
                 deadline_s = self._deadline_s(request)
                 return await self._forward_background(
-                    request, replica, endpoint, caller, body, stream, started, camera, image_tokens, deadline_s
+                    request,
+                    replica,
+                    endpoint,
+                    caller,
+                    checked.payload,
+                    checked.stream,
+                    started,
+                    camera,
+                    checked.image_tokens,
+                    deadline_s,
                 )
         except QueueFullError as exc:
             return self._refuse(
@@ -214,27 +222,18 @@ class Gateway:
         except GatewayError as exc:
             return self._refuse(exc, caller, endpoint, body_in)
 
-    def _parse(self, raw: bytes, endpoint: Endpoint, caller: Caller) -> tuple[dict[str, Any], Any, int]:
-        """The body, its checked view and its estimated image tokens; the key's class sets the priority."""
-        body, view = parse_body(raw, VIEWS[endpoint])
-        image_tokens = 0
-        if endpoint in MESSAGES_FIELD:
-            try:
-                image_tokens = inspect_messages(body.get(MESSAGES_FIELD[endpoint]), self.config.images)
-            except ImageTooLargeError as exc:
-                raise GatewayError(
-                    400, ErrorType.IMAGE_TOO_LARGE, str(exc), reason=RefusalReason.IMAGE_TOO_LARGE, param="messages"
-                ) from exc
-            except MediaRefusedError as exc:
-                raise GatewayError(
-                    400,
-                    ErrorType.MEDIA_URL_NOT_ALLOWED,
-                    str(exc),
-                    reason=RefusalReason.MEDIA_URL_REFUSED,
-                    param="messages",
-                ) from exc
-        body["priority"] = caller.traffic_class.priority  # the key decides, never the caller's body
-        return body, view, image_tokens
+    def _rules(self, endpoint: Endpoint | None, caller: Caller) -> Rules:
+        """How a body of `endpoint` (None: /tokenize and /detokenize) is checked for the key; the key's class sets
+        the priority of what generates, never the caller's body."""
+        if endpoint is None:
+            return Rules(AnyObjectView, None, one_answer=False, prompt_field=None, images=self.config.images)
+        return Rules(
+            VIEWS[endpoint],
+            caller.traffic_class.priority,
+            one_answer=not caller.interactive,
+            prompt_field=PROMPT_FIELD.get(endpoint),
+            images=self.config.images,
+        )
 
     async def models(self, request: Request) -> Response:
         """GET /v1/models, passed through for any valid key."""
@@ -260,8 +259,13 @@ class Gateway:
             caller = self._authenticate(request)
             self._rate_limit(caller)
             raw = await body_in.read(self.config.limits.max_body_bytes)
-            parse_body(raw, AnyObjectView)  # the same hostile-input rules as everything else
-            upstream = await self._utility_upstream().open("POST", path, raw, incoming=request.headers, root=True)
+            # The same checks as every route: hostile input, and media (vLLM's /tokenize renders a conversation's
+            # images, fetching their URLs).
+            checked = await self.checker.check(raw, self._rules(None, caller))
+            del raw
+            upstream = await self._utility_upstream().open(
+                "POST", path, checked.payload, incoming=request.headers, root=True
+            )
         except GatewayError as exc:
             return self._refuse(exc, caller, name, body_in, self.config.limits.max_body_bytes)
 
@@ -283,6 +287,7 @@ class Gateway:
         return JSONResponse(
             {
                 "status": "ok",
+                "version": __version__,
                 "ready": self.is_ready,
                 "upstreams": {replica.name: self._replica_state(replica, trusted) for replica in self.replicas},
             }
@@ -294,6 +299,7 @@ class Gateway:
         return JSONResponse(
             {
                 "status": "ready" if ready else "unavailable",
+                "version": __version__,
                 "upstreams": {replica.name: "in" if replica.up else "out" for replica in self.replicas},
             },
             status_code=200 if ready else 503,
@@ -435,7 +441,7 @@ class Gateway:
         replica: Replica,
         endpoint: Endpoint,
         caller: Caller,
-        body: dict[str, Any],
+        payload: bytes,
         stream: bool,
         started: float,
         camera: str,
@@ -468,10 +474,14 @@ class Gateway:
             replica.controller.background_started(self.clock())
             self.metrics.in_flight.labels(class_name).inc()
             self.metrics.image_tokens.labels(class_name).inc(grant.tokens)
-            if grant.max_tokens_per_image is not None and grant.tokens < image_tokens and endpoint == "chat":
-                sent = await self._downscaled(body, grant.max_tokens_per_image, class_name)
-            else:  # off the event loop: a body of megabytes takes milliseconds to encode
-                sent = await asyncio.to_thread(_encode, body)
+            try:
+                sent = payload
+                if grant.max_tokens_per_image is not None and grant.tokens < image_tokens and endpoint == "chat":
+                    sent = await self._downscaled(payload, grant.max_tokens_per_image, class_name)
+            except BaseException:  # the grant is the proxy's to release from here on; until then it is this one's
+                self.metrics.in_flight.labels(class_name).dec()
+                grant.release()
+                raise
 
             def done(outcome: Outcome, grant: Grant = grant) -> None:
                 grant.release()
@@ -488,15 +498,9 @@ class Gateway:
                 return response
             preempted = grant  # cancelled at vLLM to make way for interactive work: queue again, at the head
 
-    async def _downscaled(self, body: dict[str, Any], max_tokens: int, class_name: str) -> bytes:
-        """The body with its images shrunk to `max_tokens` each (off the event loop: JPEG work takes ms)."""
-
-        def shrink() -> tuple[bytes, int]:
-            copy = deepcopy(body)
-            count = downscale_messages(copy.get("messages"), max_tokens, self.config.images)
-            return json.dumps(copy, separators=(",", ":"), ensure_ascii=False).encode("utf-8"), count
-
-        sent, count = await asyncio.to_thread(shrink)
+    async def _downscaled(self, payload: bytes, max_tokens: int, class_name: str) -> bytes:
+        """The body with its images shrunk to `max_tokens` each (in a worker: JPEG work takes ms)."""
+        sent, count = await self.checker.downscale(payload, max_tokens, self.config.images)
         if count:
             self.metrics.downscaled.labels(class_name).inc(count)
         return sent
@@ -667,24 +671,6 @@ class Gateway:
             else:
                 body_limit = limits.max_body_bytes if caller.interactive else limits.max_background_body_bytes
         return body.answer(exc.response(), body_limit, limits.refused_body_drain_s)
-
-
-def _refuse_multiple_choices(body: dict[str, Any]) -> None:
-    """Background requests ask for one answer: `n` or `best_of` above 1 would be that many requests in one slot."""
-    for name in ("n", "best_of"):
-        value = body.get(name)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value > 1:
-            raise GatewayError(
-                400,
-                ErrorType.INVALID_REQUEST,
-                f"{name} above 1 is not allowed for background keys (send separate requests)",
-                reason=RefusalReason.BAD_REQUEST,
-                param=name,
-            )
-
-
-def _encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
 async def _disconnected(request: Request) -> None:
