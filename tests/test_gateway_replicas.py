@@ -19,6 +19,7 @@ import pytest
 from gateway_calls import auth, chat_body, post_chat
 from taps import AsgiThread, Tap, serving
 
+from visioncap import __version__
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.keys import hash_key
 from visioncap.gateway.in_thread import GatewayThread
@@ -223,7 +224,7 @@ def test_readyz_is_503_while_no_upstream_is_in() -> None:
         wait_until(gw, "dead", up=False)
         ready = httpx.get(f"{gw.root_url}/readyz", timeout=TIMEOUT)
         assert ready.status_code == 503
-        assert ready.json() == {"status": "unavailable", "upstreams": {"dead": "out"}}
+        assert ready.json() == {"status": "unavailable", "version": __version__, "upstreams": {"dead": "out"}}
         health = httpx.get(f"{gw.root_url}/healthz", timeout=TIMEOUT).json()
         assert health["ready"] is False and health["upstreams"]["dead"]["up"] is False
         assert health["upstreams"]["dead"]["health_error"] is None  # what went wrong only for a valid key
