@@ -132,6 +132,8 @@ def test_two_good_cameras_beside_broken_files(
     write_pipeline(tmp_path, data)
     result = run_cli("run", str(pipeline), "--progress", "none", env=env)
     assert result.returncode == 1
+    # Said before anything slow loads (the other sources run), and again in the run's summary.
+    assert f"warning: pipeline test: camera garbage: {garbage} is not a video file" in result.stderr
     assert f"error: camera garbage: cannot open video file {garbage}" in result.stderr
     assert "error: camera cut: video file" in result.stderr and "(truncated or corrupt)" in result.stderr
     assert "Traceback" not in result.stderr

@@ -97,9 +97,9 @@ def test_compose_needs_keys_of_the_users_own() -> None:
             assert f"required variable {name} is missing a value: set it in .env" in result.stderr, result.stderr
     result = compose("config", "-q", env_file=ENV_EXAMPLE, keys=False)
     assert result.returncode != 0, "the example env file is accepted as it is"
-    assert re.search(r"required variable (VLLM_API_KEY|VISIONCAP_CAPTIONS_KEY) is missing", result.stderr), (
-        result.stderr
-    )
+    assert re.search(
+        r"required variable (VLLM_API_KEY|VISIONCAP_CAPTIONS_KEY|VISIONCAP_ASK_KEY) is missing", result.stderr
+    ), result.stderr
     # No default of any variable is a demo key (the captions key had one).
     assert not any(key in COMPOSE_FILE.read_text() for key in PUBLISHED_DEMO_KEYS)
     settings = dict(re.findall(r"^([A-Z][A-Z0-9_]*)=(.*)$", ENV_EXAMPLE.read_text(), flags=re.MULTILINE))

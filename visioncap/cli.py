@@ -141,7 +141,9 @@ def _run_pipeline(
     mode = ("rich" if sys.stderr.isatty() else "log") if progress == "auto" else progress
     from visioncap.pipeline.preflight import check_video_files
 
-    check_video_files(config)  # a file that is no video: said before vLLM, the VLM check and the detector load
+    # A file that is no video: said before vLLM, the VLM check and the detector load (exit 2 when nothing is left).
+    for problem in check_video_files(config):
+        typer.echo(f"warning: {problem}; the other sources run", err=True)
     from visioncap.pipeline.compose import build_pipeline, stop_on_signals
     from visioncap.pipeline.progress import Progress
 

@@ -37,14 +37,20 @@ def _stderr_captured() -> Iterator[list[str]]:
             lines.extend(sink.read(65536).decode(errors="replace").splitlines())
 
 
-def check_video_files(config: PipelineConfig) -> None:
-    """Opens every video file the pipeline reads and decodes its first frame; ConfigError naming the first that
-    cannot be read (a file that is not a video, or not one OpenCV can decode), with FFmpeg's reason."""
+def check_video_files(config: PipelineConfig) -> list[str]:
+    """Opens every video file the pipeline reads and decodes its first frame, with FFmpeg's reason for each that
+    cannot be read (a file that is not a video, or not one OpenCV can decode).
+
+    When nothing of the run could be read (every source is such a file), ConfigError naming them: the run stops
+    before anything slow loads. Otherwise the problems come back, one line each, for the caller to say at once;
+    the run goes on with the sources that work, as it does for a camera that fails later (the summary names them).
+    """
     files = [source for source in config.sources if isinstance(source, FileSourceConfig)]
     if not files:
-        return
+        return []
     import cv2  # only when there are files: a pipeline of live cameras does not pay for the import here
 
+    problems: list[str] = []
     for source in files:
         with _stderr_captured() as said:
             capture = cv2.VideoCapture(str(source.path))
@@ -55,7 +61,10 @@ def check_video_files(config: PipelineConfig) -> None:
         if not readable:
             reasons = [_FFMPEG_PREFIX.sub("", line).strip() for line in said if line.strip()]
             reason = reasons[-1][:200] if reasons else "no frame could be decoded"
-            raise ConfigError(
+            problems.append(
                 f"pipeline {config.name}: camera {source.camera}: {source.path} is not a video file that can be "
                 f"read ({reason})"
             )
+    if len(problems) == len(config.sources):
+        raise ConfigError("; ".join(problems))
+    return problems
