@@ -113,6 +113,12 @@ def first_run_fills_the_disk(disk: Path, reserve_bytes: int | None = None) -> tu
 
 def end(box: Outbox, store: CaptionStore) -> None:
     """The process ends: its journal and database connections close, what it held in memory only is gone."""
+    # With it ends the journal thread's last pass (the one `close()` woke it for): left running, that pass could
+    # write to the database after the test has made room, which the ended process never would.
+    flusher = box._flusher
+    if flusher is not None:
+        flusher.join(TIMEOUT)
+        assert not flusher.is_alive(), "the journal thread did not end after close()"
     box.release()
     store.engine.dispose()
 
