@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from tmpfs_support import mounted_tmpfs
 
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
@@ -24,37 +24,16 @@ from visioncap.store import CaptionStore, NewCaption, create_db_engine
 T0 = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 JPEG = b"\xff\xd8" + bytes(20_000) + b"\xff\xd9"
 CAPTION = Caption("a person at the door", "tiny", 300, 8, 0.1)
-DISK = "2m"  # the drill's
+DISK = 2 * 1024 * 1024  # bytes: the drill's 2m
 FRAMES_COST = 11  # frames selected once the disk is full, as in the drill
 TIMEOUT = 30  # seconds; a bound on a broken test, never a measurement
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 2 MB tmpfs as the data dir, SQLite's file on it too (needs root, as the tests run here and in CI)."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mount_point)],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        problem = None if mounted.returncode == 0 else (mounted.stderr.strip() or f"exit {mounted.returncode}")
-    except FileNotFoundError as exc:
-        problem = str(exc)
-    if problem is not None:
-        message = f"cannot mount a tmpfs as a small data dir ({problem}); run the tests as root"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    try:
+    """A real 2 MiB tmpfs as the data dir, SQLite's file on it too."""
+    with mounted_tmpfs(tmp_path / "small-disk", DISK) as mount_point:
         yield mount_point
-    finally:
-        # Lazily when a failed test left a file open on it (a connection of its SQLite): it goes once closed.
-        if subprocess.run(["umount", str(mount_point)], timeout=TIMEOUT).returncode != 0:
-            subprocess.run(["umount", "-l", str(mount_point)], check=True, timeout=TIMEOUT)
 
 
 def frame(index: int) -> NewCaption:

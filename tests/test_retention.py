@@ -11,7 +11,6 @@ import os
 import queue
 import random
 import shutil
-import subprocess
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from pg import fresh_database
 from PIL import Image
 from prometheus_client import CollectorRegistry
 from sqlalchemy import select, text, update
+from tmpfs_support import mounted_tmpfs
 
 from visioncap.alerts.store import add_alert, add_delivery
 from visioncap.api import create_app
@@ -409,30 +409,9 @@ def big_jpeg(seed: int) -> bytes:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 2 MiB tmpfs mounted as the data dir (needs root, as the tests run here and in CI); unmounted after."""
-    mount_point = tmp_path / "small-disk"
-    mount_point.mkdir()
-    try:
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={DISK}", "tmpfs", str(mount_point)],
-            capture_output=True,
-            text=True,
-            timeout=TIMEOUT,
-        )
-        problem = None
-        if mounted.returncode != 0:
-            problem = mounted.stderr.strip() or f"exit status {mounted.returncode}"
-    except FileNotFoundError as exc:
-        problem = str(exc)
-    if problem is not None:
-        message = f"cannot mount a tmpfs as a small data dir ({problem}); run the tests as root"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
-    try:
+    """A real 2 MiB tmpfs mounted as the data dir; unmounted after."""
+    with mounted_tmpfs(tmp_path / "small-disk", DISK) as mount_point:
         yield mount_point
-    finally:
-        subprocess.run(["umount", str(mount_point)], check=True, timeout=TIMEOUT)
 
 
 def free(path: Path) -> int:
