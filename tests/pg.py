@@ -9,9 +9,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from helpers import missing
 from sqlalchemy import create_engine
 
-from visioncap.bench.common.pgcluster import PostgresCluster
+from visioncap.bench.common.pgcluster import PostgresCluster, postgres_bin
 
 
 @contextmanager
@@ -21,6 +22,20 @@ def postgres_cluster(bin_dir: Path) -> Iterator[str]:
     cluster.start()
     try:
         yield cluster.base_url
+    finally:
+        cluster.remove()
+
+
+@contextmanager
+def own_cluster() -> Iterator[PostgresCluster]:
+    """A cluster of the calling test's own, so that stopping it disturbs no other test; removed after."""
+    bin_dir = postgres_bin()
+    if bin_dir is None:
+        missing("PostgreSQL", "apt-get install -y postgresql")
+    cluster = PostgresCluster(bin_dir)
+    cluster.start()
+    try:
+        yield cluster
     finally:
         cluster.remove()
 

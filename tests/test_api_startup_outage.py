@@ -9,10 +9,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import missing, serve_api, wait_for
-from pg import fresh_database
+from helpers import serve_api, wait_for
+from pg import fresh_database, own_cluster
 
-from visioncap.bench.common.pgcluster import PostgresCluster, postgres_bin
+from visioncap.bench.common.pgcluster import PostgresCluster
 
 pytestmark = pytest.mark.postgres
 
@@ -23,15 +23,8 @@ BACK_S = 60  # a bound on an API that never notices the database's return, never
 @pytest.fixture
 def cluster() -> Iterator[PostgresCluster]:
     """A PostgreSQL cluster of this test's own, so that stopping it disturbs no other test."""
-    bin_dir = postgres_bin()
-    if bin_dir is None:
-        missing("PostgreSQL", "apt-get install -y postgresql")
-    cluster = PostgresCluster(bin_dir)
-    cluster.start()
-    try:
+    with own_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.remove()
 
 
 def test_api_started_during_an_outage_answers_503_then_serves_when_the_database_returns(

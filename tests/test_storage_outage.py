@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 from helpers import missing, pipeline_dict, run_cli, scrape_metric, start_cli, wait_for, write_pipeline
-from pg import fresh_database
+from pg import fresh_database, own_cluster
 from streams import RtspServer, skip_unless_gstreamer
 from videos import make_event_video
 
-from visioncap.bench.common.pgcluster import PostgresCluster, postgres_bin
+from visioncap.bench.common.pgcluster import PostgresCluster
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics
@@ -57,15 +57,8 @@ def frame(index: int, camera: str = "cam", event: str | None = None) -> NewCapti
 @pytest.fixture
 def cluster() -> Iterator[PostgresCluster]:
     """A PostgreSQL cluster of this test's own, so that stopping it disturbs no other test."""
-    bin_dir = postgres_bin()
-    if bin_dir is None:
-        missing("PostgreSQL", "apt-get install -y postgresql")
-    cluster = PostgresCluster(bin_dir)
-    cluster.start()
-    try:
+    with own_cluster() as cluster:
         yield cluster
-    finally:
-        cluster.remove()
 
 
 def rows_by_index(store: CaptionStore) -> dict[int, list]:

@@ -25,12 +25,10 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from helpers import missing
-from pg import fresh_database
+from pg import fresh_database, own_cluster
 from sqlalchemy import text
 
 from visioncap.api import create_app
-from visioncap.bench.common.pgcluster import PostgresCluster, postgres_bin
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.frames import Caption
@@ -430,12 +428,7 @@ def test_streams_wait_out_a_database_restart(tmp_path: Path) -> None:
     """The database stops under an open stream: the stream stays open, a client that reconnects with its last id
     gets in (EventSource gives up on anything but 200), a new client gets 503 with Retry-After (there is no
     start without the database). Once it is back, both streams get what is written, once."""
-    bin_dir = postgres_bin()
-    if bin_dir is None:
-        missing("PostgreSQL", "apt-get install -y postgresql")
-    cluster = PostgresCluster(bin_dir)  # of this test's own: stopping it disturbs no other test
-    cluster.start()
-    try:
+    with own_cluster() as cluster:  # of this test's own: stopping it disturbs no other test
         url = fresh_database(cluster.base_url)
         store = CaptionStore(create_db_engine(url))
         store.create_schema()
@@ -449,6 +442,4 @@ def test_streams_wait_out_a_database_restart(tmp_path: Path) -> None:
                 ids = write_captioned(store, range(3))
                 first = finish(reader, store, 10)
                 second = resumed.captions_until(lambda got: bool(got) and got[-1].row_id == first[-1].row_id)
-    finally:
-        cluster.remove()
     assert [event.row_id for event in first[:-1]] == [event.row_id for event in second[:-1]] == ids
