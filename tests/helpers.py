@@ -272,3 +272,17 @@ def http_get_from(host: Host, port: int, path: str) -> tuple[int, str]:
                           check=True)  # fmt: skip
     status, _, body = done.stdout.partition("\n")
     return int(status), body.removesuffix("\n")
+
+
+def children_of(pid: int, *, live: bool = False) -> list[int]:
+    """The processes whose parent is `pid`, read from /proc; `live`: leave out zombies (exited, not yet reaped)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[1]) == pid and not (live and fields[0] in ("Z", "X")):
+                    found.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+    return found

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import REPO, TINY_MODEL, wait_for
+from helpers import REPO, TINY_MODEL, children_of, wait_for
 
 from visioncap.serve import free_port
 from visioncap.serve.launcher import group_members
@@ -44,16 +44,6 @@ server.start()
 server.wait_ready()
 print(server.pid, flush=True)
 """
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-    return found
 
 
 def healthy(port: int) -> bool:

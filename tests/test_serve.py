@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import REPO, TINY_MODEL, run_cli, wait_for
+from helpers import REPO, TINY_MODEL, children_of, run_cli, wait_for
 from PIL import Image
 
 from visioncap.config.profiles import ImageSpec, load_profile
@@ -345,18 +345,6 @@ def test_a_tuned_budget_overrides_one_class_only() -> None:
     bench = load_profile("tiny-bench", MODELS).with_serving("cpu", max_num_batched_tokens=128)
     args = bench.command_args("cpu")
     assert args.count("--max-num-batched-tokens") == 1 and args[args.index("--max-num-batched-tokens") + 1] == "128"
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return found
 
 
 def _healthy(root: str) -> bool:

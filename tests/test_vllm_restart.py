@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import TINY_MODEL, pipeline_dict, wait_for
+from helpers import TINY_MODEL, children_of, pipeline_dict, wait_for
 
 from visioncap.config.pipeline import PipelineConfig
 from visioncap.config.settings import Settings
@@ -22,19 +22,6 @@ from visioncap.serve.launcher import group_members
 pytestmark = pytest.mark.vllm
 
 RESTART_S = 300  # a bound on a vLLM that never comes back, never a measurement
-
-
-def live_children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-                found.append(int(entry.name))
-    return found
 
 
 def readyz(port: int) -> tuple[int, dict[str, object]]:
@@ -55,16 +42,16 @@ def test_a_killed_vllm_api_server_is_restarted_and_readyz_says_so_meanwhile(
         (pid_file,) = (data_dir / "run").glob("vllm-tiny-*.pid")
         supervisor = int(json.loads(pid_file.read_text())["pid"])
         base_url = str(ready["vllm"]["url"])  # type: ignore[index]
-        (api_server,) = live_children(supervisor)
+        (api_server,) = children_of(supervisor, live=True)
         os.kill(api_server, signal.SIGKILL)
-        wait_for(lambda: api_server not in live_children(supervisor), 30, "the killed API server to be reaped")
+        wait_for(lambda: api_server not in children_of(supervisor, live=True), 30, "the killed API server to be reaped")
         # vLLM takes tens of seconds to start again: /readyz says it is away meanwhile.
         status, ready = readyz(port)
         assert status == 503, ready
         vllm = ready["vllm"]
         assert not vllm["ok"] and "its supervisor restarts it after an exit" in vllm["error"], vllm  # type: ignore[index]
         wait_for(lambda: readyz(port)[0] == 200, RESTART_S, lambda: f"vLLM to come back: {readyz(port)}")
-        (restarted,) = live_children(supervisor)
+        (restarted,) = children_of(supervisor, live=True)
         assert restarted != api_server
         body = {"model": TINY_MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
         answer = httpx.post(f"{base_url}/chat/completions", json=body, timeout=60)

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fake_vllm import fake_server, install_fake_vllm
-from helpers import wait_for
+from helpers import children_of, wait_for
 
 from visioncap.serve import VllmServer
 from visioncap.serve.launcher import ServerError, group_members
@@ -23,19 +23,6 @@ from visioncap.serve.launcher import ServerError, group_members
 @pytest.fixture
 def fake_vllm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return install_fake_vllm(tmp_path / "fake", monkeypatch)
-
-
-def live_children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
-                found.append(int(entry.name))
-    return found
 
 
 def answers(server: VllmServer) -> bool:
@@ -67,15 +54,15 @@ def test_a_killed_server_is_restarted_with_backoff_then_given_up_at_the_hourly_c
     assert supervisor is not None
     killed: list[int] = []
     for restart in (1, 2):
-        (child,) = live_children(supervisor)
+        (child,) = children_of(supervisor, live=True)
         os.kill(child, signal.SIGKILL)
         killed.append(child)
-        wait_for(lambda c=child: c not in live_children(supervisor), 10, f"killed child {child} to be reaped")
+        wait_for(lambda c=child: c not in children_of(supervisor, live=True), 10, f"killed child {child} to be reaped")
         # The restart waits its backoff (1 s, then 2 s): meanwhile the server is not ready, and says why.
         ready, details = server.readiness()
         assert not ready and "restarts it after an exit" in str(details["error"]), details
         wait_for(
-            lambda: [c for c in live_children(supervisor) if c not in killed] and answers(server),
+            lambda: [c for c in children_of(supervisor, live=True) if c not in killed] and answers(server),
             30,
             f"restart {restart} to serve",
         )
@@ -85,7 +72,7 @@ def test_a_killed_server_is_restarted_with_backoff_then_given_up_at_the_hourly_c
     assert "restarting it in 1 s (restart 1 of at most 2 an hour)" in lines
     assert "restarting it in 2 s (restart 2 of at most 2 an hour)" in lines
     # The third exit within the hour is one too many: a clear failure, on the launcher's stderr too.
-    (child,) = live_children(supervisor)
+    (child,) = children_of(supervisor, live=True)
     os.kill(child, signal.SIGKILL)
     assert server.wait() == 1
     error = server.exit_error()
