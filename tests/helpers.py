@@ -286,3 +286,20 @@ def children_of(pid: int, *, live: bool = False) -> list[int]:
             except (OSError, IndexError, ValueError):
                 continue  # gone meanwhile
     return found
+
+
+def read_caption_events(response: httpx.Response, count: int) -> list[dict[str, Any]]:
+    """The data of the first `count` `caption` events of a server-sent event stream (comments skipped)."""
+    events: list[dict[str, Any]] = []
+    event: dict[str, str] = {}
+    for line in response.iter_lines():
+        if line == "":
+            if event.get("event") == "caption":
+                events.append(json.loads(event["data"]))
+                if len(events) == count:
+                    return events
+            event = {}
+        elif not line.startswith(":"):
+            name, _, value = line.partition(": ")
+            event[name] = value
+    raise AssertionError(f"stream ended after {len(events)} events")

@@ -27,6 +27,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from helpers import read_caption_events
 from pg import fresh_database
 from PIL import Image
 
@@ -702,22 +703,6 @@ def test_readiness_needs_the_database_and_the_vlm(seed: Seed, data_dir: Path, vl
         assert c.get("/readyz").status_code == 200
 
 
-def read_events(response: httpx.Response, count: int) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    event: dict[str, str] = {}
-    for line in response.iter_lines():
-        if line == "":
-            if event.get("event") == "caption":
-                events.append(json.loads(event["data"]))
-                if len(events) == count:
-                    return events
-            event = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            event[name] = value
-    raise AssertionError(f"stream ended after {len(events)} events")
-
-
 def test_stream_sends_captions_as_they_are_stored_with_filters(app: FastAPI, store: CaptionStore) -> None:
     waiting = store.add(new_caption(500, "cam-9", people=2))  # pending before the stream opens
     assert waiting is not None
@@ -734,7 +719,7 @@ def test_stream_sends_captions_as_they_are_stored_with_filters(app: FastAPI, sto
                 if camera != "cam-7" and people >= 1:
                     expected.append(row_id)
             store.mark_captioned(waiting, captioned("finally captioned"), attempts=2)
-            events = read_events(response, 3)
+            events = read_caption_events(response, 3)
         assert [event["id"] for event in events] == [*expected, waiting]
         assert events[-1]["caption"] == "finally captioned" and events[0]["status"] == "captioned"
         assert http.get("/v1/stream", params={"min_people": "x"}).status_code == 422

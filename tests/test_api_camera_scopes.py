@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from helpers import TINY_MODEL, invoke_cli
+from helpers import TINY_MODEL, invoke_cli, read_caption_events
 from PIL import Image
 from pydantic import ValidationError
 from taps import AsgiThread
@@ -259,22 +259,6 @@ def test_another_cameras_caption_image_and_regeneration_answer_404_as_an_unknown
 
 
 # -- the live stream -------------------------------------------------------------------------------------------
-
-
-def read_caption_events(response: httpx.Response, count: int) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    event: dict[str, str] = {}
-    for line in response.iter_lines():
-        if line == "":
-            if event.get("event") == "caption":
-                events.append(json.loads(event["data"]))
-                if len(events) == count:
-                    return events
-            event = {}
-        elif not line.startswith(":"):
-            name, _, value = line.partition(": ")
-            event[name] = value
-    raise AssertionError(f"stream ended after {len(events)} events")
 
 
 @pytest.mark.parametrize("params", [{}, {"camera": "garage,lobby"}])
