@@ -12,14 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import cv2
-import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from helpers import invoke_cli, pipeline_dict, write_pipeline
 from servers.mjpeg_server import MjpegServer
 from sqlalchemy import text
 from streams import FrameCollector, StateRecorder
+from videos import make_gradient_clip
 
 from visioncap.api import create_app
 from visioncap.config.api import ApiKey, ApiSettings
@@ -317,13 +316,7 @@ def test_the_cli_checks_the_allow_list(database_file: str) -> None:
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("allow-list-video") / "clip.mp4"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10, (160, 120))
-    assert writer.isOpened()
-    for i in range(20):
-        writer.write(np.full((120, 160, 3), 10 * i, np.uint8))
-    writer.release()
-    return path
+    return make_gradient_clip(tmp_path_factory.mktemp("allow-list-video") / "clip.mp4")
 
 
 def stream(url: str) -> StreamSourceConfig:

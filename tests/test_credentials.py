@@ -19,15 +19,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import cv2
-import numpy as np
 import pytest
 import yaml
 from fastapi.testclient import TestClient
 from helpers import REPO, pipeline_dict, wait_for, write_pipeline
 from servers.mjpeg_server import MjpegServer
 from streams import FrameCollector, StateRecorder
-from videos import make_event_video
+from videos import make_event_video, make_gradient_clip
 
 from visioncap.api import create_app
 from visioncap.config.api import ApiKey, ApiSettings
@@ -327,13 +325,7 @@ def test_a_failing_camera_reports_its_error_without_the_password() -> None:
 
 @pytest.fixture(scope="module")
 def clip(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("credentials-video") / "clip.mp4"
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10, (160, 120))
-    assert writer.isOpened()
-    for i in range(20):
-        writer.write(np.full((120, 160, 3), 10 * i, np.uint8))
-    writer.release()
-    return path
+    return make_gradient_clip(tmp_path_factory.mktemp("credentials-video") / "clip.mp4")
 
 
 def closed_port() -> int:

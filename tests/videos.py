@@ -54,3 +54,14 @@ def make_event_video(path: Path, timeline: list[tuple[str | None, float]]) -> li
         t += seconds
     writer.release()
     return stretches
+
+
+def make_gradient_clip(path: Path, frames: int = 20) -> Path:
+    """A small clip with no people in it (each frame a shade brighter): a source that decodes, for tests of how
+    sources are opened rather than what they show."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), 10, (160, 120))
+    assert writer.isOpened()
+    for i in range(frames):
+        writer.write(np.full((120, 160, 3), 10 * i, np.uint8))
+    writer.release()
+    return path
