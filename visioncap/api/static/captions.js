@@ -148,6 +148,28 @@ function matchesFilters(caption) {
   return !(until && caption.captured_at >= until);
 }
 
+// The events of a server-sent event stream as they arrive, each a block of lines (an event ends at a blank line).
+async function* eventBlocks(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      yield block;
+    }
+  }
+}
+
+// An event's data: its `data:` lines joined, as EventSource joins them.
+function eventData(lines) {
+  return lines.filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
+}
+
 // `resume`: a reconnect of the same stream, which sends the last event id so the server sends what was missed.
 // `opened` is called once the stream has started (its first block, which carries the start position, arrived)
 // or could not start: a list loaded after that misses nothing the stream does not then send.
@@ -164,31 +186,21 @@ async function follow(resume = false, opened = () => {}) {
     const sent = state.lastEventId ? { ...authHeaders(), "Last-Event-ID": state.lastEventId } : authHeaders();
     const response = await fetch(url, { headers: sent, signal: controller.signal });
     if (!response.ok) throw await readError(response);
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        const block = buffer.slice(0, end);
-        buffer = buffer.slice(end + 2);
-        const lines = block.split("\n");
-        const id = lines.find((line) => line.startsWith("id: "));
-        if (id) state.lastEventId = id.slice(4); // keep-alives carry one too
-        opened();
-        const data = lines.filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
-        if (!block.includes("event: caption") || !data) continue;
-        const caption = JSON.parse(data);
-        if (!matchesFilters(caption)) continue;
-        // A row captioned again (regenerate), or one the list loaded too, comes again: its new card replaces the old.
-        if (state.shown.has(caption.id)) $("captions").querySelector(`[data-id="${caption.id}"]`)?.remove();
-        state.shown.add(caption.id);
-        $("captions").prepend(card(caption, true));
-        status(`${state.shown.size} captions shown (live)`);
-        camerasSoon();
-      }
+    for await (const block of eventBlocks(response)) {
+      const lines = block.split("\n");
+      const id = lines.find((line) => line.startsWith("id: "));
+      if (id) state.lastEventId = id.slice(4); // keep-alives carry one too
+      opened();
+      const data = eventData(lines);
+      if (!block.includes("event: caption") || !data) continue;
+      const caption = JSON.parse(data);
+      if (!matchesFilters(caption)) continue;
+      // A row captioned again (regenerate), or one the list loaded too, comes again: its new card replaces the old.
+      if (state.shown.has(caption.id)) $("captions").querySelector(`[data-id="${caption.id}"]`)?.remove();
+      state.shown.add(caption.id);
+      $("captions").prepend(card(caption, true));
+      status(`${state.shown.size} captions shown (live)`);
+      camerasSoon();
     }
   } catch (error) {
     if (error.name === "AbortError") return;
@@ -245,22 +257,13 @@ async function askQuestion(question) {
       body: { model: "visioncap-ask", messages: [{ role: "user", content: question }], stream: true },
       signal: controller.signal,
     });
-    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-    let buffer = "";
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buffer += value;
-      let end;
-      while ((end = buffer.indexOf("\n\n")) >= 0) {
-        const data = buffer.slice(0, end).split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
-        buffer = buffer.slice(end + 2);
-        if (!data || data === "[DONE]") continue;
-        const chunk = JSON.parse(data);
-        if (chunk.error) throw new Error(chunk.error.message);
-        if (chunk.visioncap) $("citations").replaceChildren(...chunk.visioncap.citations.map(citationLink));
-        answer.textContent += chunk.choices[0].delta.content || "";
-      }
+    for await (const block of eventBlocks(response)) {
+      const data = eventData(block.split("\n"));
+      if (!data || data === "[DONE]") continue;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new Error(chunk.error.message);
+      if (chunk.visioncap) $("citations").replaceChildren(...chunk.visioncap.citations.map(citationLink));
+      answer.textContent += chunk.choices[0].delta.content || "";
     }
     $("ask").dataset.state = "answered";
   } catch (error) {
