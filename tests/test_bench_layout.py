@@ -81,6 +81,27 @@ def test_the_benchmark_modules_import_one_another_without_a_cycle() -> None:
     assert find_cycle(graph) is None, f"an import cycle in visioncap.bench: {' -> '.join(find_cycle(graph) or [])}"
 
 
+def room_graph() -> dict[str, set[str]]:
+    """Which benchmark rooms (bench's subpackages and its top-level modules) import which others."""
+    rooms: dict[str, set[str]] = {}
+    for name, deps in import_graph().items():
+        if in_bench(name) and name != BENCH:
+            room = name.split(".")[2]
+            others = {m.split(".")[2] for m in deps if in_bench(m) and m != BENCH}
+            rooms.setdefault(room, set()).update(others - {room})
+    return rooms
+
+
+def test_the_rooms_import_one_another_without_a_cycle() -> None:
+    # A cycle between two rooms makes neither movable nor readable alone (standin and tune once wrote each other's
+    # profile blocks): what both need lives in common/.
+    rooms = room_graph()
+    assert {"common", "mixed", "tune", "standin", "search"} <= set(rooms)
+    assert find_cycle(rooms) is None, (
+        f"rooms of visioncap.bench import each other: {' -> '.join(find_cycle(rooms) or [])}"
+    )
+
+
 def test_the_guards_see_a_cycle_and_a_function_level_import() -> None:
     # The tests here passing means something only if a cycle is found when there is one, and an import inside a
     # function counts (`bench mixed` reaches mixed.main only from inside its command).

@@ -331,7 +331,7 @@ def write_stand_in(profile_path: Path, spec: StandInSpec) -> None:
     the rest of the file stays byte for byte, and nothing is written unless the result loads as a profile."""
     import yaml
 
-    from visioncap.bench.tune.write import replace_profile, split_block
+    from visioncap.bench.common.profile_file import replace_profile, split_block
     from visioncap.errors import ConfigError
 
     text = profile_path.read_text(encoding="utf-8")

@@ -17,14 +17,9 @@ import yaml
 from pydantic import ValidationError
 
 from visioncap.bench.common.machine import portable
-from visioncap.config.profiles import ModelProfile
+from visioncap.bench.common.profile_file import BLOCK_END, BLOCK_START, replace_profile, split_block
 from visioncap.config.tuned import TunedMeasurement, TunedObjectives, TunedRecord
 from visioncap.errors import ConfigError
-
-BLOCK_START = (
-    "# --- tuned by `visioncap tune` (generated: re-run it rather than editing; the rest of the file is yours) ---"
-)
-BLOCK_END = "# --- end of tuned ---"
 
 
 def write_results(results: dict[str, Any], path: Path) -> None:
@@ -133,14 +128,6 @@ def set_serving_value(text: str, data: dict[str, Any], gpu_class: str, field: st
 # -- the generated provenance block ---------------------------------------------------------------------------
 
 
-def split_block(text: str) -> tuple[str, str]:
-    """(the file without the generated block, the block); the block is everything from its start marker."""
-    at = text.find(BLOCK_START)
-    if at < 0:
-        return text, ""
-    return text[:at], text[at:]
-
-
 def render_block(records: dict[str, TunedRecord]) -> str:
     body = yaml.safe_dump(
         {"tuned": {gpu: record.model_dump(mode="json") for gpu, record in sorted(records.items())}},
@@ -196,14 +183,3 @@ def write_tuned(
     )
     replace_profile(profile_path, head.rstrip("\n") + "\n" + render_block(records))
     return records[gpu_class]
-
-
-def replace_profile(profile_path: Path, new_text: str) -> None:
-    """Write a profile's new text in one step, only if it still loads as a profile (else nothing is written)."""
-    try:
-        ModelProfile.model_validate(yaml.safe_load(new_text))
-    except ValidationError as exc:
-        raise ConfigError(f"{profile_path}: the edited profile would not load, so it was not written: {exc}") from exc
-    temporary = profile_path.with_suffix(profile_path.suffix + ".tmp")
-    temporary.write_text(new_text, encoding="utf-8")
-    temporary.replace(profile_path)
