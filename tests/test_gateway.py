@@ -563,6 +563,35 @@ def test_a_chat_waiting_for_its_first_token_holds_background_starts_back(
     assert frame.result(TIMEOUT).status_code == 200
 
 
+def test_a_chat_that_never_gets_its_first_token_holds_captions_back_only_to_the_floor(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """Steady chat renews the first-token hold for ever (here: one chat whose first token never comes, and a
+    non-streaming one that holds nothing): frames still start, one per floor interval, and are answered while the
+    chat waits; before, every frame waited out its deadline."""
+    floor = 2.0  # starts per second
+    gw = tapped_gateway(
+        controller={"interval_s": 3600, "idle_after_s": 3600},
+        pacing={"first_token_hold_s": 3600, "min_per_s": floor, "start_per_s": floor, "max_per_s": floor},
+    )
+    release_chat = tap.hold("chat")
+    release_whole = tap.hold("whole")
+    chat = pool.submit(post_chat, gw, INTERACTIVE_KEY, {**chat_body(max_tokens=4, user="chat"), "stream": True})
+    whole = pool.submit(post_chat, gw, INTERACTIVE_KEY, chat_body(max_tokens=4, user="whole"))
+    tap.wait_for_user("chat")
+    tap.wait_for_user("whole")
+    frames = [pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user=f"frame-{i}")) for i in range(4)]
+    answers = [frame.result(TIMEOUT) for frame in frames]
+    assert [answer.status_code for answer in answers] == [200] * 4, [answer.text for answer in answers]
+    assert not chat.done() and not whole.done(), "the frames went ahead while both chats still waited"
+    starts = list(gw.call_soon(lambda: gw.gateway.replicas[0].scheduler.recent_starts))[-4:]
+    # Never sooner than the floor's interval: the hold still spares the chat all but the floor's starts.
+    assert min(b - a for a, b in itertools.pairwise(starts)) >= 1 / floor - 0.01
+    release_chat.set()
+    release_whole.set()
+    assert chat.result(TIMEOUT).status_code == 200 and whole.result(TIMEOUT).status_code == 200
+
+
 def test_interactive_arrival_preempts_fresh_background_which_is_redone_later(
     tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
 ) -> None:
@@ -589,6 +618,30 @@ def test_interactive_arrival_preempts_fresh_background_which_is_redone_later(
     assert metric(text, "visioncap_gateway_preemptions_total") == 1
     assert metric(text, "visioncap_gateway_requests_total", traffic_class="background") == 1
     assert gw.call_soon(gw.gateway.replicas[0].scheduler.state).in_flight == 0
+
+
+def test_under_pacing_a_chat_after_idle_preempts_the_frame_admitted_just_before(
+    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """The default policy (pacing) keeps the concurrency cap, so a chat after idle used to meet every frame
+    admitted unpaced just before it; that burst is preempted now and sent again at the pacer's rate."""
+    gw = tapped_gateway(
+        background={"preempt_window_s": 3600},
+        controller={"interval_s": 3600, "idle_after_s": 3600},
+    )
+    hold = tap.hold("frame")
+    background = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=3, user="frame"))
+    tap.wait_for_user("frame")  # idle: admitted unpaced, now "inside vLLM" (held by the tap)
+    chat = post_chat(gw, INTERACTIVE_KEY, {**chat_body(max_tokens=2, user="chat"), "stream": True})
+    assert chat.status_code == 200
+    with tap._changed:  # cancelled at vLLM, queued again, sent again once the chat had its first token
+        assert tap._changed.wait_for(lambda: tap.users_seen().count("frame") == 2, TIMEOUT)
+    hold.set()
+    answer = background.result(TIMEOUT)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
+    users = tap.users_seen()
+    assert users.index("chat") < len(users) - 1 - users[::-1].index("frame"), "the frame came back after the chat"
+    assert metric(httpx.get(f"{gw.root_url}/metrics").text, "visioncap_gateway_preemptions_total") == 1
 
 
 def test_background_images_are_downscaled_while_chat_is_active(

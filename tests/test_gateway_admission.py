@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import time
 from collections.abc import Iterable
 
@@ -239,6 +240,22 @@ async def _waiting(scheduler: BackgroundScheduler, count: int) -> None:
     await scheduler.wait_until(lambda s: s.waiting == count, timeout=10)
 
 
+class FakeClock:
+    """The scheduler's clock, moved by the test: what is due is decided by it, never by how fast this host runs."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _admitted(tasks: list[asyncio.Task[Grant]], count: int) -> None:
+    async with asyncio.timeout(10):
+        while sum(task.done() for task in tasks) < count:
+            await asyncio.sleep(0)
+
+
 def test_round_robin_across_cameras_oldest_first_within_one() -> None:
     async def scenario() -> list[str]:
         scheduler = BackgroundScheduler(FixedCaps(1), queue_size=10)
@@ -398,6 +415,37 @@ def test_scheduler_counts_downscaled_tokens_and_tells_the_grant() -> None:
     asyncio.run(scenario())
 
 
+def test_under_pacing_a_chat_after_idle_preempts_the_unpaced_burst_and_keeps_paced_starts() -> None:
+    """Pacing keeps the concurrency cap, so excess over it never shows; what a chat arriving after idle meets is
+    the burst admitted unpaced just before it. Those fresh grants give way; ones the pacer started beside chat
+    (and any older than the window, probably decoding) stay."""
+
+    async def scenario() -> None:
+        clock = FakeClock(0.0)
+        caps = FixedCaps(8)  # idle: full caps, unpaced
+        scheduler = BackgroundScheduler(caps, queue_size=10, clock=clock)
+        asked: list[str] = []
+
+        async def admit(camera: str, at: float) -> Grant:
+            clock.now = at
+            grant = await scheduler.acquire(camera, 0, deadline_s=10)
+            grant.preempt = lambda: asked.append(camera)
+            return grant
+
+        old = await admit("old", 0.0)  # unpaced, but long enough ago to be decoding
+        burst = [await admit(camera, 9.5) for camera in "abc"]
+        caps.caps = Caps(8, 10_000, True, starts_per_s=1000.0)  # a chat arrived: paced from now on
+        paced = await admit("paced", 9.6)
+        clock.now = 10.0
+        assert scheduler.preempt_excess(max_age_s=1.5) == 3
+        assert sorted(asked) == ["a", "b", "c"] and not paced.preempted and not old.preempted
+        assert scheduler.preempt_excess(max_age_s=1.5) == 0  # asked once; they give way on release
+        for grant in [old, *burst, paced]:
+            grant.release()
+
+    asyncio.run(scenario())
+
+
 def test_preemption_asks_the_newest_fresh_grants_beyond_the_cap() -> None:
     async def scenario() -> None:
         now = [0.0]
@@ -446,7 +494,7 @@ def test_pacing_spreads_starts_only_while_interactive_is_active() -> None:
     assert ctl.caps(0.0) == Caps(8, 4000, False)  # idle: full caps, not paced
     ctl.interactive_started(1.0)
     # Active: the idle caps (a frame's decode beside chat is cheap), but starts spread at the rate.
-    assert ctl.caps(1.0) == Caps(8, 4000, True, starts_per_s=2.0)
+    assert ctl.caps(1.0) == Caps(8, 4000, True, starts_per_s=2.0, min_starts_per_s=0.5)
 
 
 def test_pacing_slows_when_over_one_percent_of_fresh_gaps_miss_and_waits_for_new_evidence() -> None:
@@ -569,6 +617,51 @@ def test_a_chat_awaiting_its_first_token_holds_background_starts_for_at_most_the
     third = ctl.interactive_started(3.0)
     ctl.interactive_finished(3.1, third)  # ended without a token (an error): holds nothing
     assert ctl.caps(3.2).hold_until is None
+
+
+def test_a_non_streaming_chat_holds_nothing_and_steady_chats_renew_the_hold() -> None:
+    ctl = pacer(first_token_hold_s=0.5)
+    whole = ctl.interactive_started(1.0, streams=False)  # its caller sees no first token: nothing to hold for
+    assert ctl.caps(1.1).hold_until is None
+    ctl.interactive_finished(1.2, whole)
+    # Streaming chats every 0.2 s, each waiting 0.3 s for its first token: the hold never lapses on its own.
+    holds = []
+    for step in range(10):
+        at = 2.0 + 0.2 * step
+        handle = ctl.interactive_started(at)
+        holds.append(ctl.caps(at + 0.1).hold_until)
+        if step % 2:
+            ctl.interactive_first_token(handle)  # some answer; the next chat keeps the hold
+    assert all(until is not None and until > 2.0 for until in holds)
+
+
+def test_a_start_due_under_the_floor_goes_ahead_of_a_hold_that_never_ends() -> None:
+    """Steady chat renews the first-token hold for ever; the rate's floor still starts one request per interval,
+    counted from the last start (or from the request's arrival): never sooner, so the hold still spares each chat's
+    prefill everything but the floor's starts."""
+    clock = FakeClock(100.0)
+
+    async def scenario() -> list[float]:
+        caps = FixedCaps(8)
+        caps.caps = Caps(8, 10_000, True, starts_per_s=1000.0, hold_until=math.inf, min_starts_per_s=2.0)
+        scheduler = BackgroundScheduler(caps, queue_size=10, clock=clock)
+        waiting = [asyncio.create_task(scheduler.acquire(c, 0, deadline_s=3600)) for c in "abc"]
+        await _waiting(scheduler, 3)
+        started: list[float] = []
+        for _ in range(3):
+            clock.now += 0.25  # half the floor's interval: still held
+            scheduler.dispatch()
+            await asyncio.sleep(0)
+            assert sum(task.done() for task in waiting) == len(started)
+            clock.now += 0.25  # the floor's interval since the last start (or the arrival): due
+            scheduler.dispatch()
+            await _admitted(waiting, len(started) + 1)
+            started.append(clock.now)
+        for task in waiting:
+            task.result().release()
+        return started
+
+    assert asyncio.run(scenario()) == [100.5, 101.0, 101.5]
 
 
 def test_paced_starts_are_spread_one_at_a_time_even_after_a_quiet_spell() -> None:

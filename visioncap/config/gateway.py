@@ -330,8 +330,10 @@ class PacingConfig(StrictModel):
     first_token_hold_s: float = Field(
         default=0.25,
         ge=0,
-        description="While an interactive request waits for its first token (at most this long), no background "
-        "request starts, so the chat's prefill never shares its engine step with a frame's encoder; 0: no hold.",
+        description="While a streaming interactive request waits for its first token (at most this long), no "
+        "background request starts, so the chat's prefill never shares its engine step with a frame's encoder; "
+        "0: no hold. A start due under `min_per_s` goes ahead anyway (steady chat cannot stop captions), and "
+        "non-streaming requests, whose callers see no first token, hold nothing.",
     )
 
     learn_rate: bool = Field(

@@ -147,6 +147,9 @@ class Caps:
     max_tokens_per_image: int | None = None  # larger background images are downscaled to this; None: as sent
     starts_per_s: float | None = None  # background starts are spread at this rate; None: not paced
     hold_until: float | None = None  # no background request starts before this time (a chat awaits its first token)
+    # The floor of the start rate: a start this overdue (one interval after the last start, or after the waiting
+    # request arrived) goes ahead whatever holds it, so that steady chat cannot stop captions; None: no floor.
+    min_starts_per_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -219,12 +222,17 @@ class AdmissionController:
 
     # -- measurements ---------------------------------------------------------------------------------
 
-    def interactive_started(self, now: float) -> int:
-        """An interactive request begins; returns its handle for `interactive_first_token` and `_finished`."""
+    def interactive_started(self, now: float, streams: bool = True) -> int:
+        """An interactive request begins; returns its handle for `interactive_first_token` and `_finished`.
+
+        Only a streaming request holds background starts for its first token: a caller that waits for the whole
+        answer sees no first token, and holding frames back for the whole of it bought that caller nothing.
+        """
         self._active += 1
         self._last_interactive_at = now
         self._next_handle += 1
-        self._awaiting_first[self._next_handle] = now
+        if streams:
+            self._awaiting_first[self._next_handle] = now
         return self._next_handle
 
     def interactive_first_token(self, handle: int) -> None:
@@ -290,6 +298,7 @@ class AdmissionController:
                 max_tokens_per_image=background.active_max_image_tokens,
                 starts_per_s=self._rate,
                 hold_until=self._hold_until(now),
+                min_starts_per_s=self.pacing.min_per_s,
             )
         concurrency = int(self._limit)
         share = self._limit / background.max_concurrency

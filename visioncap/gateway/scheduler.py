@@ -9,11 +9,15 @@ large images).
 
 Pacing: while the caps carry a start rate, a request may start only when the pacer has a whole start of
 credit (credit grows at the rate and holds at most one start, so starts after a quiet spell are spread, not
-bunched into one engine step), and not before the caps' `hold_until`. A request held back only by the pacer
-is woken by a timer at the moment it may start; one held back by room waits for a release or a caps change.
+bunched into one engine step), and not before the caps' `hold_until`, unless the start is due under the rate's
+floor (`min_starts_per_s`: one interval after the last start, or after the request arrived if later): a hold
+renewed by every new chat would otherwise stop background for as long as chat keeps coming. A request held back
+only by the pacer is woken by a timer at the moment it may start; one held back by room waits for a release or a
+caps change.
 
 Preemption: when the caps shrink below what is in flight (interactive traffic arrived, or the controller cut
-the limit), the newest preemptible grants beyond the cap are asked to give their place back; the gateway
+the limit), or, under pacing (which keeps the cap), when a chat arrives to find grants admitted unpaced moments
+before, the newest preemptible grants beyond the cap (or of that burst) are asked to give their place back; the gateway
 cancels their vLLM request and queues them again at the head of their camera's line, with their first
 enqueue time, so the deadline still counts from the original arrival.
 """
@@ -68,6 +72,7 @@ class Grant:
     # Set by the holder while its request may still be cancelled and redone; called at most once.
     preempt: Callable[[], None] | None = field(default=None, repr=False)
     preempted: bool = False
+    paced: bool = False  # admitted at the pacer's rate beside chat (not in an unpaced burst while chat was idle)
     _released: bool = False
 
     @property
@@ -110,6 +115,7 @@ class BackgroundScheduler:
         # Admission times of the newest grants, for checks of the pacing (tests, tools); bounded.
         self.recent_starts: deque[float] = deque(maxlen=256)
         self._credit = 1.0  # paced starts allowed now (at most one)
+        self._last_start = -math.inf  # admission time of the newest grant: the rate's floor counts from it
         self._credit_at = clock()
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at = math.inf
@@ -133,7 +139,7 @@ class BackgroundScheduler:
         now = self._clock()
         grant = Grant(self, camera, tokens, enqueued_at=now if requeue_of is None else requeue_of.enqueued_at)
         caps = self._caps()
-        if self._waiting == 0 and self._fits(tokens, caps) and self._pace_wait(caps, now) <= 0:
+        if self._waiting == 0 and self._fits(tokens, caps) and self._pace_wait(caps, now, now) <= 0:
             self._admit(grant, caps)
             self._changed()
             return grant
@@ -182,7 +188,7 @@ class BackgroundScheduler:
             waiter = queue[0]
             if not self._fits(waiter.grant.tokens, caps):
                 break  # a release or a change of the caps dispatches again
-            wait_s = self._pace_wait(caps, now)
+            wait_s = self._pace_wait(caps, now, waiter.grant.enqueued_at)
             if wait_s > 0:
                 self._wake_in(wait_s, now)
                 break
@@ -202,17 +208,25 @@ class BackgroundScheduler:
         """Ask the newest preemptible grants beyond the concurrency cap to give way; returns how many were asked.
 
         Only grants admitted within `max_age_s` qualify: older requests are probably decoding already, and
-        finishing them costs interactive traffic less than redoing their prefill.
+        finishing them costs interactive traffic less than redoing their prefill. Under pacing the concurrency
+        cap stays where it was while chat was idle, so what a chat arriving after idle meets is the unpaced
+        burst admitted just before it: those grants are the excess (they go back to the head of their line and
+        start again at the pacer's rate); grants the pacer started beside chat stay.
         """
-        excess = self._in_flight - self._caps().concurrency
+        caps = self._caps()
+        now = self._clock()
+        paced = caps.starts_per_s is not None
+        excess = self._in_flight - caps.concurrency
+        if paced:
+            burst = sum(1 for grant in self._granted if not grant.paced and now - grant.admitted_at <= max_age_s)
+            excess = max(excess, burst)
         if excess <= 0:
             return 0
-        now = self._clock()
         asked = 0
         for grant in reversed(self._granted):
             if asked >= excess or now - grant.admitted_at > max_age_s:
                 break
-            if grant.preempt is None or grant.preempted:
+            if grant.preempt is None or grant.preempted or (paced and grant.paced):
                 continue
             grant.preempted = True
             preempt, grant.preempt = grant.preempt, None
@@ -247,8 +261,9 @@ class BackgroundScheduler:
             return False
         return self._in_flight == 0 or self._tokens + self._sent_tokens(tokens, caps) <= caps.image_tokens
 
-    def _pace_wait(self, caps: Caps, now: float) -> float:
-        """Seconds until the pacer and the hold let one more request start; 0: now."""
+    def _pace_wait(self, caps: Caps, now: float, enqueued_at: float) -> float:
+        """Seconds until the pacer and the hold let one more request start (the head of the line, waiting since
+        `enqueued_at`); 0: now."""
         if caps.starts_per_s is None:
             self._credit, wait_s = 1.0, 0.0
         else:
@@ -257,7 +272,10 @@ class BackgroundScheduler:
             wait_s = 0.0 if self._credit >= 1.0 - 1e-6 else (1.0 - self._credit) / caps.starts_per_s
         self._credit_at = now
         if caps.hold_until is not None:
-            wait_s = max(wait_s, caps.hold_until - now)
+            hold_until = caps.hold_until
+            if caps.min_starts_per_s is not None:
+                hold_until = min(hold_until, max(self._last_start, enqueued_at) + 1.0 / caps.min_starts_per_s)
+            wait_s = max(wait_s, hold_until - now)
         return max(0.0, wait_s)
 
     def _wake_in(self, wait_s: float, now: float) -> None:
@@ -282,6 +300,8 @@ class BackgroundScheduler:
         if caps.starts_per_s is not None:
             self._credit -= 1.0
         grant.admitted_at = self._clock()
+        grant.paced = caps.starts_per_s is not None
+        self._last_start = grant.admitted_at
         self.recent_starts.append(grant.admitted_at)
         grant.max_tokens_per_image = caps.max_tokens_per_image
         grant.tokens = self._sent_tokens(grant.tokens, caps)

@@ -407,7 +407,7 @@ class Gateway:
     ) -> Response:
         class_name = caller.class_name
         controller = replica.controller
-        handle = controller.interactive_started(self.clock())
+        handle = controller.interactive_started(self.clock(), streams=stream)
         replica.preempt()  # the caps may have shrunk from the idle ceiling to the learned limit just now
         self.metrics.in_flight.labels(class_name).inc()
 
