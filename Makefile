@@ -34,8 +34,8 @@ export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
 SYSTEM_PACKAGES := gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
 	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql chromium mosquitto
 
-.PHONY: help setup app-env server-env deploy-env system-deps demo test test-unit lint clean deploy-host deploy-base \
-	deploy-images test-deploy
+.PHONY: help setup app-env server-env deploy-env system-deps demo test test-unit lint docs clean deploy-host \
+	deploy-base deploy-images test-deploy
 
 help:
 	@echo "make demo   - set up everything, run the demo pipeline end to end, print its captions"
@@ -43,6 +43,7 @@ help:
 	@echo "make test-unit - the tests that need no server (no vLLM, PostgreSQL, RTSP, Chromium): app environment only"
 	@echo "make test-deploy - build the images (podman) and run the docker-compose stack's end-to-end test"
 	@echo "make lint   - ruff"
+	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
 	@echo "make clean  - remove both environments and data/"
 
 setup: app-env server-env
@@ -56,7 +57,7 @@ system-deps:
 app-env: $(APP_VENV)/.installed
 $(APP_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(APP_VENV)
-	@# torch 2.14.1 + torchvision 0.29.1: the pair whose NMS works here (see README, "Environments").
+	@# torch 2.14.1 + torchvision 0.29.1: the pair whose NMS works here (see docs/environments.md).
 	$(APP)/pip install $(PIP_FLAGS) torch==2.14.1 torchvision==0.29.1 2>&1 | $(QUIET_PIP)
 	$(APP)/pip install $(PIP_FLAGS) -e '.[dev]' 2>&1 | $(QUIET_PIP)
 	@# The demo/test person detector; --no-deps because its own runtime (onnxruntime) is not needed.
@@ -149,6 +150,12 @@ test-unit: app-env
 lint: app-env
 	$(APP)/ruff check .
 	$(APP)/ruff format --check .
+
+# The documentation site, offline, into site/: the reference pages generated from the code first, then MkDocs with
+# --strict (a broken link or a page left out of the navigation fails; tests/test_docs.py builds it in CI).
+docs: app-env
+	$(APP)/python docs/gen_reference.py docs/reference
+	NO_MKDOCS_2_WARNING=1 $(APP)/python -m mkdocs build --strict
 
 clean:
 	rm -rf $(APP_VENV) $(SERVER_VENV) $(DEPLOY_VENV) data models/build

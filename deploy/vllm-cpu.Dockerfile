@@ -24,7 +24,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/venv
 
-# The CPU wheel's known breakages (README, "Environments"; models/patch_server_env.py): torchaudio and
+# The CPU wheel's known breakages (docs/environments.md; models/patch_server_env.py): torchaudio and
 # torchcodec cannot load beside its torch and transformers imports torchaudio when present, so both go;
 # triton (1 GB) is for GPUs only. The patch makes the CUDA torchvision that resolves importable.
 WORKDIR /opt/visioncap

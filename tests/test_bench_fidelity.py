@@ -80,7 +80,7 @@ def test_the_encoder_is_the_median_difference_within_a_round_not_a_difference_of
 def test_cost_model_targets_for_the_two_gpu_classes() -> None:
     h200 = target_for("qwen2.5-vl-7b", "h200", REPO / "models")
     l4 = target_for("qwen2.5-vl-7b", "l4", REPO / "models")
-    # Roofline figures of the cost model (README, "Cost model"): about one decode step of encoder per frame on
+    # Roofline figures of the cost model (docs/cost-model.md): about one decode step of encoder per frame on
     # an H200, fewer on an L4, whose slow memory makes its decode step relatively dearer.
     assert 0.7 < h200.frame_encoder_steps < 1.2 and 1.5 < h200.frame_prefill_steps < 2.5
     assert l4.frame_encoder_steps < h200.frame_encoder_steps and l4.chat_prefill_steps < h200.chat_prefill_steps

@@ -1,5 +1,5 @@
 """docker-compose.yml on two boxes: a GPU box (profile gpu-box: vLLM, gateway, worker) and the central box (profile
-central: PostgreSQL, API), rendered by the real Compose v2 binary as the README's commands start them.
+central: PostgreSQL, API), rendered by the real Compose v2 binary as docs/deploy.md's commands start them.
 
 The one-box default is tests/test_deploy.py's; here the two profiles: which services each command starts, that the
 worker reaches the central database through the environment and captions on its own box, that the central API
@@ -20,8 +20,8 @@ from test_deploy import ENV_EXAMPLE, compose, help_run, resolved, settings_from
 
 pytestmark = pytest.mark.deploy
 
-README = REPO / "README.md"
-# Each box's command in the README, and the services it must start.
+README = REPO / "docs" / "deploy.md"
+# Each box's command in docs/deploy.md, and the services it must start.
 BOXES = {"gpu-box": {"vllm", "gateway", "worker"}, "central": {"central-postgres", "central-api"}}
 CENTRAL_URL = "postgresql+psycopg://visioncap:0123abcd@central.example.lan:5432/visioncap"
 TWO_BOXES = {
@@ -37,7 +37,7 @@ TWO_BOXES = {
 
 
 def readme_command(profile: str) -> list[str]:
-    """The README's `docker compose --profile PROFILE up -d SERVICE...` for that box, as arguments."""
+    """docs/deploy.md's `docker compose --profile PROFILE up -d SERVICE...` for that box, as arguments."""
     (line,) = set(re.findall(rf"`docker compose (--profile {profile} up -d [\w -]+)`", README.read_text()))
     return line.split()
 
@@ -72,7 +72,7 @@ def test_the_gpu_box_has_no_database_or_api_and_the_central_box_no_gpu() -> None
     assert not {"postgres", "central-postgres", "api", "central-api", "pipeline"} & set(gpu_box)
     central = started(readme_command("central"))
     assert all("deploy" not in service for service in central.values())
-    # Without naming a service, a profile adds to the one-box set: the README says why it names one.
+    # Without naming a service, a profile adds to the one-box set: docs/deploy.md says why it names one.
     everything = compose("--profile", "gpu-box", "config", "--services").stdout.split()
     assert {"api", "pipeline"} <= set(everything)
 

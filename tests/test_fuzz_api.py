@@ -240,7 +240,7 @@ def ask_refused_as_documented(param: str | None, body: Any) -> bool:
     question = turns[-1]
     if question.role != "user" or not question.text().strip():
         return True
-    # Too long for the context: tokens are over-estimated as UTF-8 bytes / 2 (documented in the README).
+    # Too long for the context: tokens are over-estimated as UTF-8 bytes / 2 (documented in docs/api.md).
     room = ASK["ask_context_tokens"].default - (asked or ASK["ask_max_tokens"].default) - ASK_SYSTEM_TOKENS
     return len(question.text().encode()) // 2 > room
 

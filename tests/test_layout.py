@@ -1,4 +1,4 @@
-"""The README's Layout section is drawn from the tree as it is: every package and module is named there, and
+"""The code layout page (docs/layout.md) is drawn from the tree as it is: every package and module is named there, and
 nothing named there is missing from the tree. A module added without a line, or a line left behind by a move,
 fails here rather than misleading the next reader."""
 
@@ -14,9 +14,7 @@ UNLISTED = {"__init__", "__main__"}
 
 
 def layout_block() -> str:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
-    return section.split("```", 2)[1]
+    return (REPO / "docs" / "layout.md").read_text().split("```", 2)[1]
 
 
 def names_in_tree() -> dict[str, set[str]]:
@@ -50,7 +48,7 @@ def test_every_module_is_named_in_its_packages_lines() -> None:
             continue
         words = set(re.findall(r"\w+", texts.get(folder.split("/")[0], "")))
         missing += [f"{folder}/{name}" for name in sorted(names) if name not in words]
-    assert not missing, f"not in their package's lines of the README's Layout: {missing}"
+    assert not missing, f"not in their package's lines of docs/layout.md: {missing}"
 
 
 def test_every_file_named_in_the_layout_exists() -> None:

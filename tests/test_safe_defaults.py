@@ -40,8 +40,9 @@ DEMO_CHAT_KEY, DEMO_CAPTIONS_KEY = PUBLISHED_DEMO_KEYS
 
 
 def shipped_files() -> list[Path]:
-    """Files a user copies or reads: the example configs, compose, its env file, the README, deploy manifests."""
+    """Files a user copies or reads: the example configs, compose, its env file, README, docs, deploy manifests."""
     files = [*sorted((REPO / "pipelines").glob("*.yaml")), COMPOSE_FILE, ENV_EXAMPLE, REPO / "README.md"]
+    files += sorted((REPO / "docs").glob("*.md"))
     files += [path for path in sorted((REPO / "deploy").rglob("*")) if path.is_file()]
     return files
 

@@ -138,7 +138,7 @@ CARRIES_OVER = """## What carries over to a GPU box
   detector before its first lease (`PersonDetector.warm_up`, since commit 69a1bc4), so the model's first call
   (seconds on a CPU, CUDA/cuDNN initialisation on a GPU) is no longer in it.
 - **Cameras per GPU** is model output for the target GPU already; it holds only as far as the cost model does
-  (`visioncap serve --profile P --gpu G --dry-run`, README "Cost model"), and it counts the VLM only: the
+  (`visioncap serve --profile P --gpu G --dry-run`, docs/cost-model.md), and it counts the VLM only: the
   detector on the same GPU takes some of its time, not modelled here.
 """
 
