@@ -42,7 +42,7 @@ help:
 	@echo "make test   - set up everything and run the test suite (real vLLM, real SQLite)"
 	@echo "make test-unit - the tests that need no server (no vLLM, PostgreSQL, RTSP, Chromium): app environment only"
 	@echo "make test-deploy - build the images (podman) and run the docker-compose stack's end-to-end test"
-	@echo "make lint   - ruff"
+	@echo "make lint   - ruff and mypy"
 	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
 	@echo "make clean  - remove both environments and data/"
 
@@ -150,6 +150,7 @@ test-unit: app-env
 lint: app-env
 	$(APP)/ruff check .
 	$(APP)/ruff format --check .
+	$(APP)/python -m mypy  # pyproject.toml [tool.mypy]: the package, strict on the pure modules
 
 # The documentation site, offline, into site/: the reference pages generated from the code first, then MkDocs with
 # --strict (a broken link or a page left out of the navigation fails; tests/test_docs.py builds it in CI).

@@ -121,6 +121,8 @@ def find_time(text: str, now: datetime, zone: ZoneInfo) -> tuple[datetime | None
     if day is None and bounds:
         day = local_now.date()
     if day is not None:
+        start: float
+        end: float
         start, end = part if part is not None else (0, 24)
         start = max(start, bounds.get("since", start))
         end = min(end, bounds.get("until", end))

@@ -90,7 +90,7 @@ class HostAllowList:
         if not self.networks:
             return f"host {host} is not in {SETTING}"
         try:
-            found = {info[4][0] for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
+            found = {str(info[4][0]) for info in socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)}
         except (OSError, UnicodeError) as exc:
             return f"host {host} is not in {SETTING} by name and cannot be resolved to check its addresses ({exc})"
         outside = sorted(

@@ -264,8 +264,9 @@ class ModelProfile(StrictModel):
 
     @model_validator(mode="after")
     def _check_serving(self) -> ModelProfile:
-        for gpu_class in self.gpus or {"any": None}:
-            resolved = self.serving.merged(self.gpus.get(gpu_class))  # type: ignore[arg-type]
+        by_class: dict[str, ServingArgs] = {str(gpu_class): args for gpu_class, args in self.gpus.items()}
+        for gpu_class in by_class or ["any"]:
+            resolved = self.serving.merged(by_class.get(gpu_class))
             where = f"gpus.{gpu_class}" if self.gpus else "serving"
             listed = _flag_names(self.vllm_args + (resolved.extra_args or []))
             duplicated = sorted(
@@ -309,7 +310,7 @@ class ModelProfile(StrictModel):
                 f"profile {self.name!r} has no serving arguments for GPU class {gpu_class!r} "
                 f"(it has: {', '.join(self.gpus)}); choose one of those or add gpus.{gpu_class} to it"
             )
-        return self.serving.merged(self.gpus[gpu_class])  # type: ignore[index]
+        return self.serving.merged(self.gpus[gpu_class])
 
     def with_serving(self, gpu_class: str, **overrides: Any) -> ModelProfile:
         """A copy with `overrides` written into gpus.<class> (what the tuner does), dropping the same flags

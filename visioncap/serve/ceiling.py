@@ -63,6 +63,7 @@ def ceiling(level: float, step_s: float, frame_steps: float, gaps_s: Sequence[fl
     added = frame_steps * step_s
     q0 = sum(g > threshold for g in gaps) / len(gaps)
     qa = sum(g + added > threshold for g in gaps) / len(gaps)
+    bound: Literal["p99", "capacity"]
     if qa <= ALLOWED_ABOVE:
         share, bound = 1.0, "capacity"
     else:

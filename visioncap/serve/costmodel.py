@@ -473,7 +473,7 @@ def step_ms(
     weight_bytes = (text.body_params + text.head_params) * BYTES_PER_VALUE
     kv_bytes = batch * context * text.kv_bytes_per_token
     memory_s = (weight_bytes + kv_bytes) / (gpu.bandwidth_bytes_s * gpu.copy_efficiency * eff.decode_of_copy)
-    flops = batch * (2 * (text.body_params + text.head_params) + text.attention_flops_per_pair * context)
+    flops: float = batch * (2 * (text.body_params + text.head_params) + text.attention_flops_per_pair * context)
     if prefill_tokens:
         flops += prefill_flops(text, prefill_tokens)
     compute_s = flops / (gpu.peak_flops * gpu.matmul_efficiency * eff.prefill_of_matmul)
