@@ -400,3 +400,24 @@ def test_the_cpu_override_changes_only_what_must_change() -> None:
             changed = {key for key in cpu["services"][name].keys() | gpu["services"][name].keys()
                        if cpu["services"][name].get(key) != gpu["services"][name].get(key)}  # fmt: skip
             assert changed <= {"deploy"}, (name, changed)
+
+
+def test_the_stack_test_sets_every_setting_or_says_why_not() -> None:
+    """tests/test_deploy_stack.py reads back every setting of stack_settings from each service that reads it; a
+    setting added to the app must be added there too, or left out with its reason."""
+    from stack_settings import API_ONLY, LEFT_OUT, SHARED
+
+    from visioncap.config.settings import Settings
+
+    every = {f"VISIONCAP_{name.upper()}" for name in ApiSettings.model_fields}
+    shared = {f"VISIONCAP_{name.upper()}" for name in Settings.model_fields}
+    assert not set(SHARED) & set(API_ONLY) and not (set(SHARED) | set(API_ONLY)) & set(LEFT_OUT)
+    assert set(SHARED) | set(API_ONLY) | set(LEFT_OUT) == every
+    assert set(SHARED) <= shared and not set(API_ONLY) & shared
+    # Each value is valid, and none is the default (reading back a default would prove nothing).
+    default = ApiSettings(_env_file=None).model_dump(mode="json")  # type: ignore[call-arg]
+    values = {name.removeprefix("VISIONCAP_").lower(): raw for name, raw in {**SHARED, **API_ONLY}.items()}
+    parsed = ApiSettings.model_validate(
+        {name: json.loads(raw) if raw[:1] in "[{" else raw for name, raw in values.items()}
+    ).model_dump(mode="json")
+    assert [name for name in values if parsed[name] == default[name]] == []

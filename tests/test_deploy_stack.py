@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 import yaml
 from helpers import ARTIFACTS, CHROMIUM_FLAGS, REPO, chromium, missing, wait_for
+from stack_settings import API_ONLY, SHARED
 from streams import RtspServer, skip_unless_gstreamer
 from videos import make_event_video
 
@@ -80,8 +81,8 @@ HEALTHY_S = 420.0
 CAPTION_S = 300.0
 # The fault the issue names: the VLM server away for 30 s.
 VLM_AWAY_S = 30.0
-# A setting that only .env carries (env_file), read back from the API container.
-ENV_ONLY_SETTING = ("VISIONCAP_ASK_TIME_ZONE", "Europe/Berlin")
+# Settings only .env carries (env_file), read back from every service that reads them (tests/stack_settings.py).
+ENV_SETTINGS = {**SHARED, **API_ONLY}
 
 
 def run(args: list[str], timeout: float = 600, check: bool = True, **kwargs: Any) -> subprocess.CompletedProcess[str]:
@@ -214,11 +215,23 @@ def write_env(workdir: Path, api_port: int, gateway_port: int) -> dict[str, str]
         "API_PORT": str(api_port),
         "GATEWAY_PORT": str(gateway_port),
         "YOLO_OFFLINE": "1",
-        ENV_ONLY_SETTING[0]: ENV_ONLY_SETTING[1],
+        **ENV_SETTINGS,
     }
     with (workdir / ".env").open("a") as env:
         env.writelines(f"{name}={value}\n" for name, value in extra.items())
     return keys
+
+
+def expected_settings(settings: dict[str, str]) -> dict[str, Any]:
+    """The settings' values as the app parses them (JSON for lists and mappings), as model_dump_json writes them."""
+    from visioncap.config.api import ApiSettings
+
+    fields = {name.removeprefix("VISIONCAP_").lower(): raw for name, raw in settings.items()}
+    parsed = ApiSettings.model_validate(
+        {name: json.loads(raw) if raw[:1] in "[{" else raw for name, raw in fields.items()}
+    )
+    dumped = json.loads(parsed.model_dump_json())
+    return {name: dumped[name] for name in fields}
 
 
 def use_images(workdir: Path, release: str) -> None:
@@ -387,9 +400,17 @@ def test_the_stack_captions_a_camera_serves_the_page_answers_and_alerts(stack: S
     with step(stack, "serve"):
         items = stack.captioned()
         assert items and all(item["camera"] == "door" and item["caption"] for item in items)
-        # The setting only .env carries reached the API (env_file).
-        code = "from visioncap.config.api import ApiSettings; print(ApiSettings().ask_time_zone)"
-        assert stack.exec("api", "python", "-c", code).strip() == ENV_ONLY_SETTING[1]
+        # Every setting only .env carries reached each service that reads it (env_file), as that service parses it.
+        for service, model, settings in (
+            ("api", "visioncap.config.api:ApiSettings", ENV_SETTINGS),
+            ("pipeline", "visioncap.config.settings:Settings", SHARED),
+            ("alerts", "visioncap.config.settings:Settings", SHARED),
+        ):
+            module, _, name = model.partition(":")
+            code = f"from {module} import {name}; print({name}().model_dump_json())"
+            seen = json.loads(stack.exec(service, "python", "-c", code))
+            wanted = expected_settings(settings)
+            assert {field: seen[field] for field in wanted} == wanted, service
 
         # Ask, through the gateway with Ask's own (interactive) key.
         answer = stack.api("/v1/chat/completions", {"model": "vlm", "messages": [
