@@ -75,3 +75,13 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
 
 EXPOSE 8080 8090
 CMD ["visioncap", "--help"]
+
+# Which release this is (`docker inspect`, `podman image inspect`): deploy/images.sh passes the package's version
+# and the commit; /healthz and `visioncap --version` say the same version from inside.
+ARG VERSION=unknown
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="visioncap" \
+      org.opencontainers.image.description="Camera streams to searchable captions: pipeline, gateway, API, alerts" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0"

@@ -34,7 +34,7 @@ export VISIONCAP_SERVER_PYTHON ?= $(CURDIR)/$(SERVER)/python
 SYSTEM_PACKAGES := gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-good gstreamer1.0-plugins-bad \
 	gstreamer1.0-plugins-ugly gstreamer1.0-libav gstreamer1.0-tools postgresql chromium mosquitto
 
-.PHONY: help setup app-env server-env deploy-env system-deps demo test test-unit lint docs clean deploy-host \
+.PHONY: help setup app-env server-env deploy-env system-deps demo test test-unit lint docs release clean deploy-host \
 	deploy-base deploy-images test-deploy
 
 help:
@@ -44,6 +44,7 @@ help:
 	@echo "make test-deploy - build the images (podman) and run the docker-compose stack's end-to-end test"
 	@echo "make lint   - ruff and mypy"
 	@echo "make docs   - the documentation site (MkDocs, strict) into site/"
+	@echo "make release - check CHANGELOG and the tree, build dist/, tag v<version>, build the images with it"
 	@echo "make clean  - remove both environments and data/"
 
 setup: app-env server-env
@@ -157,6 +158,21 @@ lint: app-env
 docs: app-env
 	$(APP)/python docs/gen_reference.py docs/reference
 	NO_MKDOCS_2_WARNING=1 $(APP)/python -m mkdocs build --strict
+
+# A release of the version in pyproject.toml: refused unless CHANGELOG.md has its section and the tree is clean and
+# untagged at that version; then the wheel and a source archive into dist/, the tag v<version>, and the images
+# built and tagged <version> (their labels say it too).
+VERSION = $(shell python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
+release: app-env deploy-base
+	@grep -q '^## \[$(VERSION)\]' CHANGELOG.md || { echo "release: CHANGELOG.md has no '## [$(VERSION)]' section" >&2; exit 2; }
+	@test -z "$$(git status --porcelain)" || { echo "release: the working tree has uncommitted changes" >&2; exit 2; }
+	@! git rev-parse -q --verify "refs/tags/v$(VERSION)" >/dev/null || { echo "release: v$(VERSION) is tagged already: raise the version" >&2; exit 2; }
+	rm -rf dist && mkdir -p dist
+	$(APP)/python -m pip wheel --no-deps --no-build-isolation -q -w dist .
+	git archive --format=tar.gz --prefix=visioncap-$(VERSION)/ -o dist/visioncap-$(VERSION).tar.gz HEAD
+	git tag -a "v$(VERSION)" -m "visioncap $(VERSION)"
+	deploy/images.sh build $(VERSION)
+	@echo "release: v$(VERSION): dist/ and the images localhost/visioncap:$(VERSION), localhost/visioncap-vllm-cpu:$(VERSION)"
 
 clean:
 	rm -rf $(APP_VENV) $(SERVER_VENV) $(DEPLOY_VENV) data models/build

@@ -77,8 +77,13 @@ build_one() {
   local started mounts
   started=$(date +%s)
   mapfile -t mounts < <(pip_mounts)
+  # The labels' version and commit: the package's version in the tree built, its commit when it is a checkout.
+  local version revision
+  version=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["version"])' \
+    "$repo/pyproject.toml")
+  revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
   if nice -n 10 podman build --network host --format docker --layers \
-      --build-arg "BASE_IMAGE=$BASE" "${mounts[@]}" \
+      --build-arg "BASE_IMAGE=$BASE" --build-arg "VERSION=$version" --build-arg "REVISION=$revision" "${mounts[@]}" \
       -f "$HERE/${DOCKERFILES[$name]}" -t "localhost/$name:$tag" "$repo" > "$CACHE/build-$name-$tag.log" 2>&1; then
     echo "$name $tag $(( $(date +%s) - started ))s" >> "$log"
   else

@@ -46,3 +46,13 @@ HEALTHCHECK --interval=15s --timeout=10s --start-period=5m --retries=5 \
 EXPOSE 8000
 ENTRYPOINT ["python", "-m", "visioncap.serve"]
 CMD ["--profile", "tiny", "--gpu", "cpu", "--served-model-alias", "vlm", "--host", "0.0.0.0", "--port", "8000"]
+
+# Which release this is (`docker inspect`, `podman image inspect`): deploy/images.sh passes the package's version
+# and the commit; /healthz and `visioncap --version` say the same version from inside.
+ARG VERSION=unknown
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="visioncap-vllm-cpu" \
+      org.opencontainers.image.description="vLLM on the CPU with visioncap's tiny test model (tests and demos)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0"

@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -390,6 +391,14 @@ def test_an_upgrade_keeps_the_data_and_migrates_the_schema(stack: Stack) -> None
         for service in APP_SERVICES:
             image = run(["podman", "inspect", "--format", "{{.ImageName}}", stack.container(service)]).stdout.strip()
             assert image == IMAGES["VISIONCAP_IMAGE"], (service, image)
+        # The images say which release they are: the package's version and the commit they were built from.
+        version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+        for variable in RELEASED:
+            labels = json.loads(
+                run(["podman", "image", "inspect", "--format", "{{json .Labels}}", IMAGES[variable]]).stdout
+            )
+            assert labels["org.opencontainers.image.version"] == version, (variable, labels)
+            assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
         check_rows(stack, stack.before_upgrade, "the upgrade")
         # Migrated once, to this checkout's version.
         assert stack.sql("SELECT version FROM visioncap_schema") == [[str(SCHEMA_VERSION)]]
