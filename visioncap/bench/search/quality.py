@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import multiprocessing
 import sys
 import tempfile
@@ -46,11 +47,18 @@ from visioncap.store.schema import VECTORS_TABLE, ensure_schema
 from visioncap.store.vectors import backfill
 
 LABELLED = REPO / "benchmarks" / "search_quality" / "labelled.json"
+# Every labelled set, reported side by side: the first (homes and streets, the one the search was tuned on) and a
+# second in another setting whose queries were written before its captions and before any run.
+SETS = {
+    "streets": LABELLED,
+    "building-site": REPO / "benchmarks" / "search_quality" / "labelled-building-site.json",
+}
 MODES = ("words", "semantic", "hybrid")
 GOAL_HYBRID = 0.9
 GOAL_MARGIN = 0.2
 GOAL_P99_MS = 100.0
 TOP = 5
+NDCG_AT = 10
 T0 = datetime(2026, 10, 1, tzinfo=UTC)
 
 
@@ -102,21 +110,33 @@ def params_for(mode: str, query: str) -> dict[str, Any]:
     return {"semantic": query, "hybrid": mode == "hybrid"}
 
 
+def ndcg(found: Sequence[int], relevant: Sequence[int], at: int = NDCG_AT) -> float:
+    """nDCG@at with binary relevance: each relevant hit counts 1 / log2(rank + 1), over the best possible order."""
+    wanted = set(relevant)
+    gained = sum(1 / math.log2(rank + 2) for rank, found_id in enumerate(found[:at]) if found_id in wanted)
+    best = sum(1 / math.log2(rank + 2) for rank in range(min(at, len(wanted))))
+    return gained / best if best else 0.0
+
+
 def recall(found: Sequence[int], relevant: Sequence[int]) -> float:
     """Share of the top TOP that is relevant, out of what could be (fewer relevant ids than TOP: all of them)."""
     return len(set(found[:TOP]) & set(relevant)) / min(TOP, len(relevant))
 
 
 def evaluate(get_ids: Any, labelled: LabelledSet) -> dict[str, Any]:
-    """recall@5 per mode (mean over the queries) and per query; `get_ids(params) -> ids of the first page`."""
+    """recall@5 and nDCG@10 per mode (means over the queries) and per query; `get_ids(params) -> ids of the first
+    page`."""
     per_query: list[dict[str, Any]] = []
     for query, relevant in labelled.queries:
         entry: dict[str, Any] = {"query": query}
         for mode in MODES:
-            entry[mode] = recall(get_ids({**params_for(mode, query), "limit": TOP}), relevant)
+            found = get_ids({**params_for(mode, query), "limit": max(TOP, NDCG_AT)})
+            entry[mode] = recall(found, relevant)
+            entry[f"{mode}_ndcg"] = ndcg(found, relevant)
         per_query.append(entry)
     means = {mode: sum(entry[mode] for entry in per_query) / len(per_query) for mode in MODES}
-    return {"recall_at_5": means, "queries": per_query}
+    ndcgs = {mode: sum(entry[f"{mode}_ndcg"] for entry in per_query) / len(per_query) for mode in MODES}
+    return {"recall_at_5": means, "ndcg_at_10": ndcgs, "queries": per_query}
 
 
 def _client_ids(client: Any) -> Any:
@@ -141,14 +161,14 @@ def api_settings(data_dir: Path, key_sha256: str) -> ApiSettings:
     )
 
 
-def quality(work: Path, embedder: TextEmbedder) -> dict[str, Any]:
+def quality(work: Path, embedder: TextEmbedder, path: Path = LABELLED) -> dict[str, Any]:
     from fastapi.testclient import TestClient
 
     from visioncap.api import create_app
     from visioncap.config.keys import hash_key
 
-    labelled = load_set()
-    data_dir = work / "quality"
+    labelled = load_set(path)
+    data_dir = work / f"quality-{path.stem}"
     settings = api_settings(data_dir, hash_key("bench-key"))
     engine = create_db_engine(settings.resolved_database_url())
     seed_labelled(engine, labelled)
@@ -291,8 +311,46 @@ def render(data: dict[str, Any]) -> str:
         ],
         "",
     ]
-    lines += _latency_section(data["latency"])
+    lines += _sets_section(data.get("quality_sets") or {})
+    if "latency" in data:
+        lines += _latency_section(data["latency"])
     return "\n".join(lines)
+
+
+def _sets_section(sets: dict[str, Any]) -> list[str]:
+    if not sets:
+        return []
+    names = list(sets)
+    lines = [
+        "## Both labelled sets: recall@5 and nDCG@10",
+        "",
+        "streets: the set above (homes, streets, shops; the search was tuned on it). building-site: "
+        "benchmarks/search_quality/labelled-building-site.json, 16 queries written before its 120 captions and "
+        "before any run (five relevant captions each, mostly in other words than the query's; 40 captions relevant "
+        "to none, some close in words and far in meaning). nDCG@10 with binary relevance.",
+        "",
+        "| mode | " + " | ".join(f"{name} recall@5 | {name} nDCG@10" for name in names) + " |",
+        "|---|" + "---|---|" * len(names),
+    ]
+    for mode in MODES:
+        cells = " | ".join(
+            f"{sets[name]['recall_at_5'][mode]:.3f} | {sets[name]['ndcg_at_10'][mode]:.3f}" for name in names
+        )
+        lines.append(f"| {mode} | {cells} |")
+    lines.append("")
+    for name in names[1:]:
+        lines += [
+            f"### {name}, per query",
+            "",
+            "| query | words | semantic | hybrid |",
+            "|---|---|---|---|",
+            *[
+                f"| {q['query']} | {q['words']:.1f} | {q['semantic']:.1f} | {q['hybrid']:.1f} |"
+                for q in sets[name]["queries"]
+            ],
+            "",
+        ]
+    return lines
 
 
 def _latency_section(timing: dict[str, Any]) -> list[str]:
@@ -351,6 +409,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--busy-cores", type=int, default=1, help="Cores kept busy by other processes in the second latency pass."
     )
     parser.add_argument("--results-dir", type=Path, default=None)
+    parser.add_argument(
+        "--quality-only", action="store_true", help="Only the labelled sets' quality (seconds), not the latency."
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     embedder = TextEmbedder()
@@ -358,11 +419,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         data: dict[str, Any] = {
             "machine": machine_facts(),
             "command": command_line("visioncap.bench.search.quality", list(sys.argv[1:] if argv is None else argv)),
-            "quality": quality(Path(work), embedder),
-            "latency": latency(Path(work), args.rows, args.samples, args.busy_cores),
+            "quality_sets": {name: quality(Path(work), embedder, path) for name, path in SETS.items()},
         }
+        data["quality"] = data["quality_sets"]["streets"]
+        if not args.quality_only:
+            data["latency"] = latency(Path(work), args.rows, args.samples, args.busy_cores)
     extra = {"directory": args.results_dir} if args.results_dir else {}
-    paths = write_results("search_quality", data, render, **extra)
+    paths = write_results("search_quality-sets" if args.quality_only else "search_quality", data, render, **extra)
     print(render(data))
     print(*paths)
     return 0
