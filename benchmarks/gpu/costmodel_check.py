@@ -8,11 +8,13 @@ median of several repeats. A few layers are timed and the figure scaled by the l
 - prefill: transformer layers of the language model (RMSNorm, QKV with GQA 28/4 heads of 128, causal SDPA,
   SwiGLU 18944) over chunks of 512, 2048 and 8192 tokens: achieved FLOP/s over the matmul's (eta_pre, 0.75);
 - decode: the same layers at batch 1, 8 and 32 over a KV cache of 1,024 tokens, in a CUDA graph as vLLM runs it:
-  bytes moved (weights + KV) per second over the copy's (eta_dec, 0.9);
+  bytes moved (weights + KV) per second over the copy's (eta_dec, 0.9); and the layers' four weight products alone
+  at batch 1 (cuBLAS GEMV), to tell the GEMV's own shortfall from the other kernels';
 - encoder: Qwen2.5-VL's vision blocks (1280 wide, 16 heads, SwiGLU 3420; 28 layers attend within 64-patch windows
   (112x112 px), 4 over the whole image) for 1, 3 and 6 frames of 640x480 (1,564 patches each, 391 tokens after the
   2x2 merger) in one pass, as vLLM batches a request's images: ms per pass and FLOP/s over the matmul's (eta_enc,
-  0.55).
+  0.55): one block of each kind timed and scaled, and the whole 32-block encoder run in order, eager (as vLLM runs
+  it) and in one CUDA graph (what kernel launches cost).
 
 Usage (repository root, any Python with PyTorch): python benchmarks/gpu/costmodel_check.py --out RESULT.json
 `--smoke` runs tiny shapes on whatever device there is (a check of the script, not a measurement).
@@ -42,6 +44,7 @@ PATCH_IN = 3 * 2 * 14 * 14  # a 14x14 patch over 2 frames (temporal patch), flat
 PATCHES_PER_FRAME = 46 * 34  # 644x476 after resizing a 640x480 frame
 MERGE = 4  # 2x2 patches per language token
 OUT_HIDDEN = 3584
+FULL_INDEXES = (7, 15, 23, 31)  # Qwen2.5-VL's full-attention blocks (fullatt_block_indexes)
 
 
 def timed(fn: Callable[[], Any], repeats: int, budget_s: float) -> float:
@@ -66,6 +69,28 @@ def timed(fn: Callable[[], Any], repeats: int, budget_s: float) -> float:
         if time.monotonic() - started > budget_s:
             break
     return statistics.median(samples)
+
+
+def graphed_or_eager(
+    fn: Callable[[], Any], device: torch.device, result: dict[str, Any], what: str
+) -> Callable[[], Any]:
+    """`fn` captured in a CUDA graph (its replay), or `fn` itself off CUDA or when capture fails (noted)."""
+    if device.type != "cuda":
+        return fn
+    try:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return graph.replay
+    except Exception as exc:  # the eager path still measures; say why
+        result.setdefault("notes", []).append(f"{what}: no CUDA graph ({exc})")
+        return fn
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -229,6 +254,25 @@ def measure(smoke: bool) -> dict[str, Any]:
                        "eta_dec": round(tbs / copy_tbs, 3)})  # fmt: skip
     result["decode"] = decode
 
+    # The layers' four weight products alone at batch 1 (cuBLAS GEMV, as vLLM's unquantised linear layers call
+    # it): how much of decode's shortfall is the GEMV itself rather than the norms, attention and activations.
+    x1 = torch.randn(1, hidden, device=device, dtype=DTYPE)
+    y_inter = torch.randn(1, layers[0].down.shape[1], device=device, dtype=DTYPE)
+    y_heads = torch.randn(1, heads * head_dim, device=device, dtype=DTYPE)
+
+    def gemvs() -> None:
+        for layer in layers:
+            F.linear(x1, layer.qkv)
+            F.linear(y_heads, layer.o)
+            F.linear(x1, layer.gate_up)
+            F.linear(y_inter, layer.down)
+
+    with torch.inference_mode():
+        ms = timed(graphed_or_eager(gemvs, device, result, "gemv"), reps * 5, budget) / timed_layers
+    tbs = layer_params * 2 / (ms / 1e3) / 1e12
+    result["decode_gemv_only"] = {"batch": 1, "ms_per_layer": round(ms, 4), "tb_per_s": round(tbs, 3),
+                                  "of_copy": round(tbs / copy_tbs, 3)}  # fmt: skip
+
     # (e) vision encoder
     v_hidden, v_heads, v_inter = V_HIDDEN // scale, V_HEADS // (4 if smoke else 1), V_INTER // scale
     blocks = [VisionBlock(device, v_hidden, v_heads, v_inter) for _ in range(2)]
@@ -240,16 +284,18 @@ def measure(smoke: bool) -> dict[str, Any]:
         torch.randn(OUT_HIDDEN // scale, merger_in, device=device, dtype=DTYPE) * 0.02,
     )
     merger_params = sum(t.numel() for t in merger)
+    merger_norm = torch.ones(v_hidden, device=device, dtype=DTYPE)
+    stack_blocks = [VisionBlock(device, v_hidden, v_heads, v_inter) for _ in range(V_LAYERS)]
     encoder = []
     for frames in (1, 3, 6):
         patches = frames * PATCHES_PER_FRAME
         padded_window = math.ceil(PATCHES_PER_FRAME / WINDOW) * WINDOW  # each frame's windows, padded
         pixels = torch.randn(frames * padded_window, PATCH_IN, device=device, dtype=DTYPE)
 
-        def window_pass(pixels: torch.Tensor = pixels) -> torch.Tensor:
-            return blocks[0].forward(F.linear(pixels, patch_embed), WINDOW)
-
         full = torch.randn(frames * padded_window, v_hidden, device=device, dtype=DTYPE)
+
+        def window_pass(full: torch.Tensor = full) -> torch.Tensor:
+            return blocks[0].forward(full, WINDOW)  # attention within each 64-patch window
 
         def full_pass(full: torch.Tensor = full, group: int = padded_window) -> torch.Tensor:
             return blocks[1].forward(full, group)  # attention over each whole frame
@@ -259,11 +305,24 @@ def measure(smoke: bool) -> dict[str, Any]:
         def merge(tokens: torch.Tensor = tokens) -> torch.Tensor:
             return F.linear(F.gelu(F.linear(tokens, merger[0])), merger[1])
 
+        def embed(pixels: torch.Tensor = pixels) -> torch.Tensor:
+            return F.linear(pixels, patch_embed)
+
+        def whole(pixels: torch.Tensor = pixels, group: int = padded_window) -> torch.Tensor:
+            # All 32 blocks in order, full attention at Qwen2.5-VL's indexes 7, 15, 23, 31, then the merger.
+            x = F.linear(pixels, patch_embed)
+            for index, block in enumerate(stack_blocks):
+                x = block.forward(x, group if index in FULL_INDEXES else WINDOW)
+            tokens = rms_norm(x, merger_norm).view(-1, merger_in)
+            return F.linear(F.gelu(F.linear(tokens, merger[0])), merger[1])
+
         with torch.inference_mode():
-            window_ms = timed(window_pass, reps, budget)  # includes the patch embedding once
+            embed_ms = timed(embed, reps, budget)
+            window_ms = timed(window_pass, reps, budget)
             full_ms = timed(full_pass, reps, budget)
             merge_ms = timed(merge, reps, budget)
-        embed_ms = 0.0  # inside window_ms: a single GEMM of width 1176, small beside the blocks
+            whole_ms = timed(whole, reps, budget)
+            whole_graphed_ms = timed(graphed_or_eager(whole, device, result, f"encoder {frames}"), reps, budget)
         total_ms = window_ms * (V_LAYERS - V_FULL_LAYERS) + full_ms * V_FULL_LAYERS + merge_ms + embed_ms
         flops = (
             2 * (PATCH_IN * v_hidden + V_LAYERS * block_params) * patches
@@ -275,13 +334,21 @@ def measure(smoke: bool) -> dict[str, Any]:
         tflops = flops / (total_ms / 1e3) / 1e12
         encoder.append({"frames": frames, "patches": patches, "tokens": patches // MERGE,
                         "window_layer_ms": round(window_ms, 4), "full_layer_ms": round(full_ms, 4),
-                        "merger_ms": round(merge_ms, 4), "ms_per_pass": round(total_ms, 3),
-                        "tflops": round(tflops, 1), "eta_enc": round(tflops / matmul_tflops, 3)})  # fmt: skip
+                        "merger_ms": round(merge_ms, 4), "embed_ms": round(embed_ms, 4),
+                        "ms_per_pass": round(total_ms, 3),
+                        "tflops": round(tflops, 1), "eta_enc": round(tflops / matmul_tflops, 3),
+                        "whole_ms": round(whole_ms, 3),
+                        "whole_eta_enc": round(flops / (whole_ms / 1e3) / 1e12 / matmul_tflops, 3),
+                        "whole_graphed_ms": round(whole_graphed_ms, 3),
+                        "whole_graphed_eta_enc": round(flops / (whole_graphed_ms / 1e3) / 1e12 / matmul_tflops, 3),
+                        })  # fmt: skip
     result["encoder"] = encoder
     result["scaled"] = (
         f"prefill and decode: {timed_layers} layers timed, per-layer figures x {LAYERS} for the model; encoder: one "
         f"window-attention and one full-attention block timed, x {V_LAYERS - V_FULL_LAYERS} and x {V_FULL_LAYERS}, "
-        "plus the merger; rotary embeddings left out (elementwise, small)"
+        "plus the patch embedding and the merger (ms_per_pass, eta_enc); whole_ms: all 32 blocks run in order, "
+        "eager as vLLM runs the encoder (whole_graphed_ms: the same in one CUDA graph, what launch overhead costs); "
+        "windows: each frame's 1,564 patches padded to 25 windows of 64; rotary embeddings left out (elementwise)"
     )
     return result
 

@@ -36,9 +36,11 @@ Efficiencies (sources: the repository's docs/gpu-reference.md for the spec sheet
   assumption, giving ~60 % of peak, in line with the ~50-65 % MFU usually reported for 7-8B prefill.
 - the vision encoder reaches 0.55 of a large matmul (1-2 thousand-row GEMMs of width 1280, many small kernels,
   64-patch windows; no encoder CUDA graphs by default in vLLM 0.32): assumption, ~44 % of peak.
-- checked on an H200 on 2026-12-04 with PyTorch kernels (benchmarks/results/gpu_h200_costmodel.md): prefill 0.75
-  holds from 2k-token chunks (0.66 at 512); decode reached 0.70 of the copy, the encoder 0.28 (one frame) to 0.41
-  (six in one pass). Not changed yet: the stand-in's sizing and pacing defaults derive from these and move together.
+- checked on an H200 on 2026-12-04 with PyTorch kernels (benchmarks/results/gpu_h200_costmodel.md, two runs):
+  prefill 0.75 holds from 2k-token chunks (0.66-0.73 at 512); decode reached 0.69 of the copy (its weight GEMVs
+  alone 0.85; vLLM's fused kernels lie between); the whole encoder 0.34 (one frame, 7.9 ms against 4.8 modelled)
+  to 0.42 (six in one pass). Not changed yet: the gateway's pacing default and the stand-in's generated sizing
+  derive from these and move in the same change (proposed: encoder 0.35, decode 0.80).
 - t_step = 1.5 ms per engine step (scheduling, input preparation, sampling, structured-output masks, graph
   launch): assumption, checked against vLLM's published H200 latency benchmark (see PUBLISHED).
 """
