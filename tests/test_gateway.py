@@ -563,35 +563,6 @@ def test_a_chat_waiting_for_its_first_token_holds_background_starts_back(
     assert frame.result(TIMEOUT).status_code == 200
 
 
-def test_a_chat_that_never_gets_its_first_token_holds_captions_back_only_to_the_floor(
-    tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
-) -> None:
-    """Steady chat renews the first-token hold for ever (here: one chat whose first token never comes, and a
-    non-streaming one that holds nothing): frames still start, one per floor interval, and are answered while the
-    chat waits; before, every frame waited out its deadline."""
-    floor = 2.0  # starts per second
-    gw = tapped_gateway(
-        controller={"interval_s": 3600, "idle_after_s": 3600},
-        pacing={"first_token_hold_s": 3600, "min_per_s": floor, "start_per_s": floor, "max_per_s": floor},
-    )
-    release_chat = tap.hold("chat")
-    release_whole = tap.hold("whole")
-    chat = pool.submit(post_chat, gw, INTERACTIVE_KEY, {**chat_body(max_tokens=4, user="chat"), "stream": True})
-    whole = pool.submit(post_chat, gw, INTERACTIVE_KEY, chat_body(max_tokens=4, user="whole"))
-    tap.wait_for_user("chat")
-    tap.wait_for_user("whole")
-    frames = [pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user=f"frame-{i}")) for i in range(4)]
-    answers = [frame.result(TIMEOUT) for frame in frames]
-    assert [answer.status_code for answer in answers] == [200] * 4, [answer.text for answer in answers]
-    assert not chat.done() and not whole.done(), "the frames went ahead while both chats still waited"
-    starts = list(gw.call_soon(lambda: gw.gateway.replicas[0].scheduler.recent_starts))[-4:]
-    # Never sooner than the floor's interval: the hold still spares the chat all but the floor's starts.
-    assert min(b - a for a, b in itertools.pairwise(starts)) >= 1 / floor - 0.01
-    release_chat.set()
-    release_whole.set()
-    assert chat.result(TIMEOUT).status_code == 200 and whole.result(TIMEOUT).status_code == 200
-
-
 def test_interactive_arrival_preempts_fresh_background_which_is_redone_later(
     tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
 ) -> None:

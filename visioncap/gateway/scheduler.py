@@ -10,7 +10,8 @@ large images).
 Pacing: while the caps carry a start rate, a request may start only when the pacer has a whole start of
 credit (credit grows at the rate and holds at most one start, so starts after a quiet spell are spread, not
 bunched into one engine step), and not before the caps' `hold_until`, unless the start is due under the rate's
-floor (`min_starts_per_s`: one interval after the last start, or after the request arrived if later): a hold
+floor (`min_starts_per_s`: one interval after the last start, or after the request arrived if later; a start
+the floor let through counts from when it was due, so the floor's rate is kept however late timers fire): a hold
 renewed by every new chat would otherwise stop background for as long as chat keeps coming. A request held back
 only by the pacer is woken by a timer at the moment it may start; one held back by room waits for a release or a
 caps change.
@@ -116,6 +117,8 @@ class BackgroundScheduler:
         self.recent_starts: deque[float] = deque(maxlen=256)
         self._credit = 1.0  # paced starts allowed now (at most one)
         self._last_start = -math.inf  # admission time of the newest grant: the rate's floor counts from it
+        # When the floor would let the head of the line through a hold: the time its start was due (see _admit).
+        self._floor_due: float | None = None
         self._credit_at = clock()
         self._wake: asyncio.TimerHandle | None = None
         self._wake_at = math.inf
@@ -271,10 +274,13 @@ class BackgroundScheduler:
             # A hair of slack: a timer that fires a few microseconds early must not be re-armed for nothing.
             wait_s = 0.0 if self._credit >= 1.0 - 1e-6 else (1.0 - self._credit) / caps.starts_per_s
         self._credit_at = now
+        self._floor_due = None
         if caps.hold_until is not None:
             hold_until = caps.hold_until
             if caps.min_starts_per_s is not None:
-                hold_until = min(hold_until, max(self._last_start, enqueued_at) + 1.0 / caps.min_starts_per_s)
+                floor_due = max(self._last_start, enqueued_at) + 1.0 / caps.min_starts_per_s
+                if floor_due < hold_until:
+                    hold_until, self._floor_due = floor_due, floor_due
             wait_s = max(wait_s, hold_until - now)
         return max(0.0, wait_s)
 
@@ -302,6 +308,12 @@ class BackgroundScheduler:
         grant.admitted_at = self._clock()
         grant.paced = caps.starts_per_s is not None
         self._last_start = grant.admitted_at
+        due, self._floor_due = self._floor_due, None
+        # A start the floor let through a hold counts from when it was due, so that the lateness of each timer does
+        # not add up and the floor's rate is kept; one far behind (it waited for room) counts from itself.
+        floor = caps.min_starts_per_s
+        if due is not None and floor is not None and 0 <= grant.admitted_at - due <= 0.5 / floor:
+            self._last_start = due
         self.recent_starts.append(grant.admitted_at)
         grant.max_tokens_per_image = caps.max_tokens_per_image
         grant.tokens = self._sent_tokens(grant.tokens, caps)
