@@ -49,9 +49,11 @@ RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml
 FROM runtime
 WORKDIR /opt/visioncap
 COPY --from=requirements /src/requirements.txt /tmp/requirements.txt
+# The versions CI tested (requirements/app.txt, `make lock`): constraints, so its dev-only pins install nothing.
+COPY requirements/app.txt /tmp/app-lock.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install -r /tmp/requirements.txt "setuptools>=68" \
-    && rm /tmp/requirements.txt \
+    pip install -r /tmp/requirements.txt -c /tmp/app-lock.txt "setuptools>=68" \
+    && rm /tmp/requirements.txt /tmp/app-lock.txt \
     && useradd --create-home --uid 10001 --user-group visioncap \
     && mkdir -p /data/ultralytics \
     && chown -R visioncap:visioncap /data

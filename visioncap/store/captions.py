@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, Table, func, insert, select, update
+from sqlalchemy import CursorResult, Engine, Table, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import sessionmaker
 
@@ -235,7 +235,8 @@ class CaptionStore:
             )
         )
         with self._sessions.begin() as session:
-            return session.execute(query).rowcount == 1
+            # An UPDATE answers with a cursor result (its row count); Session.execute is typed for any statement.
+            return cast(CursorResult[Any], session.execute(query)).rowcount == 1
 
     def count(self, status: CaptionStatus | None = None) -> int:
         query = select(func.count()).select_from(CaptionRecord)

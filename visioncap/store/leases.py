@@ -171,7 +171,7 @@ def lease_held(conn: Connection, fence: Fence, camera: str) -> bool:
     token = fence.token(camera)
     if token is None:
         return False
-    found = conn.scalar(
+    found: int | None = conn.scalar(
         text("SELECT token FROM camera_leases WHERE camera = :c AND owner = :me AND expires_at > now() FOR SHARE"),
         {"c": camera, "me": fence.owner},
     )
@@ -186,4 +186,5 @@ def check_lease(conn: Connection, fence: Fence, camera: str) -> None:
 
 
 def camera_of(conn: Connection, caption_id: int) -> str | None:
-    return conn.scalar(text("SELECT camera FROM captions WHERE id = :id"), {"id": caption_id})
+    camera: str | None = conn.scalar(text("SELECT camera FROM captions WHERE id = :id"), {"id": caption_id})
+    return camera

@@ -255,7 +255,8 @@ class VectorIndex:
         """The ids of every row the filters keep (id order)."""
         with self._lock:
             columns = self._columns
-            return columns.ids[: columns.size][self._mask(columns, where)].copy()
+            ids: np.ndarray = columns.ids[: columns.size][self._mask(columns, where)].copy()
+            return ids
 
     def count(self, where: IndexFilter) -> int:
         with self._lock:

@@ -215,11 +215,11 @@ class _Phase:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         finally:
-            for task in (flooder, prober):
-                if task is not None:
-                    task.cancel()
+            for background in (flooder, prober):
+                if background is not None:
+                    background.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
-                        await task
+                        await background
             for task in list(flood_tasks):
                 task.cancel()
             await asyncio.gather(*flood_tasks, return_exceptions=True)

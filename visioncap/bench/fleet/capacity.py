@@ -33,7 +33,7 @@ WARMUP_TIMEOUT_S = 180.0  # a bound on a broken run (the detector loading on a b
 def _caption_rows(engine: Engine) -> list[tuple[str, datetime, datetime, str, datetime]]:
     with engine.connect() as conn:
         return [
-            tuple(row)  # type: ignore[misc]
+            tuple(row)
             for row in conn.execute(text("SELECT camera, captured_at, created_at, status, updated_at FROM captions"))
         ]
 

@@ -23,7 +23,8 @@ def tokens_per_word(client: httpx.Client, root_url: str, model: str, seed: int =
     text = chat_text(400, random.Random(seed))
     answer = client.post(f"{root_url}/tokenize", json={"model": model, "prompt": text, "add_special_tokens": False})
     answer.raise_for_status()
-    return max(0.1, answer.json()["count"] / 400)
+    count: int = answer.json()["count"]
+    return max(0.1, count / 400)
 
 
 def _stream(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, list[float], int]:

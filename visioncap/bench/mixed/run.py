@@ -1026,9 +1026,10 @@ def frontier_points(summaries: dict[str, dict[str, Any]], bounds: dict[str, Any]
 def read_overhead(path: Path = OVERHEAD_RESULTS) -> dict[str, Any] | None:
     """The committed `visioncap bench overhead` results, whose goals the mixed goals map repeats."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        results: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return results
 
 
 def block_pair_ratios(

@@ -149,7 +149,8 @@ def _metric(sample: dict[str, Any], name: str) -> float | None:
     metrics = sample.get("metrics")
     if not metrics:
         return None
-    return metrics["sums"].get(name)
+    value: float | None = metrics["sums"].get(name)
+    return value
 
 
 def pipeline_counters(samples: list[dict[str, Any]], warmup_s: float) -> dict[str, Any]:
