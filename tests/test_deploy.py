@@ -16,6 +16,7 @@ import re
 import shlex
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -421,3 +422,162 @@ def test_the_stack_test_sets_every_setting_or_says_why_not() -> None:
         {name: json.loads(raw) if raw[:1] in "[{" else raw for name, raw in values.items()}
     ).model_dump(mode="json")
     assert [name for name in values if parsed[name] == default[name]] == []
+
+
+# A value of its own for every variable .env.example documents (COMPOSE_* are Compose's own): each must turn up in
+# the rendered model of exactly the services that use it. File paths are matched by their name (Compose makes them
+# absolute); short values must equal a whole value of the service.
+ENV_SENTINELS = {
+    "API_BIND": "127.0.0.21",
+    "API_PORT": "18091",
+    "GATEWAY_BIND": "127.0.0.22",
+    "GATEWAY_PORT": "18081",
+    "HF_TOKEN": "hf_sentinel_token",
+    "MOSQUITTO_IMAGE": "sentinel/mosquitto:9",
+    "POSTGRES_IMAGE": "sentinel/postgres:9",
+    "VISIONCAP_IMAGE": "sentinel/visioncap:9",
+    "VLLM_IMAGE": "sentinel/vllm:9",
+    "VLLM_CPU_IMAGE": "sentinel/vllm-cpu:9",
+    "POSTGRES_BIND": "127.0.0.23",
+    "POSTGRES_PORT": "15433",
+    "POSTGRES_PASSWORD": "0badc0ffee",
+    "VISIONCAP_ALERTS_FILE": "./sentinel-alerts.yaml",
+    "VISIONCAP_API_KEYS": '[{"name": "sentinel-ui", "sha256": "ab", "scopes": ["read"]}]',
+    "VISIONCAP_ASK_KEY": "sentinel-ask-key",
+    "VISIONCAP_CAPTIONS_KEY": "sentinel-captions-key",
+    "VLLM_API_KEY": "sentinel-vllm-key",
+    "VISIONCAP_CPU_PROFILE": "sentinel-cpu-profile",
+    "VISIONCAP_DATABASE_URL": "postgresql+psycopg://visioncap:x@sentinel-db.lan:5432/visioncap",
+    "VISIONCAP_DETECTOR_GIB": "2.3125",
+    "VISIONCAP_HEADROOM_GIB": "0.8125",
+    "VISIONCAP_GATEWAY_FILE": "./sentinel-gateway.yaml",
+    "VISIONCAP_PIPELINE_FILE": "./sentinel-pipeline.yaml",
+    "VISIONCAP_GPU_CLASS": "sentinel-class",
+    "VISIONCAP_GPU_DEVICE": "GPU-sentinel-uuid",
+    "VISIONCAP_GPU_GATEWAY_URL": "http://sentinel-gpu.lan:8080/v1",
+    "VISIONCAP_NFS_EXPORT": "/srv/sentinel-export",
+    "VISIONCAP_NFS_SERVER": "sentinel-nas.lan",
+    "VISIONCAP_PROFILE": "sentinel-profile",
+    "VISIONCAP_WORKER_CAPACITY": "13",
+    "WORKER_HEALTH_BIND": "127.0.0.24",
+    "WORKER_HEALTH_PORT": "19101",
+    "YOLO_OFFLINE": "true",
+}
+APPS = {"alerts", "api", "gateway", "pipeline"}
+# variable -> the services (or `volume:NAME`) that use it, in the one-box GPU stack (with PostgreSQL).
+ONE_BOX = {
+    "API_BIND": {"api"},
+    "API_PORT": {"api"},
+    "GATEWAY_BIND": {"gateway"},
+    "GATEWAY_PORT": {"gateway"},
+    "HF_TOKEN": {"vllm"},
+    "MOSQUITTO_IMAGE": {"mosquitto"},
+    "POSTGRES_IMAGE": {"postgres"},
+    "VISIONCAP_IMAGE": APPS,
+    "VLLM_IMAGE": {"vllm"},
+    "POSTGRES_PASSWORD": {"postgres"},
+    "VISIONCAP_ALERTS_FILE": {"alerts"},
+    "VISIONCAP_API_KEYS": {"api"},
+    "VISIONCAP_ASK_KEY": {"api"},
+    "VISIONCAP_CAPTIONS_KEY": {"api", "pipeline"},
+    "VLLM_API_KEY": {"gateway", "vllm"},
+    "VISIONCAP_DATABASE_URL": APPS,
+    "VISIONCAP_DETECTOR_GIB": {"vllm"},
+    "VISIONCAP_HEADROOM_GIB": {"vllm"},
+    "VISIONCAP_GATEWAY_FILE": {"gateway"},
+    "VISIONCAP_PIPELINE_FILE": {"pipeline"},
+    "VISIONCAP_GPU_CLASS": {"vllm"},
+    "VISIONCAP_GPU_DEVICE": {"pipeline", "vllm"},
+    "VISIONCAP_PROFILE": {"vllm"},
+    "YOLO_OFFLINE": {"pipeline"},
+}
+# The CPU override: vLLM's GPU settings give way to the CPU image and profile; no GPU reserved.
+CPU_BOX = {
+    **{name: services for name, services in ONE_BOX.items() if name not in {
+        "VLLM_IMAGE", "VISIONCAP_DETECTOR_GIB", "VISIONCAP_HEADROOM_GIB", "VISIONCAP_GPU_CLASS",
+        "VISIONCAP_GPU_DEVICE", "VISIONCAP_PROFILE"}},
+    "VLLM_CPU_IMAGE": {"vllm"},
+    "VISIONCAP_CPU_PROFILE": {"vllm"},
+}  # fmt: skip
+# Both boxes' profiles (the one-box services, which have no profile, render beside them).
+TWO_BOXES = {
+    **ONE_BOX,
+    "API_BIND": {"api", "central-api"},
+    "API_PORT": {"api", "central-api"},
+    "POSTGRES_IMAGE": {"central-postgres"},
+    "VISIONCAP_IMAGE": APPS | {"central-api", "worker"},
+    "POSTGRES_BIND": {"central-postgres"},
+    "POSTGRES_PORT": {"central-postgres"},
+    # The central API reaches its own PostgreSQL with the password; VISIONCAP_DATABASE_URL is the GPU boxes' way.
+    "POSTGRES_PASSWORD": {"central-api", "central-postgres"},
+    "VISIONCAP_API_KEYS": {"api", "central-api"},
+    "VISIONCAP_ASK_KEY": {"api", "central-api"},
+    "VISIONCAP_CAPTIONS_KEY": {"api", "central-api", "pipeline", "worker"},
+    "VISIONCAP_DATABASE_URL": APPS | {"worker"},
+    "VISIONCAP_GPU_DEVICE": {"pipeline", "vllm", "worker"},
+    "VISIONCAP_GPU_GATEWAY_URL": {"central-api"},
+    "VISIONCAP_NFS_EXPORT": {"volume:shared-data"},
+    "VISIONCAP_NFS_SERVER": {"volume:shared-data"},
+    "VISIONCAP_PIPELINE_FILE": {"pipeline", "worker"},
+    "VISIONCAP_WORKER_CAPACITY": {"worker"},
+    "WORKER_HEALTH_BIND": {"worker"},
+    "WORKER_HEALTH_PORT": {"worker"},
+    "YOLO_OFFLINE": {"pipeline", "worker"},
+}
+
+
+def leaf_values(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from leaf_values(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from leaf_values(value)
+    else:
+        yield str(node)
+
+
+def reached(model: dict[str, Any], values: dict[str, str]) -> dict[str, set[str]]:
+    """variable -> the services (and volumes) whose rendered definition carries its value."""
+    units = {**model["services"], **{f"volume:{name}": body for name, body in model.get("volumes", {}).items()}}
+    found: dict[str, set[str]] = {}
+    for variable, value in values.items():
+        wanted = value.removeprefix("./")
+        hits = {
+            unit
+            for unit, body in units.items()
+            if any(leaf == wanted or (len(wanted) > 3 and wanted in leaf) for leaf in leaf_values(body))
+        }
+        if hits:
+            found[variable] = hits
+    return found
+
+
+def test_every_env_example_setting_reaches_exactly_the_services_that_use_it() -> None:
+    """A value set in .env for each documented variable arrives, after Compose's interpolation, in each service that
+    uses it and in no other: in the one-box GPU stack, the CPU override and the two boxes' profiles. (The app's own
+    VISIONCAP_* settings go through env_file: tests/test_deploy_stack.py reads them back from the running services.)"""
+    documented = {name for name in documented_variables(ENV_EXAMPLE.read_text()) if not name.startswith("COMPOSE_")}
+    assert set(ENV_SENTINELS) == documented
+    assert set(ONE_BOX) | set(CPU_BOX) | set(TWO_BOXES) == documented  # each variable reaches a service somewhere
+    for name, files, profiles, expected in (
+        ("one box", COMPOSE_FILE, ("postgres",), ONE_BOX),
+        ("CPU", (COMPOSE_FILE, CPU_FILE), ("postgres",), CPU_BOX),
+        ("two boxes", COMPOSE_FILE, ("gpu-box", "central"), TWO_BOXES),
+    ):
+        flags = [arg for profile in profiles for arg in ("--profile", profile)]
+        result = compose(*flags, "config", "--format", "json", file=files, env=ENV_SENTINELS)
+        assert result.returncode == 0, result.stderr
+        assert reached(json.loads(result.stdout), ENV_SENTINELS) == expected, name
+
+
+def test_the_settings_check_sees_a_setting_that_reaches_no_service(tmp_path: Path) -> None:
+    """The check above fails when a service drops a variable: HF_TOKEN removed from vLLM's environment."""
+    data = yaml.safe_load(COMPOSE_FILE.read_text())
+    del data["services"]["vllm"]["environment"]["HF_TOKEN"]
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(yaml.safe_dump(data, sort_keys=False))
+    result = compose("--profile", "postgres", "config", "--format", "json", file=broken, env=ENV_SENTINELS)
+    assert result.returncode == 0, result.stderr
+    found = reached(json.loads(result.stdout), ENV_SENTINELS)
+    assert "HF_TOKEN" not in found and found == {k: v for k, v in ONE_BOX.items() if k != "HF_TOKEN"}
