@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from visioncap.bench.common.machine import portable
+from visioncap.bench.search import PASS_THROUGH, search_command
 
 bench_app = typer.Typer(help="Benchmarks against a real vLLM server.", no_args_is_help=True, add_completion=False)
 
@@ -268,3 +269,6 @@ def overhead_command(
     (out_dir / "overhead.json").write_text(json.dumps(portable(results), indent=2) + "\n")
     (out_dir / "overhead.md").write_text(f"`{results['command']}`\n\n" + "\n".join(lines) + "\n")
     typer.echo(f"wrote {out_dir}/overhead.json and overhead.md")
+
+
+bench_app.command("search", context_settings=PASS_THROUGH)(search_command)
