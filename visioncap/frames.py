@@ -65,6 +65,7 @@ class SelectionReason(StrEnum):
     NEW_EVENT = "new-event"  # a person event became stable and has no caption yet
     PEOPLE_LEFT = "people-left"  # people the last caption described have left
     MOVEMENT = "movement"  # a captioned person moved far
+    ZONE_ENTRY = "zone-entry"  # a captioned person entered a zone
     RECAPTION = "recaption"  # the recaption interval of a captioned person passed
     STREAM_END = "stream-end"  # the stream ended with a frame held back by the rate limits
 

@@ -50,8 +50,8 @@ class Caption(_Model):
     offset_s: float = Field(description="Seconds from the start of the source.")
     reason: SelectionReason = Field(
         description="Why the frame was selected: new-event (a person became stable), people-left (people it was "
-        "described with left), movement (a person moved far), recaption (the recaption interval passed) or "
-        "stream-end (held back by the rate limits until its stream ended)."
+        "described with left), movement (a person moved far), zone-entry (a person entered a zone), recaption "
+        "(the recaption interval passed) or stream-end (held back by the rate limits until its stream ended)."
     )
     event_key: str = Field(description="The person event the frame describes.")
     event_ids: list[int] = Field(description="Track ids of the people the frame describes.")

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from visioncap.config.base import StrictModel
+from visioncap.config.zones import Mask, Zone
 
 
 class SelectionConfig(StrictModel):
@@ -47,3 +48,27 @@ class SelectionConfig(StrictModel):
     event_end_s: float = Field(
         default=2.0, gt=0, description="A track not seen for this many seconds has left; its event is over."
     )
+    zones: list[Zone] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Named places (normalised polygons); a person is in a zone when the bottom-centre of their box is.",
+    )
+    masks: list[Mask] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Regions detection ignores: a person whose box centre lies in one is dropped before tracking.",
+    )
+    required_zones: list[str] = Field(
+        default_factory=list,
+        description="Only people inside one of these zones make events; empty: people anywhere do.",
+    )
+    zone_entry: bool = Field(
+        default=True, description="Describe a person again when they enter a zone (a zone-entry frame)."
+    )
+
+    @model_validator(mode="after")
+    def _required_zones_exist(self) -> SelectionConfig:
+        names = {zone.name for zone in self.zones}
+        if unknown := sorted(set(self.required_zones) - names):
+            raise ValueError(f"required_zones: {', '.join(unknown)} not among the zones ({', '.join(sorted(names))})")
+        return self

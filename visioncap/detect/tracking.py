@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
+from visioncap.config.zones import Mask
 from visioncap.frames import Detection, PersonBox
+
+
+def unmasked(detection: Detection, masks: Sequence[Mask]) -> Detection:
+    """The detection without the people whose box centre lies in one of the camera's masks."""
+    masks = [mask for mask in masks if mask.applies_to(detection.frame.camera)]
+    if not masks or not detection.people:
+        return detection
+    height, width = detection.frame.image.shape[:2]
+    people = tuple(p for p in detection.people if not any(mask.contains(*p.center, width, height) for mask in masks))
+    return detection if len(people) == len(detection.people) else Detection(frame=detection.frame, people=people)
 
 
 class PersonTracker:
     """Gives each detected person a track id that stays the same while they remain in view."""
 
-    def __init__(self, kind: str, analyse_fps: float, keep_lost_s: float) -> None:
+    def __init__(self, kind: str, analyse_fps: float, keep_lost_s: float, masks: Sequence[Mask] = ()) -> None:
+        self._masks = tuple(masks)
         from ultralytics.trackers.track import TRACKER_MAP
         from ultralytics.utils import YAML, IterableSimpleNamespace
         from ultralytics.utils.checks import check_yaml
@@ -23,9 +36,11 @@ class PersonTracker:
         self._tracker = TRACKER_MAP[kind](args=args)
 
     def update(self, detection: Detection) -> Detection:
-        """The detection with track ids; people whose track is not yet confirmed are left out."""
+        """The detection with track ids; people whose track is not yet confirmed, or who stand in a mask, are left
+        out (masked ones before tracking, so that a poster never holds a track)."""
         from ultralytics.engine.results import Boxes
 
+        detection = unmasked(detection, self._masks)
         image = detection.frame.image
         people = detection.people
         data = np.array([[p.x1, p.y1, p.x2, p.y2, p.confidence, p.class_id] for p in people], dtype=np.float32).reshape(

@@ -381,7 +381,10 @@ class PipelineRunner:
         self._cameras[camera] = _Camera(
             source=source,
             tracker=PersonTracker(
-                self._config.detector.tracker, source.analyse_rate(), keep_lost_s=selection.event_end_s
+                self._config.detector.tracker,
+                source.analyse_rate(),
+                keep_lost_s=selection.event_end_s,
+                masks=selection.masks,
             ),
             selector=EventSelector(selection),
             stats=stats,

@@ -10,11 +10,16 @@ event its own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from visioncap.config.selection import SelectionConfig
 from visioncap.frames import Detection, PersonBox, SelectedFrame, SelectionReason
 from visioncap.select.scoring import frame_score
+from visioncap.select.zones import ZoneVisit, zones_of
+
+# Finished zone visits kept for reading (tests, metrics); older ones are forgotten.
+FINISHED_VISITS = 1000
 
 
 @dataclass
@@ -25,6 +30,9 @@ class _Track:
     captioned_s: float | None = None
     captioned_center: tuple[float, float] | None = None
     box: PersonBox | None = None
+    visits: list[ZoneVisit] = field(default_factory=list)
+    inside: set[str] = field(default_factory=set)
+    entered: bool = False  # entered a zone since its last caption
 
 
 @dataclass
@@ -48,6 +56,9 @@ class EventSelector:
         self._last_caption_ids: set[int] = set()
         self.events_started = 0
         self._diagonal = 1.0
+        self._required = set(config.required_zones)
+        self._camera = ""
+        self.finished_visits: deque[ZoneVisit] = deque(maxlen=FINISHED_VISITS)
         self._now = 0.0
         spacing = 60.0 / config.max_captions_per_minute if config.max_captions_per_minute else 0.0
         self._min_gap_s = max(config.min_interval_s, spacing)
@@ -57,7 +68,7 @@ class EventSelector:
         now = self._now = detection.frame.offset_s
         height, width = detection.frame.image.shape[:2]
         self._diagonal = math.hypot(width, height)
-        self._update_tracks(detection, now)
+        self._update_tracks(detection, now, width, height)
         due = self._due_ids(now)
         reasons = self._due_reasons(due)
         if reasons and self._window_start is None:
@@ -80,7 +91,29 @@ class EventSelector:
 
     # -- tracks ----------------------------------------------------------------------------------
 
-    def _update_tracks(self, detection: Detection, now: float) -> None:
+    def zone_visits(self, track_id: int) -> tuple[ZoneVisit, ...]:
+        """A live track's zone visits, oldest first."""
+        track = self._tracks.get(track_id)
+        return tuple(track.visits) if track else ()
+
+    def _update_zones(self, track: _Track, person: PersonBox, now: float, width: int, height: int) -> None:
+        zones = [zone for zone in self._config.zones if zone.applies_to(self._camera)]
+        inside = zones_of(person, zones, width, height) if zones else set()
+        for visit in track.visits:
+            if visit.exited_s is None and visit.zone in inside:
+                visit.last_seen_s = now
+            elif visit.exited_s is None:
+                visit.exited_s = now
+        for name in sorted(inside - track.inside):
+            track.visits.append(ZoneVisit(zone=name, entered_s=now, last_seen_s=now))
+            track.entered = True
+        track.inside = inside
+
+    def _eligible(self, track: _Track) -> bool:
+        return not self._required or bool(track.inside & self._required)
+
+    def _update_tracks(self, detection: Detection, now: float, width: int, height: int) -> None:
+        self._camera = detection.frame.camera
         seen = set()
         for person in detection.people:
             if person.track_id is None:
@@ -90,22 +123,27 @@ class EventSelector:
             track.frames += 1
             track.last_s = now
             track.box = person
+            self._update_zones(track, person, now, width, height)
         for track_id, track in list(self._tracks.items()):
             if track_id not in seen:
                 track.box = None
                 if now - track.last_s > self._config.event_end_s:
                     del self._tracks[track_id]
+                    for visit in track.visits:
+                        if visit.exited_s is None:
+                            visit.exited_s = visit.last_seen_s
+                        self.finished_visits.append(visit)
                     if not self._config.recaption_on_count_change:
                         # Read only to notice people leaving: without that, a pipeline running for months would
                         # keep every track id it ever captioned (per_person adds them up).
                         self._last_caption_ids.discard(track_id)
                     continue
-            if not track.started and track.frames >= self._config.stable_frames:
+            if not track.started and track.frames >= self._config.stable_frames and self._eligible(track):
                 track.started = True
                 self.events_started += 1
 
     def _visible(self) -> dict[int, _Track]:
-        return {tid: t for tid, t in self._tracks.items() if t.box is not None and t.started}
+        return {tid: t for tid, t in self._tracks.items() if t.box is not None and t.started and self._eligible(t)}
 
     def _due_ids(self, now: float) -> dict[int, SelectionReason]:
         due: dict[int, SelectionReason] = {}
@@ -117,6 +155,8 @@ class EventSelector:
                 and now - track.captioned_s >= self._config.recaption_interval_s
             ):
                 due[tid] = SelectionReason.RECAPTION
+            elif self._config.zone_entry and track.entered:
+                due[tid] = SelectionReason.ZONE_ENTRY
             elif self._config.movement_threshold is not None and track.captioned_center and track.box:
                 cx, cy = track.box.center
                 px, py = track.captioned_center
@@ -146,6 +186,9 @@ class EventSelector:
         else:
             # Everyone tracked in the frame is in the picture, stable or not yet: one caption covers them all.
             people = tuple(p for p in detection.people if p.track_id is not None)
+        if self._required:
+            # People outside the required zones make no events and are not what the caption is about.
+            people = tuple(p for p in people if p.track_id in self._tracks and self._eligible(self._tracks[p.track_id]))
         if not people:
             return
         wanted = set(due) if SelectionReason.PEOPLE_LEFT not in self._window_reasons else {p.track_id for p in people}
@@ -179,6 +222,7 @@ class EventSelector:
             if track is not None:
                 track.captioned_s = frame.offset_s
                 track.captioned_center = next(p.center for p in best.people if p.track_id == tid)
+                track.entered = False
         self._last_caption_ids = set(ids) if not self._config.per_person else self._last_caption_ids | set(ids)
         self._last_emit_s = self._now
         reason = (
