@@ -21,7 +21,7 @@ from visioncap.api.auth import AuthMiddleware, KeyRing
 from visioncap.api.bodies import BodyLimitMiddleware, BodyLimits
 from visioncap.api.errors import install_handlers
 from visioncap.api.metrics import ApiMetrics, MetricsMiddleware
-from visioncap.api.routers import alerts, ask, cameras, captions, health, page, stream
+from visioncap.api.routers import alerts, ask, cameras, captions, health, page, stream, summaries
 from visioncap.api.safety import check_api_can_serve
 from visioncap.api.security import SecurityHeadersMiddleware
 from visioncap.api.serving import ApiService, static_dir
@@ -118,7 +118,7 @@ def create_app(settings: ApiSettings) -> FastAPI:
     app.state.api = api
     # Alerts: the rules of the alerts file, shown read-only (the `visioncap alerts` process applies them).
     app.state.alerts_config = load_alerts_config(settings.alerts_config) if settings.alerts_config else None
-    for module in (captions, cameras, stream, health, page, alerts, ask):
+    for module in (captions, cameras, stream, health, page, alerts, ask, summaries):
         app.include_router(module.router)
     app.mount("/static", StaticFiles(directory=static_dir()), name="static")
     _document_configured_limits(app, settings)

@@ -1,0 +1,50 @@
+"""/v1/summaries: summaries of a window of captions written by the VLM (see visioncap/api/summaries.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+
+from visioncap.api.auth import CameraScope, camera_scope
+from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, service
+from visioncap.api.serving import ApiService
+from visioncap.api.summaries import Summaries
+from visioncap.api.summaries_protocol import SummaryList, SummaryRequest, SummaryView
+
+router = APIRouter(prefix="/v1/summaries", tags=["summaries"], dependencies=SECURED, responses=ERRORS)
+
+
+def summaries(request: Request, api: Annotated[ApiService, Depends(service)]) -> Summaries:
+    state = request.app.state
+    if getattr(state, "summaries", None) is None:
+        state.summaries = Summaries(api.settings, api.engine, state.alerts_config)
+    return state.summaries
+
+
+@router.post(
+    "",
+    response_model=SummaryView,
+    status_code=201,
+    summary="Summarise a window of captions (write scope)",
+    description="The VLM reads the window's captions (in parts, then the parts' summaries, when they exceed its "
+    "context) and writes a summary citing caption ids; it is stored, listed by GET, and sent to the alerts "
+    "file's MQTT broker and webhooks.",
+    responses=BAD_BODY,
+)
+def create_summary(
+    body: SummaryRequest,
+    scope: Annotated[CameraScope, Depends(camera_scope)],
+    writer: Annotated[Summaries, Depends(summaries)],
+) -> SummaryView:
+    return writer.create(body, scope)
+
+
+@router.get("", response_model=SummaryList, summary="Stored summaries and digests, newest first")
+def list_summaries(
+    scope: Annotated[CameraScope, Depends(camera_scope)],
+    writer: Annotated[Summaries, Depends(summaries)],
+    camera: Annotated[str | None, Query(max_length=64, description="Only summaries covering this camera.")] = None,
+    limit: Annotated[int, Query(ge=1, le=200, description="Most summaries returned.")] = 50,
+) -> SummaryList:
+    return writer.list(camera, limit, scope)

@@ -1,0 +1,1 @@
+"""Summaries of a window of captions written by the VLM, on request and as scheduled digests."""
