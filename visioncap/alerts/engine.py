@@ -28,6 +28,8 @@ from sqlalchemy import Connection, Engine
 
 from visioncap.alerts import home_assistant as ha
 from visioncap.alerts import store
+from visioncap.alerts import verify as watch
+from visioncap.alerts.decisions import add_decision
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.rules import CaptionFacts, Similarity, matches, needs_embeddings
 from visioncap.config.alerts import AlertRule, AlertsConfig
@@ -71,8 +73,11 @@ class AlertEngine:
         metrics: AlertMetrics,
         similarity: Callable[[], Similarity] | None = None,
         data_dir: Path | None = None,
+        verifier: watch.Verifier | None = None,
     ) -> None:
         self._engine = engine
+        # Watch rules' VLM; made at the first question when not given (rules may come later through the API).
+        self.verifier = verifier
         self._config = config
         self._metrics = metrics
         self._zone = ZoneInfo(config.timezone)
@@ -112,7 +117,7 @@ class AlertEngine:
         }
         rules = self.rules()
         self._home_assistant(rules)
-        if needs_embeddings(rules) and self._similarity is None:
+        if (needs_embeddings(rules) or watch.needs_embeddings(rules)) and self._similarity is None:
             self._similarity = self._similarity_factory()
         page = changes_after(self._engine, self.position, limit=self._config.delivery.batch)
         if page.position == self.position:
@@ -207,7 +212,11 @@ class AlertEngine:
                 continue
             if store.cooling(conn, rule, facts.camera, facts.captured_at):
                 continue
-            self._fire(conn, rule, facts, refused)
+            if rule.verify is not None:
+                if not self._verified(conn, rule, row, facts, refused):
+                    continue
+            else:
+                self._fire(conn, rule, facts, refused)
             fired.append((rule, facts))
         mqtt = self._config.mqtt
         if mqtt is not None and mqtt.captions:
@@ -216,7 +225,55 @@ class AlertEngine:
                 self._home_assistant_messages(conn, refused, facts, getattr(row, "image_path", None))
         return fired
 
-    def _fire(self, conn: Connection, rule: AlertRule, facts: CaptionFacts, refused: list[str]) -> None:
+    def _verified(
+        self, conn: Connection, rule: AlertRule, row: ChangeRow, facts: CaptionFacts, refused: list[str]
+    ) -> bool:
+        """Asks the VLM about a candidate of a watch rule, stores the decision, fires on a match; whether it fired.
+        Asked inside the page's transaction, so a page that rolls back asks again rather than losing an answer."""
+        spec = rule.verify
+        assert spec is not None
+        if spec.min_similarity is not None:
+            assert self._similarity is not None
+            if self._similarity(spec.question, facts.text) < spec.min_similarity:
+                return False
+        if self.verifier is None:
+            self.verifier = watch.Verifier(self._config.vlm, "http://127.0.0.1:8000/v1", "EMPTY")
+        frames = watch.event_frames(
+            conn, self._data_dir, facts.caption_id, getattr(row, "image_path", None), spec.max_frames
+        )
+        verdict = self.verifier.ask(spec, facts.text, frames)
+        alert_id = self._fire(conn, rule, facts, refused, verdict) if verdict.match else None
+        add_decision(
+            conn,
+            {
+                "rule": rule.name,
+                "caption_id": facts.caption_id,
+                "camera": facts.camera,
+                "captured_at": facts.captured_at,
+                "question": spec.question,
+                "frames": len(frames),
+                "match": verdict.match,
+                "reason": verdict.reason,
+                "latency_ms": verdict.latency_ms,
+                "prompt_tokens": verdict.prompt_tokens,
+                "completion_tokens": verdict.completion_tokens,
+                "error": verdict.error,
+                "alert_id": alert_id,
+                "decided_at": datetime.now(UTC),
+            },
+        )
+        if verdict.error is not None:
+            log.warning("alerts: rule %s, caption %d: no answer: %s", rule.name, facts.caption_id, verdict.error)
+        return alert_id is not None
+
+    def _fire(
+        self,
+        conn: Connection,
+        rule: AlertRule,
+        facts: CaptionFacts,
+        refused: list[str],
+        verdict: watch.Verdict | None = None,
+    ) -> int:
         values = {
             "rule": rule.name,
             "camera": facts.camera,
@@ -239,6 +296,17 @@ class AlertEngine:
                 "activities": facts.activities,
                 "event_type": ha.EVENT_TYPE,  # what HA's MQTT event entity of the rule reads
                 "reason": reason(rule, facts),
+                **(
+                    {
+                        "verification": {
+                            "question": rule.verify.question,
+                            "reason": verdict.reason,
+                            "frame": f"/v1/captions/{facts.caption_id}/image",
+                        }
+                    }
+                    if verdict is not None and rule.verify is not None
+                    else {}
+                ),
             }
         )
         wanted = set(rule.notify)
@@ -249,6 +317,7 @@ class AlertEngine:
         if mqtt is not None and (not wanted or mqtt.name in wanted):
             topic = ALERT_TOPIC.format(rule=rule.name)
             self._deliver(conn, refused, mqtt.name, topic, body, alert_id, retain=False)
+        return alert_id
 
     def _caption_messages(
         self,

@@ -18,6 +18,7 @@ from visioncap.alerts.delivery import DeliveryWorker, Housekeeping, Sender
 from visioncap.alerts.engine import AlertEngine
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.mqtt import MqttSender
+from visioncap.alerts.verify import Verifier
 from visioncap.alerts.webhook import WebhookSender
 from visioncap.config.alerts import AlertsConfig
 from visioncap.config.settings import Settings
@@ -47,10 +48,11 @@ class AlertService:
         config: AlertsConfig,
         metrics: AlertMetrics | None = None,
         data_dir: Path | None = None,
+        verifier: Verifier | None = None,
     ) -> None:
         self.metrics = metrics or AlertMetrics()
         self._config = config
-        self.engine = AlertEngine(engine, config, self.metrics, data_dir=data_dir)
+        self.engine = AlertEngine(engine, config, self.metrics, data_dir=data_dir, verifier=verifier)
         self._senders = make_senders(config)
         claimant = claimant_id()
         self.workers = [
@@ -109,6 +111,8 @@ class AlertService:
                 thread.join()
         for sender in self._senders.values():
             sender.close()
+        if self.engine.verifier is not None:
+            self.engine.verifier.close()
 
     def stop_soon(self) -> None:
         """Ends wait() and both loops (safe in a signal handler: it only sets an event)."""
@@ -134,7 +138,8 @@ def build_alerts(config: AlertsConfig, settings: Settings) -> AlertService:
 
     engine = create_db_engine(settings.resolved_database_url())
     ensure_schema(engine)
-    return AlertService(engine, config, data_dir=settings.data_dir)
+    verifier = Verifier(config.vlm, settings.vlm_base_url, settings.vlm_api_key.get_secret_value())
+    return AlertService(engine, config, data_dir=settings.data_dir, verifier=verifier)
 
 
 def run_alerts(config: AlertsConfig, settings: Settings, metrics_port: int | None = None) -> None:

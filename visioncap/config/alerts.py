@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Field, Strict, create_model, field_validat
 
 from visioncap.config.base import StrictModel
 from visioncap.config.loading import load_yaml_model
+from visioncap.config.verify import VerifySpec, VlmEndpoint
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # also an MQTT topic level: no '/', '+' or '#'
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -82,6 +83,11 @@ class AlertRule(StrictModel):
     )
     notify: list[Name] = Field(
         default_factory=list, description="Names of destinations (webhooks, mqtt) to send to; empty: all of them."
+    )
+    verify: VerifySpec | None = Field(
+        default=None,
+        description="A watch rule: the VLM is asked this question about each caption the other conditions pass, "
+        "and only a match fires (every answer is stored: GET /v1/alerts/decisions).",
     )
 
 
@@ -226,6 +232,7 @@ class AlertsConfig(StrictModel):
         "captions stored from then on.",
     )
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig, description="Delivery bounds and retries.")
+    vlm: VlmEndpoint = Field(default_factory=VlmEndpoint, description="The VLM that answers watch rules (`verify`).")
 
     @field_validator("timezone")
     @classmethod

@@ -422,6 +422,13 @@ def _alert_delivery_claims(conn: Connection) -> None:
             conn.execute(text(f"ALTER TABLE {AlertDeliveryRecord.__tablename__} ADD COLUMN {name} {sql_type}"))
 
 
+def _alert_decisions_table(conn: Connection) -> None:
+    # The watch rules' decisions (the VLM's answers), listed by GET /v1/alerts/decisions.
+    from visioncap.alerts.decisions import create_table
+
+    create_table(conn)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -438,6 +445,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _worker_leases_tables,  # 13
     _pipeline_seeds_table,  # 14
     _alert_delivery_claims,  # 15
+    _alert_decisions_table,  # 16
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import Response
 
 from visioncap.alerts import store
+from visioncap.alerts.decisions import AlertDecisionPage, list_decisions
 from visioncap.api.auth import EVERY_CAMERA, CameraScope, camera_scope
 from visioncap.api.cursors import decode_alert_cursor, encode_alert_cursor
 from visioncap.api.errors import ApiError, bad_param
@@ -135,6 +136,9 @@ def _checked(rule: AlertRule, config: AlertsConfig | None, scope: CameraScope) -
             "this API key may only make rules for its own cameras: name them (and only them) in `cameras`",
             param="cameras",
         )
+    if rule.verify is not None and rule.verify.force_answer is not None:
+        # A test hook of the alerts file: through the API it would let a key decide the VLM's verdict.
+        raise bad_param("verify.force_answer", "is for tests, in the alerts file only; not accepted through the API")
     if config is not None:
         unknown = sorted(set(rule.notify) - set(config.destination_names()))
         if unknown:
@@ -212,3 +216,23 @@ def delete_rule(
     if not store.delete_rule(api.engine, name):
         raise ApiError(404, f"no rule named {name!r}")
     return Response(status_code=204)
+
+
+@router.get(
+    "/decisions",
+    response_model=AlertDecisionPage,
+    summary="Watch rules' decisions (the VLM's answers), newest first",
+    description="A key limited to some cameras sees only those cameras' decisions.",
+)
+def list_alert_decisions(
+    api: Annotated[ApiService, Depends(service)],
+    scope: Annotated[CameraScope, Depends(camera_scope)],
+    rule: Annotated[list[str], Query(description="Rule name; repeat for several.")] = [],  # noqa: B006
+    camera: Annotated[list[str], Query(description="Camera id; repeat for several.")] = [],  # noqa: B006
+    limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
+    before: Annotated[int | None, Query(ge=1, description="`next_cursor` of the previous page.")] = None,
+) -> AlertDecisionPage:
+    visible = scope.narrow(camera)
+    if visible is None:  # only cameras the key may not see: as for cameras that do not exist
+        return AlertDecisionPage(items=[], next_cursor=None)
+    return list_decisions(api.engine, rule, visible, before, limit)

@@ -1,0 +1,289 @@
+"""Watch rules (#46): the pre-filter's choices, a forced answer through guided decoding on the real vLLM (a choice
+list of one JSON string: the random-weight model's own answers are noise) firing exactly one webhook alert or none,
+cooldowns, deadlines, a VLM outage, and the decisions listed by the API."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from alerts_support import Receiver
+from fastapi.testclient import TestClient
+from PIL import Image
+from sqlalchemy import select
+
+from visioncap.alerts.decisions import DECISIONS
+from visioncap.alerts.service import AlertService
+from visioncap.alerts.verify import event_frames
+from visioncap.api import create_app
+from visioncap.config.alerts import AlertsConfig
+from visioncap.config.api import ApiKey, ApiSettings
+from visioncap.config.keys import hash_key
+from visioncap.frames import Caption, SelectionReason
+from visioncap.serve import VllmServer
+from visioncap.store import CaptionStore, create_db_engine
+from visioncap.store.captions import NewCaption
+
+T0 = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+DOCK_KEY = "dock-only-key"
+ADMIN_KEY = "verify-admin-key"
+MATCH = {"match": True, "reason": "a package left at the door"}
+NO_MATCH = {"match": False, "reason": "nobody leaves anything"}
+
+
+def add_framed(store: CaptionStore, data_dir: Path, camera: str, at: datetime, text: str, people: int = 1) -> int:
+    """A captioned row with a real stored JPEG, written as the pipeline writes it."""
+    name = f"frames/{camera}-{int(at.timestamp())}.jpg"
+    (data_dir / "frames").mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (64, 48), (int(at.timestamp()) * 40 % 256, 90, 160)).save(data_dir / name, "JPEG")
+    new = NewCaption(
+        pipeline="p",
+        camera=camera,
+        source=f"/videos/{camera}.mp4",
+        frame_index=0,
+        offset_s=0.0,
+        captured_at=at,
+        reason=SelectionReason.NEW_EVENT,
+        people=[{"x1": 1.0, "y1": 1.0, "x2": 9.0, "y2": 9.0, "confidence": 0.9} for _ in range(people)],
+        image_width=64,
+        image_height=48,
+        model="tiny",
+        event_key=f"{camera}-event",
+        image_path=name,
+    )
+    row = store.add(new)
+    assert row is not None
+    store.mark_captioned(row, Caption(text, "tiny", 10, 5, 0.1, None), attempts=1)
+    return row
+
+
+def config(base_url: str, hook_url: str, cooldown_s: float = 0, from_start: bool = True, **verify: Any) -> AlertsConfig:
+    return AlertsConfig.model_validate(
+        {
+            "start_at_beginning": from_start,
+            "webhooks": [{"name": "hook", "url": hook_url, "timeout_s": 5}],
+            "vlm": {"base_url": base_url, "max_tokens": 64},
+            "rules": [
+                {
+                    "name": "package",
+                    "cameras": ["door"],
+                    "min_people": 1,
+                    "cooldown_s": cooldown_s,
+                    "verify": {"question": "a person leaves a package at the front door", **verify},
+                }
+            ],
+            "delivery": {"poll_s": 0.05},
+        }
+    )
+
+
+def decisions(store: CaptionStore) -> list[dict[str, Any]]:
+    with store.engine.connect() as conn:
+        return [dict(row._mapping) for row in conn.execute(select(DECISIONS).order_by(DECISIONS.c.id))]
+
+
+@pytest.fixture
+def site(tmp_path: Path) -> tuple[CaptionStore, Path]:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    store = CaptionStore(create_db_engine(f"sqlite:///{data_dir / 'visioncap.db'}"))
+    store.create_schema()
+    return store, data_dir
+
+
+@pytest.fixture
+def db_site(database_url: str, tmp_path: Path) -> tuple[CaptionStore, Path, str]:
+    """As `site`, on SQLite and on PostgreSQL."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    store = CaptionStore(create_db_engine(database_url))
+    store.create_schema()
+    return store, data_dir, database_url
+
+
+def drain(service: AlertService) -> None:
+    """The engine's passes, then each delivery worker's, in this thread: no timing involved."""
+    while service.engine.run_once() > 0:
+        pass
+    for worker in service.workers:
+        while worker.run_once() > 0:
+            pass
+
+
+def test_verify_section_validates() -> None:
+    rule = {"name": "r", "verify": {"question": "someone climbs the fence"}}
+    assert AlertsConfig.model_validate({"rules": [rule]}).rules[0].verify is not None
+    for bad in (
+        {"question": ""},
+        {"question": "x", "max_frames": 0},
+        {"question": "x", "deadline_s": 0},
+        {"question": "x", "deadline_s": "5"},
+        {"question": "x", "min_similarity": 2},
+        {"question": "x", "force_answer": {"match": "yes"}},
+        {"question": "x", "unknown": 1},
+    ):
+        with pytest.raises(ValueError):
+            AlertsConfig.model_validate({"rules": [{"name": "r", "verify": bad}]})
+
+
+def test_outage_is_a_stored_decision_listed_by_camera_scope(
+    db_site: tuple[CaptionStore, Path, str], tmp_path: Path
+) -> None:
+    """A VLM that is not there: every candidate gets a decision with the error, nothing fires, the engine goes on;
+    the API validates `verify` on rules and lists decisions, a camera-limited key only its cameras'."""
+    store, data_dir, database_url = db_site
+    alerts_file = tmp_path / "alerts.yaml"
+    alerts_file.write_text("webhooks:\n  - name: hook\n    url: http://127.0.0.1:9/hook\n")
+    settings = ApiSettings(
+        data_dir=data_dir,
+        database_url=database_url,
+        vlm_base_url="http://127.0.0.1:9/v1",
+        alerts_config=alerts_file,
+        api_keys=[
+            ApiKey(name="admin", sha256=hash_key(ADMIN_KEY), scopes={"read", "write"}),
+            ApiKey(name="dock", sha256=hash_key(DOCK_KEY), scopes={"read"}, cameras=["dock"]),
+        ],
+    )
+    app = create_app(settings)
+    with TestClient(app, headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        bad = client.post("/v1/alerts/rules", json={"name": "w", "verify": {"question": "x", "max_frames": 99}})
+        assert bad.status_code == 422
+        # The test hook is the alerts file's only: a key must not decide the VLM's verdict.
+        forced = {"name": "w", "verify": {"question": "x", "force_answer": {"match": True, "reason": "r"}}}
+        refused = client.post("/v1/alerts/rules", json=forced)
+        assert refused.status_code == 422 and refused.json()["error"]["param"] == "verify.force_answer"
+        rule = {"name": "watch", "cooldown_s": 0, "verify": {"question": "someone climbs the fence"}}
+        assert client.post("/v1/alerts/rules", json=rule).status_code == 201
+        down = config("http://127.0.0.1:9/v1", "http://127.0.0.1:9/hook")
+        service = AlertService(store.engine, down.model_copy(update={"rules": []}), data_dir=data_dir)
+        try:
+            add_framed(store, data_dir, "door", T0, "a person at the fence")
+            add_framed(store, data_dir, "dock", T0, "a person at the dock")
+            drain(service)
+        finally:
+            service.stop()
+        stored = decisions(store)
+        assert [(d["rule"], d["camera"], d["match"], d["alert_id"]) for d in stored] == [
+            ("watch", "door", None, None),
+            ("watch", "dock", None, None),
+        ]
+        assert all("unreachable" in d["error"] for d in stored)
+        assert client.get("/v1/alerts").json()["items"] == []
+
+        everything = client.get("/v1/alerts/decisions").json()
+        assert [item["camera"] for item in everything["items"]] == ["dock", "door"]  # newest first
+        dock = {"Authorization": f"Bearer {DOCK_KEY}"}
+        assert [item["camera"] for item in client.get("/v1/alerts/decisions", headers=dock).json()["items"]] == ["dock"]
+        assert client.get("/v1/alerts/decisions?camera=door", headers=dock).json()["items"] == []
+        first = client.get("/v1/alerts/decisions?limit=1").json()
+        rest = client.get(f"/v1/alerts/decisions?limit=1&before={first['next_cursor']}").json()
+        assert [item["camera"] for item in first["items"] + rest["items"]] == ["dock", "door"]
+        assert client.get("/v1/alerts/decisions?limit=0").status_code == 422
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with Receiver([200]) as found:
+        yield found
+
+
+@pytest.mark.vllm
+def test_forced_match_fires_one_alert_and_non_candidates_are_not_asked(
+    vllm_server: VllmServer, site: tuple[CaptionStore, Path], receiver: Receiver
+) -> None:
+    store, data_dir = site
+    service = AlertService(
+        store.engine, config(vllm_server.base_url, receiver.url, force_answer=MATCH), data_dir=data_dir
+    )
+    try:
+        candidate = add_framed(store, data_dir, "door", T0, "a person with a box at the door")
+        add_framed(store, data_dir, "yard", T0, "a person in the yard")  # another camera: not a candidate
+        add_framed(store, data_dir, "door", T0 + timedelta(seconds=1), "an empty porch", people=0)  # nobody
+        drain(service)
+        assert service.engine.verifier is not None and service.engine.verifier.requests == 1
+    finally:
+        service.stop()
+    bodies = receiver.bodies()
+    assert len(bodies) == 1
+    assert bodies[0]["caption_id"] == candidate and bodies[0]["rule"] == "package"
+    assert bodies[0]["verification"] == {
+        "question": "a person leaves a package at the front door",
+        "reason": MATCH["reason"],
+        "frame": f"/v1/captions/{candidate}/image",
+    }
+    [decision] = decisions(store)
+    assert (decision["caption_id"], decision["match"], decision["reason"], decision["error"]) == (
+        candidate,
+        True,
+        MATCH["reason"],
+        None,
+    )
+    assert decision["alert_id"] == bodies[0]["alert_id"] and decision["frames"] == 1
+    assert decision["prompt_tokens"] > 0 and decision["completion_tokens"] > 0 and decision["latency_ms"] > 0
+
+
+@pytest.mark.vllm
+def test_forced_non_match_fires_nothing(
+    vllm_server: VllmServer, site: tuple[CaptionStore, Path], receiver: Receiver
+) -> None:
+    store, data_dir = site
+    service = AlertService(
+        store.engine, config(vllm_server.base_url, receiver.url, force_answer=NO_MATCH), data_dir=data_dir
+    )
+    try:
+        add_framed(store, data_dir, "door", T0, "a person at the door")
+        add_framed(store, data_dir, "door", T0 + timedelta(seconds=5), "a person still at the door")
+        drain(service)
+    finally:
+        service.stop()
+    assert receiver.bodies() == []
+    stored = decisions(store)
+    assert [(d["match"], d["reason"], d["alert_id"], d["error"]) for d in stored] == [
+        (False, NO_MATCH["reason"], None, None)
+    ] * 2
+
+
+@pytest.mark.vllm
+def test_cooldown_and_deadline(vllm_server: VllmServer, site: tuple[CaptionStore, Path], receiver: Receiver) -> None:
+    store, data_dir = site
+    cooling = config(vllm_server.base_url, receiver.url, cooldown_s=60, force_answer=MATCH)
+    service = AlertService(store.engine, cooling, data_dir=data_dir)
+    try:
+        first = add_framed(store, data_dir, "door", T0, "a person at the door")
+        add_framed(store, data_dir, "door", T0 + timedelta(seconds=30), "a person at the door again")  # cooling
+        later = add_framed(store, data_dir, "door", T0 + timedelta(seconds=90), "a person at the door later")
+        drain(service)
+        # A caption inside the cooldown is not asked about at all.
+        assert service.engine.verifier is not None and service.engine.verifier.requests == 2
+    finally:
+        service.stop()
+    assert [body["caption_id"] for body in receiver.bodies()] == [first, later]
+
+    # No answer within the deadline: a stored decision with the error, nothing fires, the engine goes on.
+    hurried = config(vllm_server.base_url, receiver.url, from_start=False, force_answer=MATCH, deadline_s=0.001)
+    service = AlertService(store.engine, hurried, data_dir=data_dir)
+    try:
+        late = add_framed(store, data_dir, "door", T0 + timedelta(hours=1), "a person at the door at last")
+        drain(service)
+    finally:
+        service.stop()
+    decided = [d for d in decisions(store) if d["caption_id"] == late]
+    assert [(d["match"], d["alert_id"]) for d in decided] == [(None, None)]
+    assert decided[0]["error"].startswith("deadline")
+    assert len(receiver.bodies()) == 2
+
+
+def test_event_frames_own_first_then_the_newest_of_its_event(site: tuple[CaptionStore, Path]) -> None:
+    """The frames a question goes with (the test server takes one image a prompt, so this is checked here)."""
+    store, data_dir = site
+    ids = [add_framed(store, data_dir, "door", T0 + timedelta(seconds=i), f"frame {i}") for i in range(4)]
+    add_framed(store, data_dir, "yard", T0, "another camera's event")
+    paths = {i: f"frames/door-{int((T0 + timedelta(seconds=n)).timestamp())}.jpg" for n, i in enumerate(ids)}
+    with store.engine.connect() as conn:
+        frames = event_frames(conn, data_dir, ids[1], paths[ids[1]], 3)
+        assert frames == [(data_dir / paths[i]).read_bytes() for i in (ids[1], ids[3], ids[2])]
+        assert event_frames(conn, data_dir, ids[1], "../outside.jpg", 1) == []
+        assert event_frames(conn, None, ids[1], paths[ids[1]], 3) == []

@@ -1,0 +1,103 @@
+"""The watch rules' decisions: one row per question the VLM was asked (or failed to answer), kept for the API."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+from sqlalchemy import (
+    Boolean,
+    Column,
+    Connection,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    insert,
+    select,
+)
+
+from visioncap.store.records import UtcDateTime, utcnow
+from visioncap.store.safety import MAX_ERROR_CHARS, clean_text
+
+_metadata = MetaData()
+DECISIONS = Table(
+    "alert_decisions",
+    _metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("rule", String(64), nullable=False),
+    Column("caption_id", Integer, nullable=False),  # no foreign key: a decision outlives its caption's retention
+    Column("camera", String(64), nullable=False),
+    Column("captured_at", UtcDateTime(), nullable=False),
+    Column("question", Text, nullable=False),
+    Column("frames", Integer, nullable=False),
+    Column("match", Boolean, nullable=True),  # null: no answer (error)
+    Column("reason", Text, nullable=True),
+    Column("latency_ms", Float, nullable=True),
+    Column("prompt_tokens", Integer, nullable=True),
+    Column("completion_tokens", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("alert_id", Integer, nullable=True),  # the alert a match fired (none while cooling, or no match)
+    Column("decided_at", UtcDateTime(), nullable=False, default=utcnow),
+    Index("ix_alert_decisions_rule_caption", "rule", "caption_id"),
+    Index("ix_alert_decisions_camera_id", "camera", "id"),
+)
+
+
+def create_table(conn: Connection) -> None:
+    """Schema migration step: the decisions table."""
+    DECISIONS.create(conn, checkfirst=True)
+
+
+def add_decision(conn: Connection, values: dict[str, object]) -> int:
+    if values.get("error") is not None:
+        values = {**values, "error": clean_text(str(values["error"]), MAX_ERROR_CHARS)}
+    return int(conn.execute(insert(DECISIONS).values(**values).returning(DECISIONS.c.id)).scalar_one())
+
+
+class AlertDecision(BaseModel):
+    """One question a watch rule asked the VLM about one caption, and its answer."""
+
+    id: int = Field(description="Decision id (newest first in a page).")
+    rule: str = Field(description="The watch rule.")
+    caption_id: int = Field(description="The caption asked about.")
+    camera: str = Field(description="Its camera.")
+    captured_at: datetime = Field(description="Its capture time.")
+    question: str = Field(description="The rule's question at the time.")
+    frames: int = Field(description="Stored frames sent with the question.")
+    match: bool | None = Field(description="The answer; null when there was none (see `error`).")
+    reason: str | None = Field(description="The model's reason.")
+    latency_ms: float | None = Field(description="From the request to the answer.")
+    prompt_tokens: int | None = Field(description="Prompt tokens (frames included), as the server counted them.")
+    completion_tokens: int | None = Field(description="Tokens of the answer.")
+    error: str | None = Field(description="Why there is no answer: the VLM unreachable, the deadline passed, ...")
+    alert_id: int | None = Field(description="The alert this decision fired; null: none (no match, or cooling).")
+    decided_at: datetime = Field(description="When the answer (or the error) came.")
+
+
+class AlertDecisionPage(BaseModel):
+    """A page of decisions, newest first."""
+
+    items: list[AlertDecision] = Field(description="The decisions.")
+    next_cursor: int | None = Field(description="Pass as `before` for the next page; null: no more.")
+
+
+def list_decisions(
+    engine: Engine, rules: Sequence[str], cameras: Sequence[str], before: int | None, limit: int
+) -> AlertDecisionPage:
+    """Newest first; `cameras` empty: every camera."""
+    query = select(DECISIONS).order_by(DECISIONS.c.id.desc()).limit(limit)
+    if rules:
+        query = query.where(DECISIONS.c.rule.in_(list(rules)))
+    if cameras:
+        query = query.where(DECISIONS.c.camera.in_(list(cameras)))
+    if before is not None:
+        query = query.where(DECISIONS.c.id < before)
+    with engine.connect() as conn:
+        items = [AlertDecision.model_validate(dict(row._mapping)) for row in conn.execute(query)]
+    return AlertDecisionPage(items=items, next_cursor=items[-1].id if len(items) == limit else None)
