@@ -131,6 +131,9 @@ previous() {
     git -C "$HERE" archive "$commit" | tar -x -C "$src.partial"
     mv "$src.partial" "$src"
   fi
+  # This checkout's Dockerfiles install with its lock files: a release from before them gets this checkout's (they
+  # are constraints: they pin what that release installs, never add to it).
+  rm -rf "$src/requirements" && cp -r "$HERE/requirements" "$src/requirements"
   local log=$HERE/test-artifacts/deploy-build-previous.log pids=() failed=0 pid
   : > "$log"
   build_one visioncap previous "$src" "$log" & pids+=($!)

@@ -124,6 +124,8 @@ def settings(data_dir: Path, database_url: str) -> ApiSettings:
         # every 5xx below is a fault. (test_api.py checks readiness with the real vLLM.)
         api_ready_check_vlm=False,
         vlm_base_url=VLM_AWAY,
+        # A model to name, so that a summary of an empty window (nothing for the VLM to read) is written and stored.
+        ask_model="fuzz-model",
     )
 
 
@@ -182,6 +184,9 @@ def refused_as_documented(response: schemathesis.Response, case: schemathesis.Ca
     param = json.loads(response.content)["error"]["param"]
     if case.path == "/v1/chat/completions":
         return ask_refused_as_documented(param, case.body)
+    if case.path == "/v1/summaries" and case.method == "POST":
+        # The operation's description: `end` after `start`, a window no longer than the server allows.
+        return param == "end"
     if case.path.startswith("/v1/cameras") and case.method in ("POST", "PATCH"):
         # The operations' descriptions: a camera's source is checked as a pipeline file's is (an absolute path,
         # a camera URL without inline secrets), its overrides against the pipeline's settings, a PATCH as merged.

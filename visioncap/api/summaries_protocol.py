@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from visioncap.config.sources import CAMERA_ID_PATTERN
 from visioncap.summaries.store import Summary
 
 
@@ -14,7 +16,9 @@ class SummaryRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cameras: list[str] = Field(min_length=1, max_length=16, description="Camera ids whose captions are read.")
+    cameras: list[Annotated[str, Field(pattern=CAMERA_ID_PATTERN)]] = Field(
+        min_length=1, max_length=16, description="Camera ids whose captions are read."
+    )
     start: datetime = Field(description="Window start (inclusive); without a zone: UTC.")
     end: datetime = Field(description="Window end (exclusive); without a zone: UTC.")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from pydantic import Field, Strict
+from pydantic.json_schema import SkipJsonSchema
 
 from visioncap.config.base import StrictModel
 
@@ -46,8 +47,11 @@ class VerifySpec(StrictModel):
         description="An extra pre-filter: least cosine similarity (all-MiniLM-L6-v2) of the caption text to "
         "`question`; unset: every caption the other conditions pass is asked about.",
     )
-    force_answer: ForcedAnswer | None = Field(
+    # Left out of the JSON schema (the API's document) and of dumps (API answers, stored rules): the API refuses it,
+    # only the alerts file may set it.
+    force_answer: SkipJsonSchema[ForcedAnswer | None] = Field(
         default=None,
+        exclude=True,
         description="For tests only: guided decoding is given a choice of this one answer, so the model must "
         "write it (the request still goes to the VLM, frames and all).",
     )

@@ -7,12 +7,15 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 
 from visioncap.api.auth import CameraScope, camera_scope
-from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, service
+from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, SharedPathRoute, service
 from visioncap.api.serving import ApiService
 from visioncap.api.summaries import Summaries
 from visioncap.api.summaries_protocol import SummaryList, SummaryRequest, SummaryView
 
-router = APIRouter(prefix="/v1/summaries", tags=["summaries"], dependencies=SECURED, responses=ERRORS)
+# GET and POST share the path: the 405 of another method names both (SharedPathRoute).
+router = APIRouter(
+    prefix="/v1/summaries", tags=["summaries"], dependencies=SECURED, responses=ERRORS, route_class=SharedPathRoute
+)
 
 
 def summaries(request: Request, api: Annotated[ApiService, Depends(service)]) -> Summaries:
@@ -29,7 +32,9 @@ def summaries(request: Request, api: Annotated[ApiService, Depends(service)]) ->
     summary="Summarise a window of captions (write scope)",
     description="The VLM reads the window's captions (in parts, then the parts' summaries, when they exceed its "
     "context) and writes a summary citing caption ids; it is stored, listed by GET, and sent to the alerts "
-    "file's MQTT broker and webhooks.",
+    "file's MQTT broker and webhooks. 422 naming `end` when it is not after `start`, or the window is longer than "
+    "VISIONCAP_SUMMARIES_MAX_WINDOW_S or than the context can summarise; 503 while no model is set "
+    "(VISIONCAP_SUMMARIES_MODEL or VISIONCAP_ASK_MODEL) or the VLM cannot write it.",
     responses=BAD_BODY,
 )
 def create_summary(
