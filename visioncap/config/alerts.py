@@ -5,11 +5,10 @@ from __future__ import annotations
 from datetime import time
 from pathlib import Path
 from typing import Annotated, Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BeforeValidator, Field, Strict, create_model, field_validator, model_validator
+from pydantic import BeforeValidator, Field, Strict, create_model, model_validator
 
-from visioncap.config.base import StrictModel
+from visioncap.config.base import StrictModel, TimeZoneName
 from visioncap.config.loading import load_yaml_model
 from visioncap.config.verify import VerifySpec, VlmEndpoint
 
@@ -225,7 +224,7 @@ class AlertsConfig(StrictModel):
     )
     webhooks: list[WebhookDestination] = Field(default_factory=list, description="Webhook destinations.")
     mqtt: MqttDestination | None = Field(default=None, description="The MQTT broker, if any.")
-    timezone: str = Field(default="UTC", description="IANA zone of the rules' time-of-day windows.")
+    timezone: TimeZoneName = Field(default="UTC", description="IANA zone of the rules' time-of-day windows.")
     start_at_beginning: bool = Field(
         default=False,
         description="On the very first start (no stored cursor), go through every stored caption; false: only "
@@ -233,15 +232,6 @@ class AlertsConfig(StrictModel):
     )
     delivery: DeliveryConfig = Field(default_factory=DeliveryConfig, description="Delivery bounds and retries.")
     vlm: VlmEndpoint = Field(default_factory=VlmEndpoint, description="The VLM that answers watch rules (`verify`).")
-
-    @field_validator("timezone")
-    @classmethod
-    def _zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown time zone {value!r}") from exc
-        return value
 
     @model_validator(mode="after")
     def _names(self) -> AlertsConfig:

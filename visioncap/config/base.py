@@ -6,8 +6,9 @@ import difflib
 import types
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Union, get_args, get_origin
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 
 class StrictModel(BaseModel):
@@ -15,6 +16,18 @@ class StrictModel(BaseModel):
 
     # allow_inf_nan: `.inf` or "nan" for a timeout or rate is a typo that would fail only deep inside a run.
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _known_zone(value: str) -> str:
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown time zone {value!r}") from exc
+    return value
+
+
+# An IANA time zone name, checked when the file loads (a typo would otherwise surface at the first local time).
+TimeZoneName = Annotated[str, AfterValidator(_known_zone)]
 
 
 def _keys(model: type[BaseModel]) -> list[str]:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from typing import Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from visioncap.config.base import StrictModel
+from visioncap.config.base import StrictModel, TimeZoneName
 
 
 class DigestSchedule(StrictModel):
@@ -59,19 +58,10 @@ class SummariesConfig(StrictModel):
     )
     temperature: float = Field(default=0.2, ge=0.0, le=2.0, description="Sampling temperature of the VLM.")
     timeout_s: float = Field(default=120.0, gt=0, description="Seconds one VLM request may take.")
-    time_zone: str = Field(
+    time_zone: TimeZoneName = Field(
         default="UTC", description="IANA time zone of the digests' hours and days and of the times in prompts."
     )
     digests: list[DigestSchedule] = Field(default_factory=list, description="Scheduled digests, per camera.")
-
-    @field_validator("time_zone")
-    @classmethod
-    def _known_zone(cls, value: str) -> str:
-        try:
-            ZoneInfo(value)
-        except (ZoneInfoNotFoundError, ValueError) as exc:
-            raise ValueError(f"unknown time zone {value!r}") from exc
-        return value
 
     @model_validator(mode="after")
     def _parts_shrink(self) -> SummariesConfig:
