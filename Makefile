@@ -208,7 +208,7 @@ release: app-env deploy-base
 clean:
 	rm -rf $(APP_VENV) $(SERVER_VENV) $(DEPLOY_VENV) data models/build
 
-# --- the docker-compose stack, run for real with podman (tests/test_deploy_stack.py) -------------------------------
+# --- the docker-compose stack, run for real with podman (tests/test_deploy_stack.py, tests/test_deploy_boxes.py) ----
 # Podman and what its containers need here: runc with cgroupfs (crun refuses this kernel's hybrid cgroups), iptables
 # for bridge networks, aardvark-dns for names, catatonit for `init: true`, debootstrap for the base image. The
 # settings go to /etc/containers/containers.conf (deploy/host/containers.conf), so that every podman call has them.
@@ -234,4 +234,5 @@ deploy-images: deploy-base
 	PREVIOUS_RELEASE=$(PREVIOUS_RELEASE) deploy/images.sh previous
 
 test-deploy: app-env deploy-env system-deps deploy-images
-	VISIONCAP_STACK_TAG=$(DEPLOY_TAG) $(APP)/python -m pytest -p no:xdist -m stack tests/test_deploy_stack.py $(DEPLOY_ARGS)
+	VISIONCAP_STACK_TAG=$(DEPLOY_TAG) $(APP)/python -m pytest -p no:xdist -m stack tests/test_deploy_stack.py \
+	  tests/test_deploy_boxes.py $(DEPLOY_ARGS)

@@ -383,9 +383,11 @@ def test_every_image_builds_on_a_base_given_as_a_build_argument(dockerfile: Path
 
 
 def test_the_cpu_override_changes_only_what_must_change() -> None:
-    """docker-compose.cpu.yml: vLLM from the CPU image serving a cpu profile, no GPU reserved; the rest as is."""
-    gpu = resolved("postgres")
-    result = compose("--profile", "postgres", "config", "--format", "json", file=(COMPOSE_FILE, CPU_FILE))
+    """docker-compose.cpu.yml: vLLM from the CPU image serving a cpu profile, no GPU reserved (the two-box
+    worker's either); the rest as is."""
+    gpu = resolved("postgres", "gpu-box")
+    flags = ("--profile", "postgres", "--profile", "gpu-box")
+    result = compose(*flags, "config", "--format", "json", file=(COMPOSE_FILE, CPU_FILE))
     assert result.returncode == 0, result.stderr
     cpu = json.loads(result.stdout)
     assert set(cpu["services"]) == set(gpu["services"])
@@ -395,6 +397,7 @@ def test_the_cpu_override_changes_only_what_must_change() -> None:
     options = dict(itertools.pairwise(vllm["command"]))
     assert options["--profile"] == "tiny" and options["--gpu"] == "cpu" and options["--served-model-alias"] == "vlm"
     assert [volume["target"] for volume in vllm["volumes"]] == ["/root/.cache/huggingface"]
+    assert "deploy" in gpu["services"]["worker"]
     for name in cpu["services"]:
         assert "deploy" not in cpu["services"][name], name
         if name != "vllm":

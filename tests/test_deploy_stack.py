@@ -70,7 +70,6 @@ def images(release: str) -> dict[str, str]:
 
 IMAGES = images(TAG)
 APP_SERVICES = ("gateway", "api", "pipeline", "alerts")
-SERVICES = ("postgres", "mosquitto", "vllm", *APP_SERVICES)
 # compose's depends_on, in the order it starts them (podman-compose before podman 4.6 does not wait on health).
 STAGES = (("postgres", "mosquitto", "vllm"), ("gateway",), ("api", "pipeline", "alerts"))
 # The previous release's compose file (docker-compose.yml at PREVIOUS_RELEASE) had neither alerts nor a broker.
@@ -108,24 +107,38 @@ class Stack:
     compose_file: Path = REPO / "docker-compose.yml"
     stages: tuple[tuple[str, ...], ...] = STAGES
     before_upgrade: dict[int, tuple[str, str]] = field(default_factory=dict)
+    # What tests/test_deploy_boxes.py changes for each of its two boxes: the compose project, its profile, the
+    # test's override file (None: this one-box stack's, which follows the release in use), the PostgreSQL service.
+    project: str = PROJECT
+    profile: str | None = None
+    override: Path | None = None
+    postgres: str = "postgres"
+    out: Path = OUT
 
     @property
     def env_file(self) -> Path:
         return self.workdir / ".env"
 
     def compose(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        override = self.workdir / ("override.yml" if self.stages == STAGES else "override-previous.yml")
+        override = self.override or self.workdir / (
+            "override.yml" if self.stages == STAGES else "override-previous.yml"
+        )
         files = [self.compose_file, REPO / "docker-compose.cpu.yml", override]
-        command = [str(PODMAN_COMPOSE), "-p", PROJECT, "--env-file", str(self.env_file)]
+        command = [str(PODMAN_COMPOSE), "-p", self.project, "--env-file", str(self.env_file)]
         for path in files:
             command += ["-f", str(path)]
+        if self.profile is not None:
+            command += ["--profile", self.profile]
         # Only the env file's variables: not the developer's shell or .env.
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")}
         return run([*command, *args], timeout=timeout, env=env, cwd=REPO)
 
-    @staticmethod
-    def container(service: str) -> str:
-        return f"{PROJECT}_{service}_1"
+    @property
+    def services(self) -> tuple[str, ...]:
+        return tuple(service for stage in self.stages for service in stage)
+
+    def container(self, service: str) -> str:
+        return f"{self.project}_{service}_1"
 
     def healthy(self, service: str) -> bool:
         return run(["podman", "healthcheck", "run", self.container(service)], timeout=60, check=False).returncode == 0
@@ -155,7 +168,7 @@ class Stack:
         return run(["podman", "exec", self.container(service), *args], timeout=timeout).stdout
 
     def sql(self, query: str) -> list[list[str]]:
-        out = self.exec("postgres", "psql", "-U", "visioncap", "-d", "visioncap", "-At", "-F", "\t", "-c", query)
+        out = self.exec(self.postgres, "psql", "-U", "visioncap", "-d", "visioncap", "-At", "-F", "\t", "-c", query)
         return [line.split("\t") for line in out.splitlines() if line]
 
     def rows(self) -> dict[int, tuple[str, str]]:
@@ -185,9 +198,9 @@ class Stack:
         return self.exec(service, "python3" if service == "vllm" else "python", "-c", code)
 
     def collect_logs(self, step: str) -> Path:
-        folder = OUT / step
+        folder = self.out / step
         folder.mkdir(parents=True, exist_ok=True)
-        for service in SERVICES:
+        for service in self.services:
             result = run(["podman", "logs", self.container(service)], check=False, timeout=60)
             (folder / f"{service}.log").write_text(result.stdout + result.stderr)
         return folder
@@ -273,17 +286,18 @@ def write_files(workdir: Path, camera_url: str) -> None:
         (workdir / name).write_text(text)
 
 
-def remove_leftovers() -> None:
+def remove_leftovers(project: str = PROJECT) -> None:
     """The project's containers and volumes, whichever compose file made them."""
-    label = f"label=io.podman.compose.project={PROJECT}"
+    label = f"label=io.podman.compose.project={project}"
     for kind in ("container", "volume"):
         names = run(["podman", kind, "ls", "-a" if kind == "container" else "-q", "-q", "--filter", label]).stdout
         if names.split():
             run(["podman", kind, "rm", "-f", *sorted(set(names.split()))])
 
 
-def network_gateway() -> str:
-    result = run(["podman", "network", "inspect", NETWORK])
+def network_gateway(network: str = NETWORK) -> str:
+    """The host's address on a podman network (its bridge's side): what containers on it reach the host at."""
+    result = run(["podman", "network", "inspect", network])
     return json.loads(result.stdout)[0]["subnets"][0]["gateway"]
 
 
@@ -456,71 +470,92 @@ def test_the_stack_captions_a_camera_serves_the_page_answers_and_alerts(stack: S
         stack.measured["memory"] = {entry["name"]: entry["mem_usage"] for entry in json.loads(stats)}
 
 
+def vlm_away(data: Stack, box: Stack) -> None:
+    """`box`'s VLM container stopped for VLM_AWAY_S; `data` holds the rows and serves the API."""
+    before = data.rows()
+    run(["podman", "stop", "-t", "60", box.container("vllm")])
+    time.sleep(VLM_AWAY_S)  # the fault itself: the VLM away this long, not a wait for something
+    during = data.rows()
+    run(["podman", "start", box.container("vllm")])
+    # The camera kept selecting frames meanwhile: they wait in the outbox (and its rows) for the VLM.
+    waiting = [row_id for row_id, (status, _) in during.items() if status == "pending"]
+    data.measured["rows_pending_while_the_vlm_was_away"] = len(waiting)
+    assert waiting, f"no frame waited for the VLM while it was away: {during}"
+    started = time.monotonic()
+    box.wait_healthy("vllm")
+    data.measured["vlm_stopped_recovery_s"] = round(
+        time.monotonic() - started + wait_new_captions(data, max(during), "after the VLM came back"), 1
+    )
+    check_rows(data, during, "the VLM away")
+    assert set(before) <= set(during)
+
+
+def postgres_restarted(data: Stack) -> None:
+    before = data.rows()
+    started = time.monotonic()
+    run(["podman", "restart", "-t", "30", data.container(data.postgres)])
+    data.wait_healthy(data.postgres)
+    data.measured["postgres_restart_recovery_s"] = round(
+        time.monotonic() - started + wait_new_captions(data, max(before), "after PostgreSQL restarted"), 1
+    )
+    check_rows(data, before, "PostgreSQL restarted")
+
+
+def down_and_up(data: Stack, *others: Stack) -> None:
+    """`down` then `up` of every project (`data`'s first up, as its dependents need it), on the same volumes."""
+    schema = data.sql("SELECT version FROM visioncap_schema")
+    before = data.rows()
+    for stack in (*others, data):
+        stack.compose("down", timeout=300)
+    started = time.monotonic()
+    for stack in (data, *others):
+        stack.up()
+    data.measured["down_up_recovery_s"] = round(
+        time.monotonic() - started + wait_new_captions(data, max(before), "after down and up"), 1
+    )
+    assert data.sql("SELECT version FROM visioncap_schema") == schema  # one row, the same version
+    check_rows(data, before, "down and up")
+
+
+def pipeline_killed(data: Stack, box: Stack, service: str) -> None:
+    """SIGKILL to `box`'s pipeline process (`service`): the restart policy brings it back, its outbox drains."""
+    container = box.container(service)
+    restarts = run(["podman", "inspect", "--format", "{{.RestartCount}}", container]).stdout.strip()
+    init = int(run(["podman", "inspect", "--format", "{{.State.Pid}}", container]).stdout)
+    # init: true puts catatonit first; the pipeline is its child.
+    children = run(["ps", "--ppid", str(init), "-o", "pid=,args="]).stdout.split("\n")
+    (main,) = [int(line.split()[0]) for line in children if "visioncap" in line]
+    before = data.rows()
+    started = time.monotonic()
+    os.kill(main, signal.SIGKILL)
+    wait_for(
+        lambda: run(["podman", "inspect", "--format", "{{.RestartCount}}", container]).stdout.strip() != restarts,
+        120,
+        f"the restart policy restarting the {service}",
+        poll_s=1.0,
+    )
+    box.wait_healthy(service)
+    data.measured["pipeline_sigkill_recovery_s"] = round(
+        time.monotonic() - started + wait_new_captions(data, max(before), f"after the {service} was killed"), 1
+    )
+    check_rows(data, before, f"the {service} killed")
+
+
 def test_captions_resume_after_the_vlm_was_away_for_30_s(stack: Stack) -> None:
     with step(stack, "vlm-stopped"):
-        before = stack.rows()
-        run(["podman", "stop", "-t", "60", stack.container("vllm")])
-        time.sleep(VLM_AWAY_S)  # the fault itself: the VLM away this long, not a wait for something
-        during = stack.rows()
-        run(["podman", "start", stack.container("vllm")])
-        # The camera kept selecting frames meanwhile: they wait in the outbox (and its rows) for the VLM.
-        waiting = [row_id for row_id, (status, _) in during.items() if status == "pending"]
-        stack.measured["rows_pending_while_the_vlm_was_away"] = len(waiting)
-        assert waiting, f"no frame waited for the VLM while it was away: {during}"
-        started = time.monotonic()
-        stack.wait_healthy("vllm")
-        stack.measured["vlm_stopped_recovery_s"] = round(
-            time.monotonic() - started + wait_new_captions(stack, max(during), "after the VLM came back"), 1
-        )
-        check_rows(stack, during, "the VLM away")
-        assert set(before) <= set(during)
+        vlm_away(stack, stack)
 
 
 def test_nothing_is_lost_when_postgres_restarts(stack: Stack) -> None:
     with step(stack, "postgres-restarted"):
-        before = stack.rows()
-        started = time.monotonic()
-        run(["podman", "restart", "-t", "30", stack.container("postgres")])
-        stack.wait_healthy("postgres")
-        stack.measured["postgres_restart_recovery_s"] = round(
-            time.monotonic() - started + wait_new_captions(stack, max(before), "after PostgreSQL restarted"), 1
-        )
-        check_rows(stack, before, "PostgreSQL restarted")
+        postgres_restarted(stack)
 
 
 def test_down_and_up_keep_data_and_keys_and_migrate_once(stack: Stack) -> None:
     with step(stack, "down-up"):
-        schema = stack.sql("SELECT version FROM visioncap_schema")
-        before = stack.rows()
-        stack.compose("down", timeout=300)
-        started = time.monotonic()
-        stack.up()
-        stack.measured["down_up_recovery_s"] = round(
-            time.monotonic() - started + wait_new_captions(stack, max(before), "after down and up"), 1
-        )
-        assert stack.sql("SELECT version FROM visioncap_schema") == schema  # one row, the same version
-        check_rows(stack, before, "down and up")
+        down_and_up(stack)
 
 
 def test_the_pipeline_comes_back_after_sigkill_and_its_outbox_drains(stack: Stack) -> None:
     with step(stack, "pipeline-killed"):
-        container = stack.container("pipeline")
-        restarts = run(["podman", "inspect", "--format", "{{.RestartCount}}", container]).stdout.strip()
-        init = int(run(["podman", "inspect", "--format", "{{.State.Pid}}", container]).stdout)
-        # init: true puts catatonit first; the pipeline is its child.
-        children = run(["ps", "--ppid", str(init), "-o", "pid=,args="]).stdout.split("\n")
-        (main,) = [int(line.split()[0]) for line in children if "visioncap" in line]
-        before = stack.rows()
-        started = time.monotonic()
-        os.kill(main, signal.SIGKILL)
-        wait_for(
-            lambda: run(["podman", "inspect", "--format", "{{.RestartCount}}", container]).stdout.strip() != restarts,
-            120,
-            "the restart policy restarting the pipeline",
-            poll_s=1.0,
-        )
-        stack.wait_healthy("pipeline")
-        stack.measured["pipeline_sigkill_recovery_s"] = round(
-            time.monotonic() - started + wait_new_captions(stack, max(before), "after the pipeline was killed"), 1
-        )
-        check_rows(stack, before, "the pipeline killed")
+        pipeline_killed(stack, stack, "pipeline")
