@@ -135,6 +135,38 @@ def test_a_broad_filter_fills_its_page_from_the_index_and_pages_on(archive: Arch
     assert min(first.scores) >= max(second.scores)
 
 
+def test_copies_of_one_code_leave_room_for_a_nearer_caption(tmp_path: Path, embedder: TextEmbedder) -> None:
+    """A camera that writes the same words again and again: 3,000 copies of one vector whose sign bits equal the
+    query's (Hamming 0, cosine ~0.6) and one caption near the query by cosine (~0.99) with a few bits flipped.
+    Without the cap on copies of one code the 256 candidates were all copies, and the nearest caption by meaning was
+    never re-ranked (recall@10 against exact 0.81 at 100,000 rows in benchmarks/results/search_quality-100k.md)."""
+    query = "someone dropping off a package"
+    vector = embedder.encode([query])[0]
+    rng = np.random.default_rng(45)
+    copy = np.sign(vector) * np.abs(rng.standard_normal(len(vector))).astype(np.float32)
+    near = vector.copy()
+    flipped = np.argsort(np.abs(vector))[:6]  # the smallest coordinates: cosine stays ~0.99
+    near[flipped] = -near[flipped]
+    rows = np.vstack([np.tile(copy, (3000, 1)), near])
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    assert float(rows[-1] @ vector) > 0.95 > 0.7 > float(rows[0] @ vector)
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'copies.db'}")
+    try:
+        ensure_schema(engine)
+        with engine.begin() as conn:
+            conn.execute(insert(CaptionRecord), [_row(n, f"copy {n}", 4, SPAN, len(rows)) for n in range(len(rows))])
+            conn.execute(
+                text(f"INSERT INTO {VECTORS_TABLE} (caption_id, embedding) VALUES (:id, :embedding)"),
+                [{"id": n + 1, "embedding": rows[n].tobytes()} for n in range(len(rows))],
+            )
+        assert index_for(engine).wait_ready(60)
+        page = explained_search(engine, embedder, CaptionFilter(), query, 10, limits=SearchLimits(scan_rows=500))
+        assert page.indexed
+        assert [row.id for row in page.rows][:1] == [len(rows)], page.similarities
+    finally:
+        engine.dispose()
+
+
 def test_ask_retrieves_across_the_month(archive: Archive, embedder: TextEmbedder) -> None:
     """A question about a month of 10,000 rows finds the giraffe at its start (not the newest 10,000 of it only,
     because the index ranks the whole month)."""

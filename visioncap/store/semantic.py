@@ -74,6 +74,10 @@ RRF_K = 60
 # neighbours re-ranked exactly gave recall@10 >= 0.95 against the exact ranking (tests/test_vector_index.py).
 MIN_CANDIDATES = 256
 CANDIDATE_GROWTH = 4
+# At most this share of the candidates is one code (identical sign bits): 16 codes at least among the first 256.
+# Copies of one code are as near as each other, so the cap costs a page nothing it would have had unless the page
+# holds more than k / 16 of them; then the growth (x4) raises the cap too.
+CODE_SHARE = 16
 # The words list of a search over the index: the best this many full-text matches (all of them in a window).
 WORDS_LIMIT = 1000
 # Words that say nothing about a scene: the words list needs every word, and captions seldom have "someone".
@@ -314,7 +318,7 @@ def _from_index(
     where = _index_filter(query, top)
     k = MIN_CANDIDATES
     while True:
-        ids, every = index.nearest(vector, where, k)
+        ids, every = index.nearest(vector, where, k, per_code=max(1, k // CODE_SHARE))
         candidates = select(CaptionRecord.id).where(_ids_in(conn, ids.tolist()), *conditions)
         ranked = sorted(
             ((score, row_id) for row_id, score in _similarities(conn, candidates, vector).items()), reverse=True

@@ -2,8 +2,9 @@
 
 Each vector is kept in memory as its 384 sign bits (48 bytes; 48 MB at a million rows) beside the row's camera,
 capture time, people count and status. A search masks the rows its filters keep (exactly: every filter of a
-semantic search is one of those columns), takes the `k` rows nearest by Hamming distance of the bits, and the
-caller re-ranks those candidates exactly (cosine of the float vectors, read from `caption_vectors` with every
+semantic search is one of those columns), takes the `k` rows nearest by Hamming distance of the bits (at most
+`per_code` of them sharing one code, so that copies of one caption cannot fill every slot), and the caller re-ranks
+those candidates exactly (cosine of the float vectors, read from `caption_vectors` with every
 filter checked again in SQL). A mask that keeps few rows needs no first pass: the caller ranks all of them exactly.
 
 Why not sqlite-vec's `vec0`: its k-NN is a brute-force scan whose cost grows with k as well as with the rows
@@ -262,22 +263,72 @@ class VectorIndex:
         with self._lock:
             return int(self._mask(self._columns, where).sum())
 
-    def nearest(self, vector: np.ndarray, where: IndexFilter, k: int) -> tuple[np.ndarray, bool]:
+    def nearest(
+        self, vector: np.ndarray, where: IndexFilter, k: int, per_code: int | None = None
+    ) -> tuple[np.ndarray, bool]:
         """The ids of the `k` rows the filters keep whose bits are nearest `vector`'s (nearest first), and whether
-        that is every row they keep."""
-        query = bits_of(vector.reshape(1, -1))[0]
+        that is every row they keep.
+
+        `per_code`: at most that many of the `k` share one code (identical bits). A camera that writes the same
+        words again and again fills its archive with copies of one code; without the cap they filled every
+        candidate slot, and a caption nearer by cosine but a bit farther by Hamming never reached the exact
+        re-rank (recall@10 against exact 0.81 at 100,000 rows that repeat 320 captions)."""
+        query = _words(bits_of(vector.reshape(1, -1)))[0]
         with self._lock:
             columns = self._columns
+            size = columns.size
             mask = self._mask(columns, where)
-            ids = columns.ids[: columns.size][mask]
-            if len(ids) <= k:
-                bits = columns.bits[: columns.size][mask]
-                distances = np.bitwise_count(bits ^ query).sum(axis=1, dtype=np.int32)
-                return ids[np.argsort(distances, kind="stable")], True
-            bits = columns.bits[: columns.size][mask]
-        distances = np.bitwise_count(bits ^ query).sum(axis=1, dtype=np.int32)
-        nearest = np.argpartition(distances, k - 1)[:k]
-        return ids[nearest[np.argsort(distances[nearest], kind="stable")]], False
+            # Unfiltered: views, not a copy of the whole index (48 MB at a million rows). Rows past `size` may be
+            # appended meanwhile; these views never reach them, and a rebuild makes new arrays.
+            every_row = bool(mask.all())
+            ids = columns.ids[:size] if every_row else columns.ids[:size][mask]
+            bits = _words(columns.bits[:size] if every_row else columns.bits[:size][mask])
+        distances = _distances(bits, query)
+        if len(ids) <= k and per_code is None:
+            return ids[np.argsort(distances, kind="stable")], True
+        if per_code is None or per_code >= k:
+            nearest = np.argpartition(distances, k - 1)[:k]
+            return ids[nearest[np.argsort(distances[nearest], kind="stable")]], False
+        chosen, every = _nearest_per_code(distances, bits, k, per_code)
+        return ids[chosen], every
+
+
+def _words(bits: np.ndarray) -> np.ndarray:
+    """Packed bits as 64-bit words where the row length allows: an eighth of the elements to XOR, count and add."""
+    if bits.shape[1] % 8 == 0 and bits.flags.c_contiguous:
+        return bits.view(np.uint64)
+    return bits
+
+
+def _distances(bits: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """Hamming distance of each row of `bits` to `query`, a column at a time: numpy broadcasts a short last axis
+    and sums along it slowly (at a million rows of six words: 35 ms whole, 19 ms by columns, measured)."""
+    distances: np.ndarray = np.bitwise_count(bits[:, 0] ^ query[0]).astype(np.uint16)
+    for column in range(1, bits.shape[1]):
+        distances += np.bitwise_count(bits[:, column] ^ query[column])
+    return distances
+
+
+def _nearest_per_code(distances: np.ndarray, bits: np.ndarray, k: int, per_code: int) -> tuple[np.ndarray, bool]:
+    """Positions of the `k` nearest rows, nearest first, with at most `per_code` of any one code; and whether that
+    is every row (then fewer than `k` may come back). The pool of nearest rows the cap is applied to grows (x4)
+    until it yields `k` or holds every row."""
+    rows = len(distances)
+    pool_size = min(rows, 4 * k)
+    while True:
+        pool = np.arange(rows) if pool_size == rows else np.argpartition(distances, pool_size - 1)[:pool_size]
+        pool = pool[np.argsort(distances[pool], kind="stable")]
+        _, code = np.unique(bits[pool], axis=0, return_inverse=True)
+        code = code.reshape(-1)
+        # Each row's place among the rows of its code, nearest first.
+        by_code = np.argsort(code, kind="stable")
+        starts = np.flatnonzero(np.r_[True, np.diff(code[by_code]) != 0])
+        place = np.empty(len(pool), np.int64)
+        place[by_code] = np.arange(len(pool)) - np.repeat(starts, np.diff(np.r_[starts, len(pool)]))
+        kept = pool[place < per_code]
+        if len(kept) >= k or pool_size == rows:
+            return kept[:k], pool_size == rows and len(kept) <= k and len(kept) == len(pool)
+        pool_size = min(rows, pool_size * 4)
 
 
 def _append_rows(columns: _Columns, codes: dict[str, int], rows: Sequence[tuple]) -> None:  # type: ignore[type-arg]
