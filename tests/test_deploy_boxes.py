@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from helpers import ARTIFACTS, CHROMIUM_FLAGS, REPO, chromium, wait_for
+from helpers import ARTIFACTS, REPO, wait_for
 from streams import RtspServer
 from test_deploy_stack import (
     CAPTION_S,
@@ -242,21 +242,8 @@ def test_the_gpu_box_captions_into_the_central_store_and_the_central_box_serves_
         assert b"visioncap_api" in central.api_bytes("/metrics")
         assert "vllm:" in gpu.metrics("vllm", 8000)
 
-        from playwright.sync_api import expect, sync_playwright
-
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.goto(f"http://127.0.0.1:{central.api_port}/#key={central.keys['VISIONCAP_API_KEY']}")
-                card = page.locator("article.card").first
-                expect(card).to_be_visible(timeout=60_000)
-                # The card's frame loads (from the shared volume, through the central API).
-                expect(card.locator("img").first).to_have_js_property("complete", True, timeout=60_000)
-                assert card.locator("img").first.evaluate("img => img.naturalWidth") > 0
-                page.screenshot(path=str(OUT / "web-page.png"))
-            finally:
-                browser.close()
+        # The page, its first card's frame served by the central API from the shared volume.
+        central.screenshot_page()
         stats = run(["podman", "stats", "--no-stream", "--format", "json"]).stdout
         central.measured["memory"] = {entry["name"]: entry["mem_usage"] for entry in json.loads(stats)}
 

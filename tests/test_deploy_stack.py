@@ -197,6 +197,25 @@ class Stack:
         code = f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
         return self.exec(service, "python3" if service == "vllm" else "python", "-c", code)
 
+    def screenshot_page(self) -> None:
+        """The web page through the API's published port in Chromium, its first card's frame loaded (the frame
+        file the pipeline saved, served by the API); a screenshot to `out`/web-page.png."""
+        from playwright.sync_api import expect, sync_playwright
+
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_FLAGS)
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f"http://127.0.0.1:{self.api_port}/#key={self.keys['VISIONCAP_API_KEY']}")
+                card = page.locator("article.card").first
+                expect(card).to_be_visible(timeout=60_000)
+                image = card.locator("img").first
+                expect(image).to_have_js_property("complete", True, timeout=60_000)
+                assert image.evaluate("img => img.naturalWidth") > 0, "the card's frame did not load"
+                page.screenshot(path=str(self.out / "web-page.png"))
+            finally:
+                browser.close()
+
     def collect_logs(self, step: str) -> Path:
         folder = self.out / step
         folder.mkdir(parents=True, exist_ok=True)
@@ -454,17 +473,7 @@ def test_the_stack_captions_a_camera_serves_the_page_answers_and_alerts(stack: S
         assert "visioncap_alert" in stack.metrics("alerts", 9101)
 
         # The web page through the published port, in Chromium.
-        from playwright.sync_api import expect, sync_playwright
-
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_FLAGS)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.goto(f"http://127.0.0.1:{stack.api_port}/#key={stack.keys['VISIONCAP_API_KEY']}")
-                expect(page.locator("article.card").first).to_be_visible(timeout=60_000)
-                page.screenshot(path=str(OUT / "web-page.png"))
-            finally:
-                browser.close()
+        stack.screenshot_page()
 
         stats = run(["podman", "stats", "--no-stream", "--format", "json"]).stdout
         stack.measured["memory"] = {entry["name"]: entry["mem_usage"] for entry in json.loads(stats)}
