@@ -56,6 +56,7 @@ T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 TIMEOUT = 30  # seconds; a bound on a broken test, never a measurement
 MAX_PAGE_SIZE = 100
 MAX_CAMERAS, MAX_CAMERA_LENGTH = 50, 64  # as the 422 description states
+MAX_ZONES, MAX_ZONE_LENGTH = 32, 64
 SETTINGS = fuzzing.settings(max_examples=100)
 # Under pytest-xdist schemathesis' parametrized test ran only its first operation (the tally held GET /v1/captions
 # alone), so the coverage check failed: this module runs in one process (`make test-unit` runs it after the rest).
@@ -178,7 +179,8 @@ def refused_as_documented(response: schemathesis.Response, case: schemathesis.Ca
     Schema cannot state per parameter: no NUL in text, at most 50 cameras of 64 characters with commas splitting a
     value, `until` after `since` and semantic search's rules (`hybrid` only with `semantic`, `semantic` not with `q`
     and only where it is on: rules across parameters), `cursor` only as the API returned it; and a camera body's
-    checks that need its kind or the pipeline's settings (the camera operations' descriptions)."""
+    checks that need its kind or the pipeline's settings (the camera operations' descriptions); `zone` as `camera`
+    with its own bounds."""
     if response.status_code != 422:
         return False
     param = json.loads(response.content)["error"]["param"]
@@ -199,9 +201,10 @@ def refused_as_documented(response: schemathesis.Response, case: schemathesis.Ca
     texts = [str(item) for item in (value if isinstance(value, list) else [value])]
     if any("\x00" in text for text in texts):
         return True
-    if param == "camera":
-        cameras = [part.strip() for text in texts for part in text.split(",") if part.strip()]
-        return len(cameras) > MAX_CAMERAS or any(len(camera) > MAX_CAMERA_LENGTH for camera in cameras)
+    if param in ("camera", "zone"):
+        most, longest = (MAX_CAMERAS, MAX_CAMERA_LENGTH) if param == "camera" else (MAX_ZONES, MAX_ZONE_LENGTH)
+        names = list(dict.fromkeys(part.strip() for text in texts for part in text.split(",") if part.strip()))
+        return len(names) > most or any(len(name) > longest for name in names)
     if param == "cursor":
         return value not in CURSORS
     # Semantic search's rules across parameters (this server runs with semantic search off).

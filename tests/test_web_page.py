@@ -44,10 +44,12 @@ class Seeded:
     text: str
     width: int
     height: int
+    zones: tuple[dict[str, object], ...] = ()
 
 
+DOCK_DOOR = {"zone": "dock-door", "track_id": 1, "dwell_s": 75.4}
 SEEDED = [
-    Seeded("dock", "a courier wheels a trolley to the loading dock", 200, 150),
+    Seeded("dock", "a courier wheels a trolley to the loading dock", 200, 150, (DOCK_DOOR,)),
     Seeded("lobby", "two visitors wait at the reception desk", 160, 120),
     Seeded("dock", "a forklift driver in a yellow vest reverses", 240, 135),
     Seeded("lobby", "a cyclist carries a bicycle through the lobby", 180, 120),
@@ -91,6 +93,7 @@ class Writer:
             event_key=f"{seeded.camera}:{index}",
             frame_width=seeded.width,
             frame_height=seeded.height,
+            zones=list(seeded.zones),
         )
         _, row_id = self.outbox.put(new, photo(index, seeded.width, seeded.height))
         assert row_id is not None
@@ -193,6 +196,15 @@ def test_web_page_shows_filters_and_follows_captions(site: tuple[str, Writer], b
         page.click("#filters button[type=submit]")
         expect(cards).to_have_count(2)
         assert set(page.locator("article.card .camera").all_inner_texts()) == {"lobby"}
+
+        # Zone filter (camera cleared): the one frame with a person at the dock door, which says how long.
+        page.select_option("#camera", [])
+        page.fill("#zone", "dock-door")
+        page.click("#filters button[type=submit]")
+        expect(cards).to_have_count(1)
+        assert card_texts(page) == [SEEDED[0].text]
+        expect(cards.first.locator(".zones")).to_have_text("in dock-door 75 s")
+        page.fill("#zone", "")
 
         # Search box (with the camera filter cleared): every word must match, the last also as a prefix.
         page.select_option("#camera", [])

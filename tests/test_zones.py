@@ -84,6 +84,25 @@ def test_entering_a_zone_is_recorded_with_its_dwell_and_selects_a_frame(walk: Pa
     assert visits[0].exited_s is None
     assert visits[0].dwell_s == pytest.approx(6.4 - visits[0].entered_s)
     assert visits[0].dwell_s >= 1.9
+    # The frame carries the stay as it was then (what its caption stores): entered just now.
+    assert [(stay.zone, stay.track_id) for stay in entry.zones] == [("door", entry.event_ids[0])]
+    assert entry.zones[0].entered_s == visits[0].entered_s
+    assert entry.zones[0].dwell_s == pytest.approx(entry.detection.frame.offset_s - visits[0].entered_s)
+    assert selected[0].zones == ()  # first described on the left, outside the zone
+
+
+def test_a_stay_of_loiter_s_selects_one_zone_dwell_frame(walk: Path) -> None:
+    """A zone with `loiter_s`: once the person has stood in it that long, one zone-dwell frame (not one per
+    analysed frame after), whose stay is at least that long."""
+    door = {**DOOR, "loiter_s": 1.0}
+    _, selected = run_clip(walk, SelectionConfig(zones=[door], min_interval_s=0.0, recaption_interval_s=None))
+    dwell = [s for s in selected if s.reason == SelectionReason.ZONE_DWELL]
+    assert len(dwell) == 1, [s.reason for s in selected]
+    (stay,) = dwell[0].zones
+    assert stay.zone == "door" and stay.dwell_s >= 1.0
+    # Without loiter_s the same clip has no zone-dwell frame.
+    _, plain = run_clip(walk, SelectionConfig(zones=[DOOR], min_interval_s=0.0, recaption_interval_s=None))
+    assert SelectionReason.ZONE_DWELL not in [s.reason for s in plain]
 
 
 def test_required_zones_make_events_only_of_people_inside(walk: Path) -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 from helpers import pipeline_dict, run_cli, write_pipeline
+from sqlalchemy import text
 from test_zones import DOOR, make_walk_video
 from videos import WIDTH, _person
 
@@ -39,3 +40,13 @@ def test_a_person_leaving_a_mask_and_entering_a_zone(tmp_path: Path, vllm_server
     # Captioned on the way (the walk from the mask to the zone takes 1.5 s), then again on entering the zone.
     assert len(entries) == 1 and entries[0].event_ids == rows[0].event_ids, seen
     assert entries[0].offset_s > rows[0].offset_s
+    # Each caption stores the zones its people stood in: none on the way, the door from the entry on, with a
+    # dwell that grows; and the side table the API's ?zone= filters by holds the same.
+    assert rows[0].zones == []
+    stays = [(r.offset_s, stay) for r in rows if r.offset_s >= entries[0].offset_s for stay in r.zones or []]
+    assert stays and all(stay["zone"] == "door" and stay["track_id"] in rows[0].event_ids for _, stay in stays)
+    dwells = [stay["dwell_s"] for _, stay in stays]
+    assert dwells == sorted(dwells) and dwells[0] < 1.0, stays
+    with create_db_engine(database).connect() as conn:
+        side = conn.execute(text("SELECT caption_id, zone FROM caption_zones ORDER BY caption_id")).all()
+    assert [(row_id, zone) for row_id, zone in side] == [(r.id, "door") for r in rows if r.zones], side

@@ -66,18 +66,34 @@ class SelectionReason(StrEnum):
     PEOPLE_LEFT = "people-left"  # people the last caption described have left
     MOVEMENT = "movement"  # a captioned person moved far
     ZONE_ENTRY = "zone-entry"  # a captioned person entered a zone
+    ZONE_DWELL = "zone-dwell"  # a person has stayed in a zone for its `loiter_s` (once per stay)
     RECAPTION = "recaption"  # the recaption interval of a captioned person passed
     STREAM_END = "stream-end"  # the stream ended with a frame held back by the rate limits
 
 
 @dataclass(frozen=True, slots=True)
+class ZoneStay:
+    """A person in a zone at the moment of a frame: since when (video seconds) and for how long so far."""
+
+    zone: str
+    track_id: int
+    entered_s: float
+    dwell_s: float
+
+    def as_dict(self) -> dict[str, str | int | float]:
+        return {"zone": self.zone, "track_id": self.track_id, "dwell_s": round(self.dwell_s, 1)}
+
+
+@dataclass(frozen=True, slots=True)
 class SelectedFrame:
-    """A person frame chosen for captioning: why, for which person events (track ids), and how good it is."""
+    """A person frame chosen for captioning: why, for which person events (track ids), how good it is, and the
+    zones its people stand in."""
 
     detection: Detection
     reason: SelectionReason
     event_ids: tuple[int, ...] = ()
     score: float = 0.0
+    zones: tuple[ZoneStay, ...] = ()
 
     @property
     def event_key(self) -> str:

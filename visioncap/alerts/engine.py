@@ -60,6 +60,11 @@ def facts_of(row: ChangeRow) -> CaptionFacts:
         text=row.caption or "",
         people_count=row.people_count,
         structured=row.structured if isinstance(row.structured, dict) else None,
+        zones=tuple(
+            (str(stay["zone"]), float(stay["dwell_s"]))
+            for stay in (row.zones or [])
+            if isinstance(stay, dict) and "zone" in stay and "dwell_s" in stay
+        ),
     )
 
 
@@ -387,6 +392,13 @@ def reason(rule: AlertRule, facts: CaptionFacts) -> str:
         parts.append("activity " + ", ".join(rule.activities))
     if rule.windows:
         parts.append("within " + ", ".join(f"{w.start}-{w.end}" for w in rule.windows))
+    if rule.zones or rule.min_dwell_s is not None:
+        stays = [
+            f"{zone} {dwell:.0f} s"
+            for zone, dwell in facts.zones
+            if (not rule.zones or zone in rule.zones) and dwell >= (rule.min_dwell_s or 0.0)
+        ]
+        parts.append("in " + ", ".join(stays))
     return "; ".join(parts) or "every caption"
 
 

@@ -25,6 +25,7 @@ class CaptionFacts:
     text: str
     people_count: int
     structured: dict[str, Any] | None
+    zones: tuple[tuple[str, float], ...] = ()  # (zone, dwell_s) of each person standing in a zone
 
     @property
     def activities(self) -> list[str]:
@@ -47,6 +48,11 @@ def matches(rule: AlertRule, facts: CaptionFacts, zone: ZoneInfo, similarity: Si
     if rule.windows:
         local = facts.captured_at.astimezone(zone).time()
         if not any(window.contains(local) for window in rule.windows):
+            return False
+    if rule.zones or rule.min_dwell_s is not None:
+        wanted_zones = set(rule.zones)
+        floor = rule.min_dwell_s or 0.0
+        if not any((not wanted_zones or zone in wanted_zones) and dwell >= floor for zone, dwell in facts.zones):
             return False
     if rule.words:
         present = _words(facts.text)

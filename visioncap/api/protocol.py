@@ -36,6 +36,14 @@ class Box(_Model):
     track_id: int | None = Field(default=None, description="Tracker id of the person within its camera.")
 
 
+class ZoneStay(_Model):
+    """A person of the frame standing in a zone (the bottom-centre of their box), and for how long so far."""
+
+    zone: str = Field(description="The zone's name (the selection config's `zones`).")
+    track_id: int = Field(description="Tracker id of the person.")
+    dwell_s: float = Field(description="Seconds the person had been in the zone when the frame was captured.")
+
+
 class Caption(_Model):
     """One selected frame and what became of it (a row of the outbox)."""
 
@@ -50,14 +58,18 @@ class Caption(_Model):
     offset_s: float = Field(description="Seconds from the start of the source.")
     reason: SelectionReason = Field(
         description="Why the frame was selected: new-event (a person became stable), people-left (people it was "
-        "described with left), movement (a person moved far), zone-entry (a person entered a zone), recaption "
-        "(the recaption interval passed) or stream-end (held back by the rate limits until its stream ended)."
+        "described with left), movement (a person moved far), zone-entry (a person entered a zone), zone-dwell (a "
+        "person stayed in a zone for its loiter_s), recaption (the recaption interval passed) or stream-end (held "
+        "back by the rate limits until its stream ended)."
     )
     event_key: str = Field(description="The person event the frame describes.")
     event_ids: list[int] = Field(description="Track ids of the people the frame describes.")
     score: float = Field(description="Frame quality score used to choose it.")
     people_count: int = Field(description="People detected in the frame.")
     boxes: list[Box] = Field(description="The detected people.")
+    zones: list[ZoneStay] = Field(
+        description="The zones the frame's people stood in, each person's stay so far; empty without zones."
+    )
     status: CaptionStatus = Field(description="pending, captioned, failed (refused for good) or skipped.")
     caption: str | None = Field(description="The caption text; null until captioned.")
     structured: dict[str, Any] | None = Field(description="Structured caption (JSON mode), when the pipeline asks.")
@@ -90,6 +102,7 @@ class Caption(_Model):
 
 
 _BOX_FIELDS = tuple(Box.model_fields)
+_ZONE_FIELDS = tuple(ZoneStay.model_fields)
 _RECORD_KEYS = tuple(column.key for column in CaptionRecord.__table__.c)
 
 
@@ -113,6 +126,7 @@ def caption_fields(record: CaptionRecord | CaptionRow) -> dict[str, Any]:
         "people_count": row["people_count"],
         # The pipeline stores more per person than a box (e.g. keypoints); the API shows the box.
         "boxes": [{name: person[name] for name in _BOX_FIELDS if name in person} for person in row["people"] or []],
+        "zones": [{name: stay[name] for name in _ZONE_FIELDS} for stay in row.get("zones") or []],
         "status": row["status"],
         "caption": row["caption"],
         "structured": row["structured"],

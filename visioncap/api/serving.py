@@ -104,6 +104,19 @@ def cameras_param(values: Sequence[str]) -> list[str]:
     return cameras
 
 
+MAX_ZONES, MAX_ZONE_LENGTH = 32, 64
+
+
+def zones_param(values: Sequence[str]) -> list[str]:
+    """`zone=a&zone=b` or `zone=a,b`. Like cameras, a name no zone has matches nothing."""
+    zones = list(dict.fromkeys(part.strip() for value in values for part in value.split(",") if part.strip()))
+    if len(zones) > MAX_ZONES:
+        raise bad_param("zone", f"at most {MAX_ZONES} zones")
+    for zone in zones:
+        _check_text("zone", zone, MAX_ZONE_LENGTH)
+    return zones
+
+
 class StreamSlot:
     """One open /v1/stream, counted from before the request's first await until `release` (idempotent), which the
     response calls when it ends however it ends, and the route when it fails before there is a response."""
@@ -153,6 +166,8 @@ class ApiService:
         semantic: str | None = None,
         hybrid: bool = False,
         scope: CameraScope = EVERY_CAMERA,
+        zones: Sequence[str] = (),
+        min_dwell_s: float | None = None,
     ) -> bytes:
         """A `CaptionPage` as JSON, of the cameras `scope` sees."""
         if limit > self.settings.api_max_page_size:
@@ -182,6 +197,8 @@ class ApiService:
             text=q,
             min_people=min_people,
             statuses=list(dict.fromkeys(statuses)),
+            zones=zones_param(zones),
+            min_dwell_s=min_dwell_s,
         )
         limits = SearchLimits(self.settings.api_search_scan_rows, self.settings.api_search_timeout_s)
         try:

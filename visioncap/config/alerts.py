@@ -11,6 +11,7 @@ from pydantic import BeforeValidator, Field, Strict, create_model, model_validat
 from visioncap.config.base import StrictModel, TimeZoneName
 from visioncap.config.loading import load_yaml_model
 from visioncap.config.verify import VerifySpec, VlmEndpoint
+from visioncap.config.zones import ZoneName
 
 NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # also an MQTT topic level: no '/', '+' or '#'
 Name = Annotated[str, Field(pattern=NAME_PATTERN)]
@@ -74,6 +75,17 @@ class AlertRule(StrictModel):
     )
     windows: list[TimeWindow] = Field(
         default_factory=list, description="Only at these times of day (capture time); empty: at any time."
+    )
+    zones: list[ZoneName] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Only frames with a person standing in one of these zones (the selection config's `zones`); "
+        "empty: anywhere.",
+    )
+    min_dwell_s: Seconds | None = Field(
+        default=None,
+        description="Only frames with a person who had stayed at least this many seconds in a zone (one of `zones`, "
+        "when given): 'in back-door for 60 s or more'. Zones with `loiter_s` describe a person once that long.",
     )
     cooldown_s: Seconds = Field(
         default=300,

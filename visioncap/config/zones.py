@@ -7,11 +7,15 @@ belongs to; without one it applies to every camera of the pipeline.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, field_validator
 
 from visioncap.config.base import StrictModel
 
 Point = tuple[float, float]
+ZONE_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+ZoneName = Annotated[str, Field(pattern=ZONE_NAME_PATTERN)]
 
 
 def point_in_polygon(x: float, y: float, points: list[Point] | tuple[Point, ...]) -> bool:
@@ -29,7 +33,7 @@ def point_in_polygon(x: float, y: float, points: list[Point] | tuple[Point, ...]
 class Region(StrictModel):
     """A polygon over the picture; its points are (x, y) with 0,0 the top-left corner and 1,1 the bottom-right."""
 
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="The region's name.")
+    name: str = Field(pattern=ZONE_NAME_PATTERN, description="The region's name.")
     points: list[tuple[float, float]] = Field(
         min_length=3,
         max_length=64,
@@ -57,6 +61,14 @@ class Region(StrictModel):
 
 class Zone(Region):
     """A named place people enter and leave (a door, a yard); entries, exits and dwell are kept per track."""
+
+    loiter_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="Describe a person again once they have stayed this many seconds in the zone (a zone-dwell "
+        "frame, once per stay); none: dwell is recorded but selects no frame.",
+    )
 
 
 class Mask(Region):

@@ -480,6 +480,7 @@ class PipelineRunner:
             event_ids=list(selected.event_ids),
             score=selected.score,
             people=[person.as_dict() for person in selected.detection.people],
+            zones=[stay.as_dict() for stay in selected.zones],
             image_width=image.width,
             image_height=image.height,
             image_tokens=image.image_tokens,

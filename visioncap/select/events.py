@@ -14,7 +14,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from visioncap.config.selection import SelectionConfig
-from visioncap.frames import Detection, PersonBox, SelectedFrame, SelectionReason
+from visioncap.config.zones import Zone
+from visioncap.frames import Detection, PersonBox, SelectedFrame, SelectionReason, ZoneStay
 from visioncap.select.scoring import frame_score
 from visioncap.select.zones import ZoneVisit, zones_of
 
@@ -96,8 +97,26 @@ class EventSelector:
         track = self._tracks.get(track_id)
         return tuple(track.visits) if track else ()
 
+    def _camera_zones(self) -> list[Zone]:
+        return [zone for zone in self._config.zones if zone.applies_to(self._camera)]
+
+    def _loiter_s(self, zone: str) -> float:
+        return next((z.loiter_s for z in self._camera_zones() if z.name == zone and z.loiter_s is not None), math.inf)
+
+    def _loitering(self, track: _Track) -> list[ZoneVisit]:
+        """The track's current stays that reached their zone's `loiter_s` and have had no zone-dwell frame."""
+        limits = {zone.name: zone.loiter_s for zone in self._camera_zones() if zone.loiter_s is not None}
+        return [
+            visit
+            for visit in track.visits
+            if visit.exited_s is None
+            and not visit.loitered
+            and visit.zone in limits
+            and visit.dwell_s >= limits[visit.zone]
+        ]
+
     def _update_zones(self, track: _Track, person: PersonBox, now: float, width: int, height: int) -> None:
-        zones = [zone for zone in self._config.zones if zone.applies_to(self._camera)]
+        zones = self._camera_zones()
         inside = zones_of(person, zones, width, height) if zones else set()
         for visit in track.visits:
             if visit.exited_s is None and visit.zone in inside:
@@ -157,6 +176,8 @@ class EventSelector:
                 due[tid] = SelectionReason.RECAPTION
             elif self._config.zone_entry and track.entered:
                 due[tid] = SelectionReason.ZONE_ENTRY
+            elif self._loitering(track):
+                due[tid] = SelectionReason.ZONE_DWELL
             elif self._config.movement_threshold is not None and track.captioned_center and track.box:
                 cx, cy = track.box.center
                 px, py = track.captioned_center
@@ -217,12 +238,21 @@ class EventSelector:
         assert best is not None
         frame = best.detection.frame
         ids = tuple(sorted(p.track_id for p in best.people if p.track_id is not None))
+        stays: list[ZoneStay] = []
         for tid in ids:
             track = self._tracks.get(tid)
             if track is not None:
                 track.captioned_s = frame.offset_s
                 track.captioned_center = next(p.center for p in best.people if p.track_id == tid)
                 track.entered = False
+                for visit in self._loitering(track):
+                    # Done once the picture shows the stay that long; the window's best frame may be older.
+                    visit.loitered = visit.loitered or frame.offset_s - visit.entered_s >= self._loiter_s(visit.zone)
+                stays += [
+                    ZoneStay(visit.zone, tid, visit.entered_s, frame.offset_s - visit.entered_s)
+                    for visit in track.visits
+                    if visit.holds(frame.offset_s)
+                ]
         self._last_caption_ids = set(ids) if not self._config.per_person else self._last_caption_ids | set(ids)
         self._last_emit_s = self._now
         reason = (
@@ -235,6 +265,7 @@ class EventSelector:
             reason=reason,
             event_ids=ids,
             score=best.score,
+            zones=tuple(sorted(stays, key=lambda stay: (stay.zone, stay.track_id))),
         )
         self._window_start = None
         self._window_reasons = []

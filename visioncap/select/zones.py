@@ -17,10 +17,15 @@ class ZoneVisit:
     entered_s: float
     exited_s: float | None = None
     last_seen_s: float = 0.0
+    loitered: bool = False  # its zone-dwell frame was emitted
 
     @property
     def dwell_s(self) -> float:
         return (self.exited_s if self.exited_s is not None else self.last_seen_s) - self.entered_s
+
+    def holds(self, moment_s: float) -> bool:
+        """Whether the stay covers `moment_s` (video seconds)."""
+        return self.entered_s <= moment_s and (self.exited_s is None or moment_s < self.exited_s)
 
 
 def zones_of(person: PersonBox, zones: Sequence[Zone], width: int, height: int) -> set[str]:

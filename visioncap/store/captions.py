@@ -14,10 +14,19 @@ from sqlalchemy.orm import sessionmaker
 
 from visioncap.frames import Caption, SelectionReason
 from visioncap.store.leases import Fence, camera_of, check_lease
-from visioncap.store.records import CaptionRecord, CaptionStatus
+from visioncap.store.records import CaptionRecord, CaptionStatus, CaptionZoneRecord
 from visioncap.store.safety import MAX_ERROR_CHARS, clean_json, clean_text
 
 _CAPTIONS: Table = CaptionRecord.__table__  # type: ignore[assignment]
+_ZONES: Table = CaptionZoneRecord.__table__  # type: ignore[assignment]
+
+
+def _zone_rows(caption_id: int, zones: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per zone: the longest stay of the caption's people in it."""
+    longest: dict[str, float] = {}
+    for stay in zones:
+        longest[stay["zone"]] = max(longest.get(stay["zone"], 0.0), float(stay["dwell_s"]))
+    return [{"caption_id": caption_id, "zone": zone, "dwell_s": dwell} for zone, dwell in sorted(longest.items())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +53,8 @@ class NewCaption:
     frame_width: int | None = None
     frame_height: int | None = None
     image_region: list[int] | None = None  # [x1, y1, x2, y2] of the frame the image shows; None: the whole frame
+    # The zones the frame's people stood in: [{"zone", "track_id", "dwell_s"}] (frames.ZoneStay.as_dict).
+    zones: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +118,8 @@ class CaptionStore:
                 if self._fence is not None and fenced:
                     check_lease(conn, self._fence, new.camera)
                 inserted = conn.execute(insert(_CAPTIONS).values(**values)).inserted_primary_key
+                if inserted is not None and new.zones:
+                    conn.execute(insert(_ZONES), _zone_rows(int(inserted[0]), new.zones))
         except IntegrityError:
             return None
         assert inserted is not None

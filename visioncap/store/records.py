@@ -13,6 +13,7 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     Float,
+    ForeignKey,
     Index,
     Integer,
     String,
@@ -166,6 +167,8 @@ class CaptionRecord(Base):
     frame_width: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
     frame_height: Mapped[int | None] = mapped_column(Integer, nullable=True, default=None)
     image_region: Mapped[list[int] | None] = mapped_column(JSON, nullable=True, default=None)  # [x1, y1, x2, y2]
+    # The zones the frame's people stood in: [{zone, track_id, dwell_s}] (schema step 17; null before it).
+    zones: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True, default=None)
 
     __table_args__ = (
         # A camera sees one frame at a time: re-running a file finds its frames already stored.
@@ -176,6 +179,19 @@ class CaptionRecord(Base):
         Index("ix_captions_camera_captured_id", "camera", "captured_at", "id"),
         Index("ix_captions_updated_id", "updated_at", "id"),
     )
+
+
+class CaptionZoneRecord(Base):
+    """A zone a caption's people stood in, with the longest stay in it so far (schema step 17): what `?zone=` and
+    `min_dwell_s` filter by, through an index; deleted with its caption."""
+
+    __tablename__ = "caption_zones"
+
+    caption_id: Mapped[int] = mapped_column(Integer, ForeignKey("captions.id", ondelete="CASCADE"), primary_key=True)
+    zone: Mapped[str] = mapped_column(String(64), primary_key=True)
+    dwell_s: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (Index("ix_caption_zones_zone_dwell", "zone", "dwell_s", "caption_id"),)
 
 
 class CameraRecord(Base):

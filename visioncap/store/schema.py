@@ -27,6 +27,7 @@ from visioncap.store.records import (
     CaptionEventCountRecord,
     CaptionEventRecord,
     CaptionRecord,
+    CaptionZoneRecord,
     PipelineSeedRecord,
     WorkerRecord,
 )
@@ -429,6 +430,15 @@ def _alert_decisions_table(conn: Connection) -> None:
     create_table(conn)
 
 
+def _caption_zones(conn: Connection) -> None:
+    """The zones of each caption: a JSON column for reading, a side table (and its index) for filtering."""
+    present = {column["name"] for column in inspect(conn).get_columns("captions")}
+    if "zones" not in present:
+        json_type = "JSON" if conn.dialect.name == "postgresql" else "TEXT"
+        conn.execute(text(f"ALTER TABLE captions ADD COLUMN zones {json_type}"))
+    CaptionZoneRecord.__table__.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -446,6 +456,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _pipeline_seeds_table,  # 14
     _alert_delivery_claims,  # 15
     _alert_decisions_table,  # 16
+    _caption_zones,  # 17
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -34,7 +34,13 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, Executable
 
 from visioncap.config.api import DEFAULT_SCAN_ROWS
-from visioncap.store.records import CaptionCountRecord, CaptionEventCountRecord, CaptionRecord, CaptionStatus
+from visioncap.store.records import (
+    CaptionCountRecord,
+    CaptionEventCountRecord,
+    CaptionRecord,
+    CaptionStatus,
+    CaptionZoneRecord,
+)
 from visioncap.store.schema import PG_TS_CONFIG, PG_TSVECTOR_COLUMN
 
 WORD = re.compile(r"\w+", re.UNICODE)
@@ -65,6 +71,8 @@ class CaptionFilter:
     text: str | None = None
     min_people: int | None = None
     statuses: Sequence[CaptionStatus] = ()
+    zones: Sequence[str] = ()  # a person in any of them
+    min_dwell_s: float | None = None  # ... for at least this long (in one of `zones`, when given)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +137,20 @@ def _conditions(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool
         conditions.append(_not_indexed(engine, CaptionRecord.status).in_(list(query.statuses)))
     if query.text:
         conditions.append(_text_condition(engine, query.text))
+    if query.zones or query.min_dwell_s is not None:
+        conditions.append(_zone_condition(query.zones, query.min_dwell_s))
     return conditions
+
+
+def _zone_condition(zones: Sequence[str], min_dwell_s: float | None) -> ColumnElement[bool]:
+    """Rows with a person in one of `zones` (any zone without), for at least `min_dwell_s`: through the zones'
+    side table and its (zone, dwell) index."""
+    stays = select(CaptionZoneRecord.caption_id)
+    if zones:
+        stays = stays.where(CaptionZoneRecord.zone.in_(list(zones)))
+    if min_dwell_s is not None:
+        stays = stays.where(CaptionZoneRecord.dwell_s >= min_dwell_s)
+    return CaptionRecord.id.in_(stays)
 
 
 def filter_conditions(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool]]:
@@ -193,6 +214,8 @@ def row_checks(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool]
         conditions.append(_not_indexed(engine, CaptionRecord.status).in_(list(query.statuses)))
     if query.text:
         conditions.append(_text_condition(engine, query.text))
+    if query.zones or query.min_dwell_s is not None:
+        conditions.append(_zone_condition(query.zones, query.min_dwell_s))
     return conditions
 
 

@@ -70,6 +70,22 @@ def list_captions(
     ] = None,
     min_people: Annotated[int | None, Query(ge=0, le=10_000, description="At least this many people.")] = None,
     status: Annotated[list[CaptionStatus], Query(description="Only these statuses; repeat for several.")] = [],  # noqa: B006
+    zone: Annotated[
+        list[str],
+        Query(
+            description="Only frames with a person in this zone (any of several: repeat, or separate with commas); "
+            "zone names as the selection config's `zones`."
+        ),
+    ] = [],  # noqa: B006
+    min_dwell_s: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            le=86_400,
+            description="Only frames with a person who had been in a zone (one of `zone`, when given) at least "
+            "this many seconds.",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, description="Page size (at most VISIONCAP_API_MAX_PAGE_SIZE).")] = 50,
     cursor: Annotated[
         str | None, Query(description="`next_cursor` of the previous page (also of a partial one).")
@@ -92,7 +108,9 @@ def list_captions(
     ] = False,
 ) -> Response:
     # The JSON is made from the rows directly (see caption_page_json); response_model still documents it.
-    page = api.list_captions(camera, since, until, q, min_people, status, limit, cursor, semantic, hybrid, scope)
+    page = api.list_captions(
+        camera, since, until, q, min_people, status, limit, cursor, semantic, hybrid, scope, zone, min_dwell_s
+    )
     return Response(page, media_type="application/json")
 
 

@@ -129,7 +129,8 @@ ERRORS = {
         "description": "A malformed parameter; `param` names it. Besides each parameter's schema: no parameter the "
         "operation does not list (the message names the closest one it takes); a parameter "
         "that takes one value may not be given more than once; no text parameter may hold a NUL character; "
-        "`camera` names at most 50 cameras of at most 64 characters each (commas separate cameras within a value); "
+        "`camera` names at most 50 cameras of at most 64 characters each (commas separate cameras within a value), "
+        "`zone` at most 32 zones of at most 64 characters each (the same way); "
         "`until` must be after `since`; `cursor` must be a `next_cursor` the API returned.",
     },
 }

@@ -22,6 +22,9 @@ function conditions(rule) {
   if (rule.max_people !== null && rule.max_people !== undefined) parts.push(`at most ${people(rule.max_people)}`);
   if (rule.activities?.length) parts.push(`doing ${rule.activities.join(" or ")}`);
   if (rule.windows?.length) parts.push(`between ${rule.windows.map((w) => `${w.start}–${w.end}`).join(", ")}`);
+  const dwell = rule.min_dwell_s !== null && rule.min_dwell_s !== undefined ? ` for ≥ ${rule.min_dwell_s} s` : "";
+  if (rule.zones?.length) parts.push(`in ${rule.zones.join(" or ")}${dwell}`);
+  else if (dwell) parts.push(`in any zone${dwell}`);
   return parts.length ? parts.join("; ") : "every caption";
 }
 

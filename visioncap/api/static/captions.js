@@ -42,7 +42,18 @@ function filterParams() {
   if (until) params.push(["until", until]);
   const people = Number($("min_people").value || 0);
   if (people > 0) params.push(["min_people", String(people)]);
+  const zones = zoneNames();
+  if (zones.length) params.push(["zone", zones.join(",")]);
   return params;
+}
+
+function zoneNames() {
+  return $("zone").value.split(",").map((name) => name.trim()).filter(Boolean);
+}
+
+// "back-door 61 s, yard 4 s": where the frame's people stood, and for how long so far.
+function zonesText(caption) {
+  return (caption.zones || []).map((stay) => `${stay.zone} ${Math.round(stay.dwell_s)} s`).join(", ");
 }
 
 async function loadImage(img, caption) {
@@ -67,6 +78,7 @@ function card(caption, fresh) {
   time.dateTime = caption.captured_at;
   time.textContent = new Date(caption.captured_at).toLocaleString();
   node.querySelector(".people").textContent = `${caption.people_count} ${caption.people_count === 1 ? "person" : "people"}`;
+  node.querySelector(".zones").textContent = zonesText(caption) ? `in ${zonesText(caption)}` : "";
   const shownState = node.querySelector(".state");
   shownState.textContent = caption.status === "captioned" ? "" : caption.status;
   shownState.classList.add(caption.status);
@@ -139,11 +151,13 @@ function camerasSoon() {
 }
 
 function matchesFilters(caption) {
-  // The stream filters cameras and people on the server; time and text are checked here.
+  // The stream filters cameras and people on the server; time, text and zones are checked here.
   const q = $("q").value.trim().toLowerCase();
   // A ranked list has no place for a caption by its time: live captions wait for the next search.
   if (q && mode() !== "words") return false;
   if (q && !q.split(/\W+/).filter(Boolean).every((word) => (caption.caption || "").toLowerCase().includes(word))) return false;
+  const zones = zoneNames();
+  if (zones.length && !(caption.zones || []).some((stay) => zones.includes(stay.zone))) return false;
   const until = toUtc($("until").value);
   return !(until && caption.captured_at >= until);
 }

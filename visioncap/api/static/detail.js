@@ -46,6 +46,9 @@ function fields(caption) {
     field("Camera", h("a", { href: `#/timeline/${encodeURIComponent(caption.camera)}?day=${dayOf(Date.parse(caption.captured_at))}` }, caption.camera)),
     field("Captured", timeEl(caption.captured_at), h("span", { class: "muted" }, ` (${caption.captured_at} UTC)`)),
     field("People", people(caption.people_count)),
+    caption.zones && caption.zones.length
+      ? field("Zones", caption.zones.map((stay) => `${stay.zone} (track ${stay.track_id}, ${Math.round(stay.dwell_s)} s there)`).join(", "))
+      : null,
     field("Status", badge(caption.status)),
     field("Why selected", caption.reason),
     field("Event", h("code", {}, caption.event_key), caption.event_ids.length ? ` · tracks ${caption.event_ids.join(", ")}` : ""),

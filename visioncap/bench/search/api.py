@@ -310,6 +310,7 @@ def _row(
         "frame_width": 1280,
         "frame_height": 720,
         "image_region": None,
+        "zones": None,
     }
 
 
@@ -448,7 +449,7 @@ def _load_sqlite(engine: Engine, corpus: Corpus) -> None:
 
 def _load_postgresql(engine: Engine, corpus: Corpus) -> None:
     json_columns = [
-        i for i, name in enumerate(COLUMNS) if name in {"event_ids", "people", "structured", "image_region"}
+        i for i, name in enumerate(COLUMNS) if name in {"event_ids", "people", "structured", "image_region", "zones"}
     ]
     raw = engine.raw_connection()
     try:
