@@ -4,6 +4,8 @@ their row, and matched by alert rules ("in back-door for 60 s or more")."""
 
 from __future__ import annotations
 
+import io
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from fastapi.testclient import TestClient
 from pg import fresh_database
+from PIL import Image
 from pydantic import ValidationError
 from sqlalchemy import func, select, text
 
@@ -160,3 +163,30 @@ def test_alert_rules_match_zones_and_dwell(store: CaptionStore) -> None:
     assert not matches(at_the_door, old, utc, None)
     with pytest.raises(ValidationError):
         AlertRule(name="bad", zones=["back door"])
+
+
+def test_the_frame_is_drawn_with_the_cameras_zones_then(
+    client: TestClient, store: CaptionStore, tmp_path: Path
+) -> None:
+    """`?boxes=true` draws the zones the camera had when the frame was taken (recorded with the row), in amber,
+    mapped from the frame (320 x 240) onto the stored image (160 x 120)."""
+    image = Image.new("RGB", (160, 120), (20, 20, 20))
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=95)
+    (tmp_path / "frames").mkdir()
+    (tmp_path / "frames" / "door.jpg").write_bytes(out.getvalue())
+    door = [[0.5, 0.5], [1.0, 0.5], [1.0, 1.0], [0.5, 1.0]]
+    drawn: dict[bool, Image.Image] = {}
+    for index, shapes in ((10, {"door": door}), (11, None)):
+        new = replace(new_caption(index, []), image_path="frames/door.jpg", frame_width=320, frame_height=240)
+        row_id = store.add(replace(new, zone_shapes=shapes))
+        response = client.get(f"/v1/captions/{row_id}/image", params={"boxes": "true"})
+        assert response.status_code == 200, response.text
+        drawn[shapes is not None] = Image.open(io.BytesIO(response.content)).convert("RGB")
+    # The door's left edge is x = 0.5 of the frame: 80 px of the image, from y = 60 down.
+    red, green, blue = drawn[True].getpixel((80, 90))
+    assert red > 180 and green > 130 and blue < 110, (red, green, blue)
+    assert max(drawn[False].getpixel((80, 90))) < 80
+    # The page's lists leave the polygons out (they serve drawing only).
+    items = client.get("/v1/captions").json()["items"]
+    assert all("zone_shapes" not in item for item in items)

@@ -43,6 +43,8 @@ def test_a_person_leaving_a_mask_and_entering_a_zone(tmp_path: Path, vllm_server
     # Each caption stores the zones its people stood in: none on the way, the door from the entry on, with a
     # dwell that grows; and the side table the API's ?zone= filters by holds the same.
     assert rows[0].zones == []
+    # Every row records the camera's zones then, for drawing on its frame (the mask is not a zone).
+    assert all(r.zone_shapes == {"door": DOOR["points"]} for r in rows), rows[0].zone_shapes
     stays = [(r.offset_s, stay) for r in rows if r.offset_s >= entries[0].offset_s for stay in r.zones or []]
     assert stays and all(stay["zone"] == "door" and stay["track_id"] in rows[0].event_ids for _, stay in stays)
     dwells = [stay["dwell_s"] for _, stay in stays]

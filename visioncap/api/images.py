@@ -22,6 +22,7 @@ from visioncap.api.errors import RETRY_AFTER_S, ApiError
 from visioncap.store.records import CaptionRecord
 
 BOX_COLOUR = (0, 255, 0)
+ZONE_COLOUR = (255, 200, 0)  # zones in amber beside the people's green
 # Image files read at once. A thread stuck in a stalled volume cannot be interrupted, so the bound keeps such
 # threads to this many, apart from the default pool that every sync route and database call needs.
 FILE_THREADS = 8
@@ -103,7 +104,8 @@ class ImageFiles:
 
 
 def with_boxes(row: CaptionRecord, jpeg: bytes) -> bytes:
-    """The JPEG with the row's people drawn; 409 when the row lacks the frame geometry to place them."""
+    """The JPEG with the row's people (and the camera's zones then) drawn; 409 when the row lacks the frame geometry
+    to place them."""
     if row.frame_width is None or row.frame_height is None:
         raise ApiError(409, f"caption {row.id} has no recorded frame size, so its boxes cannot be drawn", param="boxes")
     x0, y0, x1, y1 = row.image_region or (0, 0, row.frame_width, row.frame_height)
@@ -126,6 +128,11 @@ def with_boxes(row: CaptionRecord, jpeg: bytes) -> bytes:
             (person["y2"] - y0) * sy,
         ]
         draw.rectangle(box, outline=BOX_COLOUR, width=width)
+    # The camera's zones when the frame was taken (normalised to the frame), named at their first corner.
+    for name, points in (row.zone_shapes or {}).items():
+        corners = [((x * row.frame_width - x0) * sx, (y * row.frame_height - y0) * sy) for x, y in points]
+        draw.line([*corners, corners[0]], fill=ZONE_COLOUR, width=width)
+        draw.text((corners[0][0] + 2 * width, corners[0][1] + width), str(name), fill=ZONE_COLOUR)
     out = io.BytesIO()
     image.save(out, format="JPEG", quality=90)
     return out.getvalue()

@@ -481,6 +481,7 @@ class PipelineRunner:
             score=selected.score,
             people=[person.as_dict() for person in selected.detection.people],
             zones=[stay.as_dict() for stay in selected.zones],
+            zone_shapes=camera.selector.zone_shapes(frame.camera) or None,
             image_width=image.width,
             image_height=image.height,
             image_tokens=image.image_tokens,

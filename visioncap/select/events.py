@@ -92,6 +92,11 @@ class EventSelector:
 
     # -- tracks ----------------------------------------------------------------------------------
 
+    def zone_shapes(self, camera: str) -> dict[str, list[list[float]]]:
+        """The polygons of the zones that apply to `camera` (normalised points), as a caption records them."""
+        zones = [zone for zone in self._config.zones if zone.applies_to(camera)]
+        return {zone.name: [list(point) for point in zone.points] for zone in zones}
+
     def zone_visits(self, track_id: int) -> tuple[ZoneVisit, ...]:
         """A live track's zone visits, oldest first."""
         track = self._tracks.get(track_id)

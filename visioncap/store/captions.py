@@ -55,6 +55,8 @@ class NewCaption:
     image_region: list[int] | None = None  # [x1, y1, x2, y2] of the frame the image shows; None: the whole frame
     # The zones the frame's people stood in: [{"zone", "track_id", "dwell_s"}] (frames.ZoneStay.as_dict).
     zones: list[dict[str, Any]] = field(default_factory=list)
+    # The camera's zones when the frame was taken, {name: [[x, y], ...]} normalised: what `?boxes=true` draws.
+    zone_shapes: dict[str, list[list[float]]] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, Row, liter
 
 from visioncap.store.records import CaptionRecord, CaptionStatus
 from visioncap.store.schema import CHANGE_SEQ_COLUMN, CHANGE_XID_COLUMN, SQLITE_CHANGE_COUNTER
+from visioncap.store.search import DRAWING_ONLY
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +38,7 @@ log = logging.getLogger(__name__)
 PAGE_ROWS = 100
 SCAN_ROWS = 5000
 
-CAPTION_COLUMNS = tuple(
-    column for column in CaptionRecord.__table__.c if column.name not in {"frame_width", "frame_height", "image_region"}
-)
+CAPTION_COLUMNS = tuple(column for column in CaptionRecord.__table__.c if column.name not in DRAWING_ONLY)
 _XID = literal_column(CHANGE_XID_COLUMN, BigInteger)
 _SEQ = literal_column(CHANGE_SEQ_COLUMN, BigInteger)
 # Transactions below it have all ended (PostgreSQL); evaluated once per statement, from the statement's snapshot.

@@ -169,6 +169,8 @@ class CaptionRecord(Base):
     image_region: Mapped[list[int] | None] = mapped_column(JSON, nullable=True, default=None)  # [x1, y1, x2, y2]
     # The zones the frame's people stood in: [{zone, track_id, dwell_s}] (schema step 17; null before it).
     zones: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True, default=None)
+    # The camera's zone polygons then, {name: [[x, y], ...]} normalised (step 17): drawn on the image on request.
+    zone_shapes: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
 
     __table_args__ = (
         # A camera sees one frame at a time: re-running a file finds its frames already stored.

@@ -431,11 +431,13 @@ def _alert_decisions_table(conn: Connection) -> None:
 
 
 def _caption_zones(conn: Connection) -> None:
-    """The zones of each caption: a JSON column for reading, a side table (and its index) for filtering."""
+    """The zones of each caption: JSON columns for reading (the stays) and drawing (the camera's polygons then), a
+    side table (and its index) for filtering."""
     present = {column["name"] for column in inspect(conn).get_columns("captions")}
-    if "zones" not in present:
-        json_type = "JSON" if conn.dialect.name == "postgresql" else "TEXT"
-        conn.execute(text(f"ALTER TABLE captions ADD COLUMN zones {json_type}"))
+    json_type = "JSON" if conn.dialect.name == "postgresql" else "TEXT"
+    for name in ("zones", "zone_shapes"):
+        if name not in present:
+            conn.execute(text(f"ALTER TABLE captions ADD COLUMN {name} {json_type}"))
     CaptionZoneRecord.__table__.create(conn, checkfirst=True)
 
 

@@ -48,10 +48,9 @@ WORD = re.compile(r"\w+", re.UNICODE)
 # Readers get plain rows (the columns of `captions` as attributes), not ORM objects: building 50 mapped objects
 # per page cost more than the query itself, and nothing on the read side changes them.
 CaptionRow = Row[Any]
-# The frame geometry only serves drawing boxes on one image (read through CaptionStore.get).
-CAPTION_COLUMNS = tuple(
-    column for column in CaptionRecord.__table__.c if column.name not in {"frame_width", "frame_height", "image_region"}
-)
+# The frame geometry and the zones' polygons only serve drawing on one image (read through CaptionStore.get).
+DRAWING_ONLY = frozenset({"frame_width", "frame_height", "image_region", "zone_shapes"})
+CAPTION_COLUMNS = tuple(column for column in CaptionRecord.__table__.c if column.name not in DRAWING_ONLY)
 _NEWEST_FIRST = (CaptionRecord.captured_at.desc(), CaptionRecord.id.desc())
 
 # SQLite calls the time-limit check every this many virtual-machine steps (~20 ms of work: a walk takes ~5 steps a

@@ -142,7 +142,9 @@ async def get_image(
     api: Annotated[ApiService, Depends(service)],
     scope: Annotated[CameraScope, Depends(camera_scope)],
     id: CaptionId,
-    boxes: Annotated[bool, Query(description="Draw the detected people on the image.")] = False,
+    boxes: Annotated[
+        bool, Query(description="Draw the detected people (green) and the camera's zones then (amber) on the image.")
+    ] = False,
 ) -> Response:
     row = await anyio.to_thread.run_sync(api.row, id, scope)
     held = {tag.strip() for tag in request.headers.get("if-none-match", "").split(",")}

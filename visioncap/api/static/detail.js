@@ -127,7 +127,7 @@ async function loadEvent(caption, signal) {
 function render(caption) {
   const img = h("img", { id: "detail-image", alt: caption.caption ? `Frame: ${caption.caption}` : `Frame of ${caption.camera}` });
   const figure = h("figure", { class: "frame" }, img,
-    h("figcaption", {}, `${caption.camera} · ${whenLocal(caption.captured_at)} · ${people(caption.people_count)}, outlined`));
+    h("figcaption", {}, `${caption.camera} · ${whenLocal(caption.captured_at)} · ${people(caption.people_count)}, outlined${caption.zones && caption.zones.length ? "; zones in amber" : ""}`));
   if (caption.image_url) {
     // The people drawn by the server (it knows where the stored image sits in the frame); a row without the
     // frame's size has no boxes to draw: the plain image then.

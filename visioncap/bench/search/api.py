@@ -311,6 +311,7 @@ def _row(
         "frame_height": 720,
         "image_region": None,
         "zones": None,
+        "zone_shapes": None,
     }
 
 
@@ -448,9 +449,8 @@ def _load_sqlite(engine: Engine, corpus: Corpus) -> None:
 
 
 def _load_postgresql(engine: Engine, corpus: Corpus) -> None:
-    json_columns = [
-        i for i, name in enumerate(COLUMNS) if name in {"event_ids", "people", "structured", "image_region", "zones"}
-    ]
+    json_names = {"event_ids", "people", "structured", "image_region", "zones", "zone_shapes"}
+    json_columns = [i for i, name in enumerate(COLUMNS) if name in json_names]
     raw = engine.raw_connection()
     try:
         cursor = raw.driver_connection.cursor()  # type: ignore[union-attr]
