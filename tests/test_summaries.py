@@ -22,11 +22,14 @@ from sqlalchemy import Engine, insert, select
 from visioncap.alerts.delivery import DeliveryWorker
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.mqtt import MqttSender
+from visioncap.alerts.service import build_alerts
 from visioncap.alerts.webhook import WebhookSender
 from visioncap.api.auth import hash_key
 from visioncap.config.alerts import AlertsConfig
 from visioncap.config.gateway import GatewayConfig
+from visioncap.config.settings import load_settings
 from visioncap.config.summaries import SummariesConfig
+from visioncap.errors import VisioncapError
 from visioncap.frames import SelectionReason
 from visioncap.gateway.in_thread import GatewayThread
 from visioncap.serve import VllmServer
@@ -50,11 +53,14 @@ ACTIONS = (
 )
 
 
-def seed_day(engine: Engine, camera: str, count: int) -> list[int]:
-    """`count` captioned rows spread over DAY (local), written in one statement: the pipeline's row shape."""
+def seed_day(
+    engine: Engine, camera: str, count: int, start: datetime = DAY, span: timedelta = timedelta(hours=24)
+) -> list[int]:
+    """`count` captioned rows spread over `span` from `start` (DAY, local, by default), written in one statement:
+    the pipeline's row shape. The ids of the camera's rows."""
     rng = random.Random(7)
-    start = DAY.astimezone(UTC)
-    step = timedelta(hours=24) / count
+    start = start.astimezone(UTC)
+    step = span / count
     rows = [
         {
             "pipeline": "p",
@@ -279,3 +285,45 @@ def test_an_empty_window_is_written_without_the_model() -> None:
     summary = writer.write("request", ["front"], start, start + timedelta(hours=1), captions)
     writer.close()
     assert (summary.requests, summary.depth, summary.citations) == (0, 0, ())
+
+
+def test_the_alerts_service_writes_the_due_digests_and_refuses_a_schedule_without_a_model(
+    vllm_server: VllmServer, gateway: GatewayThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`visioncap alerts` runs the scheduled digests (VISIONCAP_SUMMARIES_CONFIG): at its start, the last complete
+    hour of the camera is summarised once, by the VLM through the gateway's background class."""
+    database = f"sqlite:///{tmp_path / 'visioncap.db'}"
+    engine = create_db_engine(database)
+    CaptionStore(engine).create_schema()
+    # Captions in each of the last two complete hours: whichever is the last complete one when the service looks
+    # (the clock may pass an hour meanwhile) has some.
+    _, end = last_complete_window(datetime.now(UTC), "hourly", ZoneInfo("UTC"))
+    seed_day(engine, "front", 40, start=end - timedelta(hours=2), span=timedelta(hours=2))
+    with engine.connect() as conn:
+        seeded = {row.id: row.captured_at for row in conn.execute(select(CaptionRecord.id, CaptionRecord.captured_at))}
+    config = {"context_tokens": served_context(vllm_server), "max_tokens": 48,
+              "digests": [{"camera": "front", "every": "hourly"}]}  # fmt: skip
+    for name, value in {
+        "VISIONCAP_DATABASE_URL": database,
+        "VISIONCAP_DATA_DIR": str(tmp_path / "data"),
+        "VISIONCAP_VLM_BASE_URL": gateway.base_url,
+        "VISIONCAP_VLM_API_KEY": BACKGROUND_KEY,
+        "VISIONCAP_SUMMARIES_CONFIG": json.dumps(config),
+        "VISIONCAP_SUMMARIES_MODEL": TINY_MODEL,
+    }.items():
+        monkeypatch.setenv(name, value)
+    before = background_requests(gateway)
+    with build_alerts(AlertsConfig(), load_settings()) as service:
+        assert service.digests is not None
+        wait_for(lambda: summary_store.list_summaries(engine, "front", 10), 120, "the hourly digest")
+    [summary] = summary_store.list_summaries(engine, "front", 10)
+    assert summary.window_end - summary.window_start == timedelta(hours=1)
+    inside = {row_id for row_id, at in seeded.items() if summary.window_start <= at < summary.window_end}
+    assert summary.caption_count == len(inside) == 20
+    assert set(summary.citations) <= inside
+    assert background_requests(gateway) - before == summary.requests
+    # A schedule with no model to write it: refused at the start, naming the setting.
+    monkeypatch.delenv("VISIONCAP_SUMMARIES_MODEL")
+    monkeypatch.delenv("VISIONCAP_ASK_MODEL", raising=False)
+    with pytest.raises(VisioncapError, match="VISIONCAP_SUMMARIES_MODEL"):
+        build_alerts(AlertsConfig(), load_settings())

@@ -1,5 +1,5 @@
-"""`visioncap alerts`: the engine, one delivery worker per destination and the housekeeping, each in its own
-thread, until stopped."""
+"""`visioncap alerts`: the engine, one delivery worker per destination, the housekeeping and the scheduled
+digests (VISIONCAP_SUMMARIES_CONFIG's `digests`), each in its own thread, until stopped."""
 
 from __future__ import annotations
 
@@ -22,8 +22,14 @@ from visioncap.alerts.verify import Verifier
 from visioncap.alerts.webhook import WebhookSender
 from visioncap.config.alerts import AlertsConfig
 from visioncap.config.settings import Settings
+from visioncap.config.summaries import SummariesSettings
+from visioncap.errors import VisioncapError
+from visioncap.summaries.schedule import Digests
 
 log = logging.getLogger(__name__)
+
+# How often the scheduled digests are checked: an hourly digest is written within this of its hour's end.
+DIGEST_CHECK_S = 60.0
 
 
 def make_senders(config: AlertsConfig) -> dict[str, Sender]:
@@ -49,6 +55,7 @@ class AlertService:
         metrics: AlertMetrics | None = None,
         data_dir: Path | None = None,
         verifier: Verifier | None = None,
+        digests: Digests | None = None,
     ) -> None:
         self.metrics = metrics or AlertMetrics()
         self._config = config
@@ -62,6 +69,7 @@ class AlertService:
         self.housekeeping = Housekeeping(engine, list(self._senders), config.delivery)
         self._poll_s = config.delivery.poll_s
         self._stop = threading.Event()
+        self.digests = digests
         self._threads = [
             threading.Thread(target=self._loop, args=(self.engine.run_once,), name="alerts-engine", daemon=True),
             threading.Thread(
@@ -77,6 +85,19 @@ class AlertService:
                 for worker in self.workers
             ),
         ]
+        if digests is not None:
+            loop = threading.Thread(target=self._digest_loop, args=(digests,), name="digests", daemon=True)
+            self._threads.append(loop)
+
+    def _digest_loop(self, digests: Digests) -> None:
+        """The due digests, at once and then every DIGEST_CHECK_S: a digest is due once its hour or day is over, so
+        it is written within that of its end (a VLM that failed is tried again at the next check)."""
+        while not self._stop.is_set():
+            try:
+                digests.run_once()
+            except Exception:
+                log.exception("digests: the pass failed; trying again in %.0f s", DIGEST_CHECK_S)
+            self._stop.wait(DIGEST_CHECK_S)
 
     def _loop(self, step: Callable[[], int]) -> None:
         while not self._stop.is_set():
@@ -113,6 +134,8 @@ class AlertService:
             sender.close()
         if self.engine.verifier is not None:
             self.engine.verifier.close()
+        if self.digests is not None:
+            self.digests.close()
 
     def stop_soon(self) -> None:
         """Ends wait() and both loops (safe in a signal handler: it only sets an event)."""
@@ -139,7 +162,32 @@ def build_alerts(config: AlertsConfig, settings: Settings) -> AlertService:
     engine = create_db_engine(settings.resolved_database_url())
     ensure_schema(engine)
     verifier = Verifier(config.vlm, settings.vlm_base_url, settings.vlm_api_key.get_secret_value())
-    return AlertService(engine, config, data_dir=settings.data_dir, verifier=verifier)
+    return AlertService(
+        engine, config, data_dir=settings.data_dir, verifier=verifier, digests=build_digests(engine, config, settings)
+    )
+
+
+def build_digests(engine: Engine, alerts: AlertsConfig, settings: Settings) -> Digests | None:
+    """The scheduled digests of VISIONCAP_SUMMARIES_CONFIG, written through the VLM with the background key
+    (VISIONCAP_VLM_API_KEY) and delivered like alerts; None when none are scheduled. A schedule without a model
+    is refused here, at the start, rather than failing every hour."""
+    from visioncap.config.api import ApiSettings
+    from visioncap.summaries import store
+    from visioncap.summaries.writer import SummaryWriter
+
+    summaries = SummariesSettings()
+    if not summaries.config.digests:
+        return None
+    model = summaries.model or ApiSettings().ask_model
+    if model is None:
+        raise VisioncapError(
+            "digests are scheduled (VISIONCAP_SUMMARIES_CONFIG) but no model is named: set VISIONCAP_SUMMARIES_MODEL"
+        )
+    store.ensure_table(engine)
+    writer = SummaryWriter(summaries.config, settings.vlm_base_url, settings.vlm_api_key.get_secret_value(), model)
+    cameras = ", ".join(f"{d.camera} ({d.every})" for d in summaries.config.digests)
+    log.info("digests: %s, in %s, written by %s", cameras, summaries.config.time_zone, model)
+    return Digests(engine, writer, summaries.config, alerts)
 
 
 def run_alerts(config: AlertsConfig, settings: Settings, metrics_port: int | None = None) -> None:

@@ -58,3 +58,6 @@ class Digests:
             if store.add_summary(self._engine, summary, self._alerts, key) is not None:
                 written += 1
         return written
+
+    def close(self) -> None:
+        self._writer.close()
