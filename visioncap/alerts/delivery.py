@@ -52,7 +52,7 @@ class Sender(Protocol):
 
 def backoff(config: DeliveryConfig, attempts: int) -> float:
     """Seconds before the next attempt after `attempts` failed ones: doubling from the first wait to the longest."""
-    return min(config.retry_initial_s * 2 ** (attempts - 1), config.retry_max_s)
+    return float(min(config.retry_initial_s * 2 ** (attempts - 1), config.retry_max_s))
 
 
 # A claim covers the sends of one pass at their longest: passes claim fewer rows of a slow destination, so that a

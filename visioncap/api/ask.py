@@ -17,6 +17,7 @@ import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from zoneinfo import ZoneInfo
 
 import anyio
@@ -256,7 +257,8 @@ class Asker:
     async def complete(self, client: httpx.AsyncClient, plan: Plan) -> ChatCompletion:
         """A non-streaming answer."""
         if plan.prompt is None:
-            text, finish, usage = self._no_match_text(plan), "stop", {}
+            usage: dict[str, Any] = {}
+            text, finish = self._no_match_text(plan), "stop"
         else:
             model = await self.model.resolve(client, plan.request.model)
             try:

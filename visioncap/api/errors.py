@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -42,7 +42,7 @@ def error_response(
     status: int,
     message: str,
     param: str | None = None,
-    headers: dict[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
     error_type: str | None = None,
 ) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, error_type), status_code=status, headers=headers)

@@ -12,8 +12,9 @@ import json
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
+from typing import Any, cast
 
-from sqlalchemy import Engine, delete, select, text, update
+from sqlalchemy import CursorResult, Engine, delete, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -125,7 +126,8 @@ def update_camera(engine: Engine, config: CameraConfig, expected_version: int | 
 def remove_camera(engine: Engine, camera: str) -> bool:
     """Delete a camera's config (its captions and reported state stay); False when there was none."""
     with Session(engine) as session, session.begin():
-        return session.execute(delete(CameraConfigRecord).where(CameraConfigRecord.camera == camera)).rowcount > 0
+        deleted = session.execute(delete(CameraConfigRecord).where(CameraConfigRecord.camera == camera))
+        return cast(CursorResult[Any], deleted).rowcount > 0
 
 
 def _seed_hash(source: SourceConfig) -> str:
@@ -209,9 +211,9 @@ def _apply_seed(
             session.delete(row)
     for camera, source in wanted.items():
         digest = digests[camera]
-        row = rows.get(camera)
+        existing = rows.get(camera)
         config = _config_json(CameraConfig(pipeline=pipeline, source=source))
-        if row is None:
+        if existing is None:
             session.add(
                 CameraConfigRecord(
                     camera=camera,
@@ -225,11 +227,11 @@ def _apply_seed(
                     updated_at=now,
                 )
             )
-        elif row.origin is CameraOrigin.API and row.seed_hash is None:
-            row.seed_hash = digest  # an API camera the file names too: the file's later changes win
-        elif row.seed_hash != digest or (row.origin is CameraOrigin.FILE and row.pipeline != pipeline):
+        elif existing.origin is CameraOrigin.API and existing.seed_hash is None:
+            existing.seed_hash = digest  # an API camera the file names too: the file's later changes win
+        elif existing.seed_hash != digest or (existing.origin is CameraOrigin.FILE and existing.pipeline != pipeline):
             # Changed in the file, or the same file camera now run by another pipeline: the file wins.
-            row.pipeline, row.config, row.paused = pipeline, config, False
-            row.origin, row.seed_hash = CameraOrigin.FILE, digest
-            row.config_version += 1
-            row.updated_at = now
+            existing.pipeline, existing.config, existing.paused = pipeline, config, False
+            existing.origin, existing.seed_hash = CameraOrigin.FILE, digest
+            existing.config_version += 1
+            existing.updated_at = now

@@ -13,8 +13,9 @@ import threading
 import time
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any, cast
 
-from sqlalchemy import Engine, func, select, update
+from sqlalchemy import CursorResult, Engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -59,7 +60,7 @@ def write_camera(engine: Engine, report: CameraReport, fence: Fence | None = Non
         "frames_analysed": report.frames_analysed,
         "reported_at": report.reported_at or utcnow(),
     }
-    changes = {key: value for key, value in values.items() if key != "camera"}
+    changes: dict[str, Any] = {key: value for key, value in values.items() if key != "camera"}
     dialect = engine.dialect.name
     with Session(engine) as session, session.begin():
         if fence is not None and not lease_held(session.connection(), fence, report.camera):
@@ -73,7 +74,7 @@ def write_camera(engine: Engine, report: CameraReport, fence: Fence | None = Non
         if report.last_frame_at is None:
             del changes["last_frame_at"]
         statement = update(CameraRecord).where(CameraRecord.camera == report.camera).values(**changes)
-        if session.execute(statement).rowcount == 0:
+        if cast(CursorResult[Any], session.execute(statement)).rowcount == 0:
             session.add(CameraRecord(**values))
     return True
 

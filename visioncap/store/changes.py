@@ -22,13 +22,13 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import BigInteger, ColumnElement, Connection, Engine, Row, literal, literal_column, select, text, tuple_
 
 from visioncap.store.records import CaptionRecord, CaptionStatus
 from visioncap.store.schema import CHANGE_SEQ_COLUMN, CHANGE_XID_COLUMN, SQLITE_CHANGE_COUNTER
-from visioncap.store.search import DRAWING_ONLY
+from visioncap.store.search import DRAWING_ONLY, not_indexed
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +139,6 @@ def _sqlite_counter(conn: Connection) -> int:
     return int(conn.scalar(text(f"SELECT seq FROM {SQLITE_CHANGE_COUNTER} WHERE id = 1")) or 0)
 
 
-def _unindexed(conn: Connection, column: ColumnElement[Any]) -> ColumnElement[Any]:
-    """A unary + on SQLite: without statistics it prefers any equality (status, camera) to the position range."""
-    if conn.dialect.name != "sqlite":
-        return column
-    return literal_column(f"+captions.{column.name}", column.type)  # type: ignore[attr-defined]
-
-
 def _bound(position: ChangePosition) -> ColumnElement[Any]:
     # BIGINT: transaction ids pass 2**31 on a busy cluster, and a plain int would be bound as INTEGER.
     return tuple_(literal(position.xid, BigInteger), literal(position.seq, BigInteger))
@@ -188,15 +181,15 @@ def changes_after(
         query = (
             select(*CAPTION_COLUMNS, _XID, _SEQ)
             .where(tuple_(_XID, _SEQ) > _bound(after), tuple_(_XID, _SEQ) <= _bound(end))
-            .where(_unindexed(conn, CaptionRecord.status) == CaptionStatus.CAPTIONED.value)
+            .where(not_indexed(conn.engine, CaptionRecord.status) == CaptionStatus.CAPTIONED.value)
         )
         if cameras:
-            query = query.where(_unindexed(conn, CaptionRecord.camera).in_(list(cameras)))
+            query = query.where(not_indexed(conn.engine, CaptionRecord.camera).in_(list(cameras)))
         if min_people is not None:
             query = query.where(CaptionRecord.people_count >= min_people)
         if seen is not None and conn.dialect.name == "postgresql":
             query = query.where(_PG_NOT_SEEN.bindparams(seen=seen))
-        rows = list(conn.execute(query.order_by(_XID, _SEQ).limit(limit)))
+        rows = cast(list[ChangeRow], list(conn.execute(query.order_by(_XID, _SEQ).limit(limit))))
     if len(rows) == limit:
         return ChangePage(rows, ChangePosition.of(rows[-1]), more=True)
     return ChangePage(rows, end, more=count == scan)

@@ -61,7 +61,7 @@ class TextEmbedder:
                 from transformers.utils import logging as transformers_logging
 
                 # Its "Loading weights" bar goes to stderr of every process that loads the model (the API's too).
-                transformers_logging.disable_progress_bar()
+                transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # untyped upstream
                 if self.threads is not None:
                     import torch
 

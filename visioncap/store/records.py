@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import (
     JSON,
@@ -17,6 +17,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     TypeDecorator,
     UniqueConstraint,
@@ -54,6 +55,11 @@ class Base(DeclarativeBase):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def table_of(record: type[Base]) -> Table:
+    """A mapped class's table, as the Table it is (SQLAlchemy types `__table__` as any FromClause)."""
+    return cast(Table, record.__table__)
 
 
 class CaptionStatus(StrEnum):

@@ -200,7 +200,7 @@ def _remove(path: Path, dry_run: bool) -> int | None:
 
 
 def _remove_images(
-    rows: Sequence[Row[tuple[int, str, str | None]]], root: Path, result: RetentionResult, for_space: bool
+    rows: Sequence[Row[int, str, str | None]], root: Path, result: RetentionResult, for_space: bool
 ) -> int:
     """Delete (or, in a dry run, measure) the images of deleted rows, count rows, files and bytes; returns the bytes."""
     counted = 0
@@ -340,7 +340,7 @@ def _sweep_for_space(
         covered = 0
         for row_id, _, image_path, captured_at in candidates:
             after = captured_at, row_id
-            path = _inside(root, image_path)
+            path = _inside(root, image_path) if image_path is not None else None
             if path is None:
                 continue
             try:
@@ -401,7 +401,7 @@ def _sweep_orphans(
         names = {str(path.relative_to(root)): path for path in batch} | {str(path): path for path in batch}
         with engine.connect() as conn:
             query = select(CaptionRecord.image_path).where(CaptionRecord.image_path.in_(list(names)))
-            referenced = {names[name] for name in conn.scalars(query)}
+            referenced = {names[name] for name in conn.scalars(query) if name is not None}
         for path in batch:
             if path in referenced:
                 continue

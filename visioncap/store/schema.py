@@ -30,6 +30,7 @@ from visioncap.store.records import (
     CaptionZoneRecord,
     PipelineSeedRecord,
     WorkerRecord,
+    table_of,
 )
 
 # The text-search configuration of PostgreSQL.
@@ -54,7 +55,7 @@ def _add_geometry_columns(conn: Connection) -> None:
 
 
 def _add_query_indexes(conn: Connection) -> None:
-    for index in CaptionRecord.__table__.indexes:
+    for index in table_of(CaptionRecord).indexes:
         index.create(conn, checkfirst=True)
 
 
@@ -85,7 +86,7 @@ def _full_text_search(conn: Connection) -> None:
 
 def _cameras_table(conn: Connection) -> None:
     # What the pipeline reports of each camera (state, newest frame) for GET /v1/cameras.
-    CameraRecord.__table__.create(conn, checkfirst=True)
+    table_of(CameraRecord).create(conn, checkfirst=True)
 
 
 # FTS5 prefix indexes for prefixes of 2-8 characters (of the stemmed word). The API makes the last word of every
@@ -235,7 +236,7 @@ def _counts_tables(conn: Connection) -> None:
     from the rows, with the triggers off meanwhile and, on PostgreSQL, writers locked out until the step commits.
     """
     for record in (CaptionCountRecord, CaptionEventRecord, CaptionEventCountRecord):
-        record.__table__.create(conn, checkfirst=True)
+        table_of(record).create(conn, checkfirst=True)
     dialect = conn.dialect.name
     if dialect == "postgresql":
         conn.execute(text("LOCK TABLE captions IN SHARE ROW EXCLUSIVE MODE"))
@@ -350,7 +351,7 @@ def _change_positions(conn: Connection) -> None:
 def _alerts_tables(conn: Connection) -> None:
     # Rules made through the API, the alerts engine's cursor, what fired and every delivery of it.
     for record in (AlertRuleRecord, AlertCursorRecord, AlertRecord, AlertDeliveryRecord):
-        record.__table__.create(conn, checkfirst=True)
+        table_of(record).create(conn, checkfirst=True)
 
 
 # Caption vectors for semantic search (step 11): one row per captioned row, written after the caption by the
@@ -399,18 +400,18 @@ def _caption_vectors(conn: Connection) -> None:
 
 def _camera_configs_table(conn: Connection) -> None:
     # What workers run (cameras as data): written by the API, the CLI and pipeline-file seeds.
-    CameraConfigRecord.__table__.create(conn, checkfirst=True)
+    table_of(CameraConfigRecord).create(conn, checkfirst=True)
 
 
 def _worker_leases_tables(conn: Connection) -> None:
     # Several workers share the cameras by leases (PostgreSQL); made on SQLite too, where they stay empty.
-    WorkerRecord.__table__.create(conn, checkfirst=True)
-    CameraLeaseRecord.__table__.create(conn, checkfirst=True)
+    table_of(WorkerRecord).create(conn, checkfirst=True)
+    table_of(CameraLeaseRecord).create(conn, checkfirst=True)
 
 
 def _pipeline_seeds_table(conn: Connection) -> None:
     # Which versions of a pipeline file seeded its cameras, so that an older one never reverts a newer one.
-    PipelineSeedRecord.__table__.create(conn, checkfirst=True)
+    table_of(PipelineSeedRecord).create(conn, checkfirst=True)
 
 
 def _alert_delivery_claims(conn: Connection) -> None:
@@ -438,7 +439,7 @@ def _caption_zones(conn: Connection) -> None:
     for name in ("zones", "zone_shapes"):
         if name not in present:
             conn.execute(text(f"ALTER TABLE captions ADD COLUMN {name} {json_type}"))
-    CaptionZoneRecord.__table__.create(conn, checkfirst=True)
+    table_of(CaptionZoneRecord).create(conn, checkfirst=True)
 
 
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (

@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     ColumnElement,
@@ -30,6 +30,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import QueryableAttribute
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import ClauseElement, Executable
 
@@ -115,7 +116,8 @@ def _text_condition(engine: Engine, free_text: str) -> ColumnElement[bool]:
             return CaptionRecord.id.is_(None)
         # Only word characters reach to_tsquery, so its syntax cannot be injected; the last word is a prefix.
         tsquery = " & ".join([*words[:-1], f"{words[-1]}:*"])
-        return text(f"{PG_TSVECTOR_COLUMN} @@ to_tsquery('{PG_TS_CONFIG}'::regconfig, :q)").bindparams(q=tsquery)
+        matched = text(f"{PG_TSVECTOR_COLUMN} @@ to_tsquery('{PG_TS_CONFIG}'::regconfig, :q)").bindparams(q=tsquery)
+        return cast(ColumnElement[bool], matched)  # a boolean SQL expression; `text` is typed as any clause
     words = WORD.findall(free_text) or [""]
     return and_(*(CaptionRecord.caption.ilike(f"%{word}%") for word in words))
 
@@ -133,7 +135,7 @@ def _conditions(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool
     if query.statuses:
         # The order-by index (capture time, or updated_at for the stream) must drive: SQLite without statistics
         # chose the status index instead, reading most of a million rows (1.2-6 s).
-        conditions.append(_not_indexed(engine, CaptionRecord.status).in_(list(query.statuses)))
+        conditions.append(not_indexed(engine, CaptionRecord.status).in_(list(query.statuses)))
     if query.text:
         conditions.append(_text_condition(engine, query.text))
     if query.zones or query.min_dwell_s is not None:
@@ -210,7 +212,7 @@ def row_checks(engine: Engine, query: CaptionFilter) -> list[ColumnElement[bool]
     if query.min_people:  # 0 holds for every row
         conditions.append(CaptionRecord.people_count >= query.min_people)
     if query.statuses:
-        conditions.append(_not_indexed(engine, CaptionRecord.status).in_(list(query.statuses)))
+        conditions.append(not_indexed(engine, CaptionRecord.status).in_(list(query.statuses)))
     if query.text:
         conditions.append(_text_condition(engine, query.text))
     if query.zones or query.min_dwell_s is not None:
@@ -226,7 +228,7 @@ def camera_check(engine: Engine, query: CaptionFilter) -> list[ColumnElement[boo
     """
     if len(query.cameras) < 2:
         return []
-    return [_not_indexed(engine, CaptionRecord.camera).in_(list(query.cameras))]
+    return [not_indexed(engine, CaptionRecord.camera).in_(list(query.cameras))]
 
 
 def nth(conn: Connection, conditions: Sequence[ColumnElement[bool]], n: int) -> Position | None:
@@ -269,8 +271,8 @@ def _sqlite_settled(
 ) -> bool:
     """Whether every row the walk meets down to `floor` (capture time) has been read from the full-text index
     (id >= below), looking at `scan_rows` rows of the walk at most (False beyond: not known)."""
-    newest = select(CaptionRecord.id).where(*walk, CaptionRecord.captured_at >= floor)
-    newest = newest.order_by(*_NEWEST_FIRST).limit(scan_rows).subquery()
+    walked = select(CaptionRecord.id).where(*walk, CaptionRecord.captured_at >= floor)
+    newest = walked.order_by(*_NEWEST_FIRST).limit(scan_rows).subquery()
     lowest, count = conn.execute(select(func.min(newest.c.id), func.count()).select_from(newest)).one()
     return bool(count < scan_rows and (lowest is None or lowest >= below))
 
@@ -300,8 +302,10 @@ def _sqlite_text_page(
     batch = min(_FTS_BATCH, max(1, scan_rows // 4))
     # One statement: the newest matches' rowids, each with its capture time when the row passes the other filters
     # (a left join), so the batch's oldest rowid is known without binding the batch back as a list.
-    matches = text("SELECT rowid FROM captions_fts WHERE captions_fts MATCH :match ORDER BY rowid DESC LIMIT :batch")
-    matches = matches.bindparams(match=match, batch=batch).columns(rowid=Integer).subquery("matches")
+    newest_matches = text(
+        "SELECT rowid FROM captions_fts WHERE captions_fts MATCH :match ORDER BY rowid DESC LIMIT :batch"
+    )
+    matches = newest_matches.bindparams(match=match, batch=batch).columns(rowid=Integer).subquery("matches")
     ranked = select(matches.c.rowid, CaptionRecord.captured_at).select_from(
         matches.outerjoin(CaptionRecord, and_(CaptionRecord.id == matches.c.rowid, *others))
     )
@@ -508,15 +512,15 @@ def search_captions(
     return rows, just_above(cut) if cut is not None else None
 
 
-def _not_indexed(engine: Engine, column: ColumnElement[Any]) -> ColumnElement[Any]:
+def not_indexed(engine: Engine, column: QueryableAttribute[Any] | ColumnElement[Any]) -> ColumnElement[Any]:
     """`column` as SQLite must not pick an index for (a unary +); as is elsewhere.
 
     Without statistics SQLite prefers any equality to a range or an ORDER BY index: for `status` (nine rows in ten
     are captioned) that meant reading most of the table and sorting it.
     """
     if engine.dialect.name != "sqlite":
-        return column
-    return literal_column(f"+captions.{column.name}", column.type)  # type: ignore[attr-defined]
+        return column.expression if isinstance(column, QueryableAttribute) else column
+    return literal_column(f"+captions.{column.key}", column.type)
 
 
 def camera_summaries(engine: Engine) -> list[CameraSummary]:
@@ -533,7 +537,7 @@ def camera_summaries(engine: Engine) -> list[CameraSummary]:
         select(CaptionRecord.captured_at)
         .where(
             CaptionRecord.camera == cameras.c.camera,
-            _not_indexed(engine, CaptionRecord.status) == CaptionStatus.CAPTIONED.value,
+            not_indexed(engine, CaptionRecord.status) == CaptionStatus.CAPTIONED.value,
         )
         .order_by(CaptionRecord.captured_at.desc())
         .limit(1)

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 from sqlalchemy import (
@@ -110,7 +111,7 @@ _VECTORS = table(VECTORS_TABLE, column("caption_id", Integer), column("embedding
 _FTS = table("captions_fts", column("rowid", Integer))
 
 
-def _similarities(conn: Connection, window: Select[tuple[int]], vector: np.ndarray) -> dict[int, float]:
+def _similarities(conn: Connection, window: Select[Any], vector: np.ndarray) -> dict[int, float]:
     in_window = _VECTORS.c.caption_id.in_(window)
     if conn.dialect.name == "sqlite":
         # sqlite-vec computes in SQLite: the vectors never cross into Python.
@@ -136,7 +137,7 @@ def _sqlite_alike(
     return {int(row_id): float(score) for row_id, score in conn.execute(statement)}
 
 
-def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str], limit: int | None = None) -> list[int]:
+def _word_ranks(conn: Connection, window: Select[Any], words: list[str], limit: int | None = None) -> list[int]:
     """The window's rows with every one of `words` (the last also as a prefix, as `q`), best first (the first
     `limit`)."""
     if not words:
@@ -155,7 +156,7 @@ def _word_ranks(conn: Connection, window: Select[tuple[int]], words: list[str], 
     tsquery = func.to_tsquery(
         literal_column(f"'{PG_TS_CONFIG}'::regconfig"), " & ".join([*words[:-1], f"{words[-1]}:*"])
     )
-    tsvector = literal_column(PG_TSVECTOR_COLUMN)
+    tsvector: ColumnElement[Any] = literal_column(PG_TSVECTOR_COLUMN)
     statement = select(CaptionRecord.id).where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery))
     statement = statement.order_by(func.ts_rank(tsvector, tsquery).desc(), CaptionRecord.id.desc())
     return list(conn.scalars(statement.limit(limit)))
@@ -224,7 +225,7 @@ def _sqlite_page(
     deepest = start + size + len(word_ids) + 2
     rank = func.row_number().over(order_by=(similarity.desc(), CaptionRecord.id.desc()))
     ranks = select(CaptionRecord.id.label("id"), rank.label("rank")).select_from(vectors).where(*window).subquery()
-    listed = select(literal_column("value")).select_from(func.json_each(json.dumps(word_ids)))
+    listed: Select[Any] = select(literal_column("value")).select_from(func.json_each(json.dumps(word_ids)))
     statement = select(ranks.c.id, ranks.c.rank).where(or_(ranks.c.rank <= deepest, ranks.c.id.in_(listed)))
     semantic = {int(row_id): int(position) for row_id, position in conn.execute(statement)}
     return _below(_fused_ranks(semantic, word_ids), after, size)
@@ -280,7 +281,9 @@ def _index_filter(query: CaptionFilter, top: Position) -> IndexFilter:
 def _ids_in(conn: Connection, ids: Sequence[int]) -> ColumnElement[bool]:
     """`captions.id` among `ids` (thousands): a JSON array on SQLite, not a bound parameter each."""
     if conn.dialect.name == "sqlite":
-        listed = select(literal_column("value")).select_from(func.json_each(json.dumps([int(i) for i in ids])))
+        listed: Select[Any] = select(literal_column("value")).select_from(
+            func.json_each(json.dumps([int(i) for i in ids]))
+        )
         return CaptionRecord.id.in_(listed)
     return CaptionRecord.id.in_([int(i) for i in ids])
 
@@ -495,10 +498,10 @@ def any_word_search(
         if conn.dialect.name == "sqlite":
             # The rows' ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
             # more than the full-text matches themselves.
-            ids = _id_range(conn, in_scope)
-            if ids is None:
+            span = _id_range(conn, in_scope)
+            if span is None:
                 return []
-            rankings = [_fused({}, _sqlite_word_ranks(conn, in_scope, [word], ids, limit=cap)) for word in words]
+            rankings = [_fused({}, _sqlite_word_ranks(conn, in_scope, [word], span, limit=cap)) for word in words]
         else:
             window = select(CaptionRecord.id).where(*in_scope)
             rankings = [_fused({}, _word_ranks(conn, window, [word], limit=cap)) for word in words]
@@ -522,6 +525,6 @@ def any_word_search(
             for row_id, score in ranking.items():
                 scores[row_id] = scores.get(row_id, 0.0) + score
         ranked = sorted(((score, row_id) for row_id, score in scores.items()), reverse=True)
-        ids = [row_id for _, row_id in ranked[:limit]]
-        found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(ids)))}
-    return [found[row_id] for row_id in ids if row_id in found]
+        best = [row_id for _, row_id in ranked[:limit]]
+        found = {row.id: row for row in conn.execute(select(*CAPTION_COLUMNS).where(CaptionRecord.id.in_(best)))}
+    return [found[row_id] for row_id in best if row_id in found]

@@ -142,6 +142,7 @@ def add_summary(
 ) -> Summary | None:
     """Stores `summary` and queues its deliveries in one transaction; None when a digest of `key` is already
     stored (another scheduler wrote it)."""
+    created_at = utcnow()
     values = {
         "kind": summary.kind,
         "digest_key": key,
@@ -156,12 +157,12 @@ def add_summary(
         "requests": summary.requests,
         "max_prompt_tokens": summary.max_prompt_tokens,
         "model": summary.model,
-        "created_at": utcnow(),
+        "created_at": created_at,
     }
     try:
         with engine.begin() as conn:
             new_id = int(conn.execute(insert(summaries).values(**values).returning(summaries.c.id)).scalar_one())
-            stored = replace(summary, id=new_id, created_at=values["created_at"])
+            stored = replace(summary, id=new_id, created_at=created_at)
             if alerts is not None:
                 _queue(conn, alerts, stored)
     except IntegrityError:
