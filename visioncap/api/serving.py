@@ -35,7 +35,7 @@ from visioncap.api.protocol import (
 )
 from visioncap.config.api import ApiSettings
 from visioncap.config.cameras import CameraChange, SubmittedCamera
-from visioncap.store import CaptionStore
+from visioncap.store import CaptionStatus, CaptionStore
 from visioncap.store.camera_configs import (
     CameraExists,
     add_camera,
@@ -196,7 +196,7 @@ class ApiService:
             until=until,
             text=q,
             min_people=min_people,
-            statuses=list(dict.fromkeys(statuses)),
+            statuses=[CaptionStatus(status) for status in dict.fromkeys(statuses)],
             zones=zones_param(zones),
             min_dwell_s=min_dwell_s,
         )
@@ -242,7 +242,7 @@ class ApiService:
             raise ApiError(409, f"caption {caption_id} is already pending", param="id")
         return Regenerated(
             id=caption_id,
-            status="pending",
+            status=CaptionStatus.PENDING,
             detail="back in the outbox as pending; the pipeline captions it when it next loads pending rows "
             "(the start of `visioncap run`, before new frames)",
         )
@@ -287,7 +287,7 @@ class ApiService:
             raise ApiError(404, f"no camera {camera} is configured", param="camera")
 
     def status_counts(self) -> dict[str, int]:
-        return status_counts(self.engine)
+        return {str(status): count for status, count in status_counts(self.engine).items()}
 
     # -- live stream -----------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import Response
@@ -15,7 +15,7 @@ from visioncap.api.cursors import decode_alert_cursor, encode_alert_cursor
 from visioncap.api.errors import ApiError, bad_param
 from visioncap.api.protocol import Alert, AlertDelivery, AlertPage, AlertRuleList, AlertRuleView, ErrorResponse
 from visioncap.api.routers.captions import Time
-from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, SharedPathRoute, service
+from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, Responses, SharedPathRoute, service
 from visioncap.api.serving import ApiService
 from visioncap.config.alerts import NAME_PATTERN, AlertRule, AlertRulePatch, AlertsConfig
 from visioncap.store.records import DeliveryState
@@ -25,11 +25,11 @@ router = APIRouter(
 )
 
 RuleName = Annotated[str, Path(pattern=NAME_PATTERN, description="Rule name.")]
-RULE_ERRORS = {
+RULE_ERRORS: Responses = {
     404: {"model": ErrorResponse, "description": "No rule of that name."},
     409: {"model": ErrorResponse, "description": "A rule of that name exists, or the rule is the file's."},
 }
-BODY_ERRORS = {
+BODY_ERRORS: Responses = {
     **RULE_ERRORS,
     **BAD_BODY,
     403: {
@@ -41,7 +41,7 @@ BODY_ERRORS = {
 
 
 def file_config(request: Request) -> AlertsConfig | None:
-    return request.app.state.alerts_config
+    return cast(AlertsConfig | None, request.app.state.alerts_config)
 
 
 def _utc(value: datetime | None) -> datetime | None:

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Response
 from visioncap.api.auth import CameraScope, camera_scope
 from visioncap.api.errors import bad_param
 from visioncap.api.protocol import CameraList, CameraSettings, ErrorResponse
-from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, SharedPathRoute, service
+from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, Responses, SharedPathRoute, service
 from visioncap.api.serving import ApiService
 from visioncap.config.cameras import CameraChange, SubmittedCamera
 from visioncap.config.sources import CAMERA_ID_PATTERN
@@ -20,7 +20,7 @@ router = APIRouter(
 )
 
 CameraId = Annotated[str, Path(pattern=CAMERA_ID_PATTERN, description="Camera id.", examples=["door"])]
-NOT_FOUND = {404: {"model": ErrorResponse, "description": "No camera with this id is configured."}}
+NOT_FOUND: Responses = {404: {"model": ErrorResponse, "description": "No camera with this id is configured."}}
 SECRETS = (
     " URLs may not hold a password or credential parameter inline (422): reference it as "
     "${VISIONCAP_CAMERA_SECRET_NAME}, an environment variable of the worker resolved only when it opens the camera, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import get_origin
+from typing import Any, cast, get_origin
 
 import anyio
 from fastapi import Depends, HTTPException, Request, Security
@@ -108,7 +108,7 @@ class SharedPathRoute(APIRoute):
                 method
                 for route in scope["app"].router.routes
                 if isinstance(route, APIRoute) and route.path_format == self.path_format
-                for method in route.methods
+                for method in route.methods or ()
             }
             raise HTTPException(405, "Method Not Allowed", headers={"Allow": ", ".join(sorted(allowed))})
         await super().handle(scope, receive, send)
@@ -118,7 +118,10 @@ class SharedPathRoute(APIRoute):
 # query (checked_query).
 SECURED = [Security(bearer_scheme), Security(header_scheme), Depends(checked_query)]
 
-ERRORS = {
+# What FastAPI's `responses=` takes: status code -> the response's model and description.
+Responses = dict[int | str, dict[str, Any]]
+
+ERRORS: Responses = {
     401: {"model": ErrorResponse, "description": "Missing or unknown API key."},
     403: {
         "model": ErrorResponse,
@@ -134,7 +137,7 @@ ERRORS = {
         "`until` must be after `since`; `cursor` must be a `next_cursor` the API returned.",
     },
 }
-BAD_BODY = {
+BAD_BODY: Responses = {
     400: {"model": ErrorResponse, "description": "The body is not JSON, not UTF-8, or holds a lone surrogate."},
     413: {
         "model": ErrorResponse,
@@ -142,8 +145,8 @@ BAD_BODY = {
         "VISIONCAP_ASK_MAX_BODY_BYTES); refused before it is read.",
     },
 }
-NOT_FOUND = {404: {"model": ErrorResponse, "description": "No caption with this id."}}
+NOT_FOUND: Responses = {404: {"model": ErrorResponse, "description": "No caption with this id."}}
 
 
 def service(request: Request) -> ApiService:
-    return request.app.state.api
+    return cast(ApiService, request.app.state.api)

@@ -37,8 +37,8 @@ async def readyz(api: Annotated[ApiService, Depends(service)]) -> Response:
     if api.settings.api_ready_check_vlm and api.http is not None:
         # Ask's model too: a VLM that answers /models but not for the name Ask sends would fail every question.
         ask = await api.asker.model.check(api.http)
-        status = "ready" if readiness.status == "ready" and ask.ok else "unavailable"
-        readiness = Readiness(status=status, checks={**readiness.checks, "ask": ask})
+        ready = readiness.status == "ready" and ask.ok
+        readiness = Readiness(status="ready" if ready else "unavailable", checks={**readiness.checks, "ask": ask})
     if readiness.status == "ready":
         return JSONResponse(readiness.model_dump(mode="json"))
     return JSONResponse(readiness.model_dump(mode="json"), status_code=503, headers={"Retry-After": RETRY_AFTER_S})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import APIRouter, Depends, Query, Request
 
@@ -22,7 +22,7 @@ def summaries(request: Request, api: Annotated[ApiService, Depends(service)]) ->
     state = request.app.state
     if getattr(state, "summaries", None) is None:
         state.summaries = Summaries(api.settings, api.engine, state.alerts_config)
-    return state.summaries
+    return cast(Summaries, state.summaries)
 
 
 @router.post(
