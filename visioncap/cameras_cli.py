@@ -87,7 +87,8 @@ def _invalid(exc: ValidationError, model: type[CameraConfig] = SubmittedCamera) 
 
 
 def _check_host(url: str | None) -> None:
-    if url is not None and (problem := load_settings().camera_hosts().url_problem(url)):
+    problem: str | None = load_settings().camera_hosts().url_problem(url) if url is not None else None
+    if problem:
         raise ConfigError(f"--url: {problem}")
 
 

@@ -87,7 +87,7 @@ def _empty_scene(t: int, rng: np.random.Generator) -> np.ndarray:
 def make_demo_video(path: Path) -> tuple[Segment, ...]:
     """Write the demo video (MPEG-4 in .mp4) and return its segments."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), FPS, (WIDTH, HEIGHT))
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), FPS, (WIDTH, HEIGHT))
     if not writer.isOpened():
         raise RuntimeError(f"cannot write video {path}")
     rng = np.random.default_rng(0)

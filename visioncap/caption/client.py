@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -98,13 +98,15 @@ class VlmCaptioner:
     """
 
     def __init__(self, vlm: VlmConfig, caption: CaptionConfig, base_url: str, api_key: str) -> None:
-        from ultralytics import LLM
+        from ultralytics.models import LLM
 
         self._vlm = vlm
         self._caption = caption
         self.base_url = base_url.rstrip("/")
         self._llm = LLM(vlm.model, api="chat.completions", base_url=self.base_url, api_key=api_key)
-        self._llm.client = openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=vlm.timeout_s, max_retries=0)
+        # Our own client (its timeout, no retries: the outbox retries); LLM's attribute is typed as None.
+        client = openai.OpenAI(base_url=self.base_url, api_key=api_key, timeout=vlm.timeout_s, max_retries=0)
+        cast(Any, self._llm).client = client
         self._api_key = api_key
         self._request_extras: dict[str, Any] = {}
         if caption.structured:

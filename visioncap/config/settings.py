@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeVar, overload
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
@@ -111,7 +111,15 @@ class Settings(BaseSettings):
 S = TypeVar("S", bound=Settings)
 
 
-def load_settings(kind: type[S] = Settings) -> S:  # type: ignore[assignment]
+@overload
+def load_settings() -> Settings: ...
+
+
+@overload
+def load_settings(kind: type[S]) -> S: ...
+
+
+def load_settings(kind: type[Settings] = Settings) -> Settings:
     """`kind` read from the VISIONCAP_* variables and .env; a bad value is a ConfigError naming the variable."""
     try:
         return kind()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,10 +31,10 @@ class PersonTracker:
         from ultralytics.utils import YAML, IterableSimpleNamespace
         from ultralytics.utils.checks import check_yaml
 
-        args = IterableSimpleNamespace(**YAML.load(check_yaml(f"{kind}.yaml")))
+        args = IterableSimpleNamespace(**YAML.load(check_yaml(f"{kind}.yaml")))  # type: ignore[no-untyped-call]
         # track_buffer counts frames; the pipeline thinks in seconds, whatever rate it analyses at.
         args.track_buffer = max(1, math.ceil(keep_lost_s * analyse_fps))
-        self._tracker = TRACKER_MAP[kind](args=args)
+        self._tracker: Any = TRACKER_MAP[kind](args=args)
 
     def update(self, detection: Detection) -> Detection:
         """The detection with track ids; people whose track is not yet confirmed, or who stand in a mask, are left

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
@@ -11,6 +12,9 @@ from visioncap.config.detector import DetectorConfig
 from visioncap.detect.weights import resolve_weights
 from visioncap.errors import ConfigError
 from visioncap.frames import Detection, Frame, PersonBox
+
+if TYPE_CHECKING:  # imported at run time only where detection happens (commands that never detect start fast)
+    from ultralytics.engine.results import Results
 
 OFFLINE_HINT = (
     "Ultralytics downloads its named models on first use; without internet access, point detector.weights "
@@ -24,7 +28,7 @@ class PersonDetector:
 
     def __init__(self, config: DetectorConfig, base_dir: Path | None = None) -> None:
         # Imported here so that commands which never detect (serve, captions) start fast.
-        from ultralytics import YOLO
+        from ultralytics.models import YOLO
 
         self._config = config
         weights = resolve_weights(config.weights, base_dir)
@@ -58,8 +62,11 @@ class PersonDetector:
             verbose=False,
         )
         detections = []
-        for frame, result in zip(frames, results, strict=True):
+        for frame, result in zip(frames, cast("list[Results]", results), strict=True):
             boxes = result.boxes
+            if boxes is None:  # a detect model always has boxes; nothing found is an empty set of them
+                detections.append(Detection(frame=frame, people=()))
+                continue
             people = tuple(
                 PersonBox(
                     x1=float(x1), y1=float(y1), x2=float(x2), y2=float(y2), confidence=float(conf), class_id=int(cls)

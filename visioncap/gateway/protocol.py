@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from copy import deepcopy
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
@@ -309,7 +309,7 @@ def json_schema(model: type[BaseModel]) -> dict[str, Any]:
             return [inline(child) for child in value]
         return value
 
-    return inline(schema)
+    return cast(dict[str, Any], inline(schema))
 
 
 def request_body(model: type[BaseModel]) -> dict[str, Any]:

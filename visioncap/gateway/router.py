@@ -6,7 +6,7 @@ answers are described here for the OpenAPI document only (`visioncap.gateway.pro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -105,7 +105,7 @@ def _utility(summary: str, body: type[Any]) -> dict[str, Any]:
 
 
 def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
+    return cast(Gateway, request.app.state.gateway)
 
 
 # The generation routes, by path: `visioncap.gateway.app.GenerationFastPath` serves these without FastAPI's

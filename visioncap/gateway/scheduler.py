@@ -71,7 +71,7 @@ class Grant:
     # Images larger than this many tokens must be downscaled before sending (the caps at admission); None: as sent.
     max_tokens_per_image: int | None = None
     # Set by the holder while its request may still be cancelled and redone; called at most once.
-    preempt: Callable[[], None] | None = field(default=None, repr=False)
+    preempt: Callable[[], object] | None = field(default=None, repr=False)
     preempted: bool = False
     paced: bool = False  # admitted at the pacer's rate beside chat (not in an unpaced burst while chat was idle)
     _released: bool = False

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, cast
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -34,6 +34,7 @@ from visioncap.gateway.protocol import (
     CompletionView,
     EmbeddingsView,
     ResponsesView,
+    _View,
 )
 from visioncap.gateway.proxy import Outcome, ProxyResponse, Upstream, UpstreamRefusedError, UpstreamResponse
 from visioncap.gateway.replicas import Replica, rank_for_chat
@@ -60,7 +61,15 @@ UPSTREAM_PATHS: dict[Endpoint, str] = {
     "responses": "/responses",
     "embeddings": "/embeddings",
 }
-VIEWS = {
+
+
+class Finish(Protocol):
+    """The end of one exchange (`_finisher`): `answered` False for a refusal counted where it becomes a response."""
+
+    def __call__(self, outcome: Outcome, answered: bool = True) -> None: ...
+
+
+VIEWS: dict[str, type[_View]] = {
     "chat": ChatCompletionView,
     "completions": CompletionView,
     "responses": ResponsesView,
@@ -488,9 +497,11 @@ class Gateway:
 
             # Not retried elsewhere when the replica fails: the pipeline's outbox sends it again.
             if stream or not self.config.background.preempt:  # a stream's head arrives at once: nothing to redo
-                return await self._proxy(
+                unpreempted = await self._proxy(
                     request, replica, endpoint, class_name, sent, stream, started, done, measure=False
                 )
+                assert unpreempted is not None  # None only for a preempted grant, and none was given
+                return unpreempted
             response = await self._proxy(
                 request, replica, endpoint, class_name, sent, stream, started, done, measure=False, grant=grant
             )
@@ -558,9 +569,7 @@ class Gateway:
             observer = self._stream_observer(replica, class_name, started, measure, first_token)
         return ProxyResponse(upstream, finish, observer)
 
-    def _finisher(
-        self, endpoint: Endpoint, class_name: str, started: float, done: Callable[[Outcome], None]
-    ) -> Callable[[Outcome, bool], None]:
+    def _finisher(self, endpoint: Endpoint, class_name: str, started: float, done: Callable[[Outcome], None]) -> Finish:
         """The end of one exchange: its metrics and log line, then `done`."""
 
         def finish(outcome: Outcome, answered: bool = True) -> None:
@@ -693,7 +702,7 @@ async def _unless_disconnected(request: Request, waiting: Any) -> Grant | None:
                 await admission
     if admission.cancelled():
         return None
-    return admission.result()
+    return cast(Grant | None, admission.result())
 
 
 def _learnt(decision: Decision | None) -> dict[str, Any] | None:

@@ -250,18 +250,18 @@ def _derive(profile: ModelProfile, card: CardFigures) -> tuple[str, dict[str, An
         by_compute = [c for c in classes if _class_tflops(c) == slowest]
         compute_ratio = card.spec.peak_bf16_tflops / slowest
 
-    def smallest(candidates: list[str], name: str) -> Any:
+    def least(candidates: list[str], name: str) -> Any:
         values = [getattr(serving[c], name) for c in candidates if getattr(serving[c], name) is not None]
         return min(values, key=lambda v: (isinstance(v, str), v)) if values else None
 
     values: dict[str, Any] = {}
     for name in ("max_model_len", "max_num_seqs"):
-        values[name] = smallest(by_memory, name)
-    utilization = smallest(by_memory, "gpu_memory_utilization")
+        values[name] = least(by_memory, name)
+    utilization = least(by_memory, "gpu_memory_utilization")
     if isinstance(utilization, float):
         values["gpu_memory_utilization"] = utilization
     for name in ("max_num_batched_tokens", "long_prefill_token_threshold"):
-        values[name] = smallest(by_compute, name)
+        values[name] = least(by_compute, name)
     if memory_ratio < 1 and values["max_num_seqs"] is not None:
         values["max_num_seqs"] = max(int(values["max_num_seqs"] * memory_ratio), 1)
     if compute_ratio < 1:
@@ -291,7 +291,10 @@ def _derive(profile: ModelProfile, card: CardFigures) -> tuple[str, dict[str, An
     else:
         compute_why = f"{compute_names} ({_class_tflops(by_compute[0]):g} TFLOP/s, the fastest class not above this "
         compute_why += f"card's {card.spec.peak_bf16_tflops:g})"
-    said = lambda names: ", ".join(f"{n} {values[n]}" for n in names if values.get(n) is not None)  # noqa: E731
+
+    def said(names: tuple[str, ...]) -> str:
+        return ", ".join(f"{n} {values[n]}" for n in names if values.get(n) is not None)
+
     memory_values = said(("max_model_len", "max_num_seqs", "gpu_memory_utilization"))
     compute_values = said(("max_num_batched_tokens", "long_prefill_token_threshold"))
     if memory_values:

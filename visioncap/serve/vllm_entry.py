@@ -108,7 +108,7 @@ class _CpuBuildDistribution(importlib.metadata.Distribution):
         return re.sub(r"(?m)^Version:(.*)$", add_local_tag, text, count=1)
 
     def locate_file(self, path: str | os.PathLike[str]) -> Path:
-        return Path(self._base.locate_file(path))
+        return Path(str(self._base.locate_file(path)))
 
 
 class _CpuBuildFinder:

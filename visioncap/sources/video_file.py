@@ -84,7 +84,7 @@ class VideoFileSource(FrameSource):
                 if not ok:
                     break
                 self.frames_read += 1
-                if due:
+                if due and image is not None:
                     next_due += 1.0 / step
                     yield Frame(camera=self.camera, index=index, offset_s=index / fps, image=image)
                 index += 1

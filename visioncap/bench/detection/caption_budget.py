@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from visioncap.bench.common.outputs import command_line, write_results
 from visioncap.bench.common.stats import percentile
@@ -236,8 +236,8 @@ def evaluate(
                 "tracks_captioned": f"{len(event_tracks & captioned_tracks)}/{len(event_tracks)}",
             }
         )
-    shown = [e["first_frame_after_s"] for e in per_event if e["first_frame_after_s"] is not None]
-    chosen = [e["first_chosen_after_s"] for e in per_event if e["first_chosen_after_s"] is not None]
+    shown = [cast(float, e["first_frame_after_s"]) for e in per_event if e["first_frame_after_s"] is not None]
+    chosen = [cast(float, e["first_chosen_after_s"]) for e in per_event if e["first_chosen_after_s"] is not None]
     requests = len(outcome.picks)
     return {
         "policy": outcome.name,

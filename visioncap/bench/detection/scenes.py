@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import cv2
 import numpy as np
@@ -411,7 +411,7 @@ class Scene:
     def write(self, path: Path, start: int = 0, end: int | None = None) -> Path:
         """Frames [start, end) as an MPEG-4 .mp4 (the codec the demo uses; OpenCV writes it without extras)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, (WIDTH, HEIGHT))
+        writer = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"mp4v"), self.fps, (WIDTH, HEIGHT))
         if not writer.isOpened():
             raise RuntimeError(f"cannot write video {path}")
         try:
@@ -542,7 +542,7 @@ def detection_quality(scene: Scene, frames: Sequence[TrackedFrame], stable_frame
         "person_frame_recall_after_tracking": round(len(tracked_hit) / max(1, len(person_frames)), 3),
         "people_count_exact": round(len(count_ok) / max(1, len(person_frames)), 3),
         "empty_frames_with_detection": round(len(false_alarm) / max(1, len(empty_frames)), 3),
-        "events_found": sum(1 for e in events if e["frames_with_detection"] > 0),
+        "events_found": sum(1 for e in events if cast(int, e["frames_with_detection"]) > 0),
         "events": len(events),
         "stable_tracks": sum(1 for s in spans.values() if s[2] >= stable_frames),
         "stable_tracks_outside_events": len(stray),

@@ -83,7 +83,7 @@ def decode(path: Path) -> list[np.ndarray]:
 def export_onnx(image_size: int) -> tuple[Path, dict[str, Any]]:
     """The packaged .pt exported to ONNX at the benchmark's image size, into data/ (Ultralytics writes the export
     beside its input, so the .pt is copied there first rather than exporting inside site-packages)."""
-    from ultralytics import YOLO
+    from ultralytics.models import YOLO
 
     folder = DATA_DIR / "models"
     folder.mkdir(parents=True, exist_ok=True)
@@ -224,7 +224,7 @@ class Plain:
     """The baseline: Ultralytics' own predict, one frame per call, frames already decoded."""
 
     def __init__(self, weights: str, config: DetectorConfig) -> None:
-        from ultralytics import YOLO
+        from ultralytics.models import YOLO
 
         self.model = YOLO(weights, task="detect")
         self.config = config
@@ -301,7 +301,7 @@ def compare(
     frames = sum(row["pipeline"].frames for row in rows)
 
     def ms(name: str, attr: str = "seconds") -> float:
-        return round(1000 * sum(getattr(row[name], attr) for row in rows) / frames, 2)
+        return round(1000 * float(sum(getattr(row[name], attr) for row in rows)) / frames, 2)
 
     piped = [row["pipeline"] for row in rows]
     stage_ms = {k: round(1000 * sum(p.stages[k] for p in piped) / frames, 2) for k in piped[0].stages}

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import cv2
 import httpx
@@ -47,7 +47,10 @@ def _frames() -> tuple[bytes, bytes]:
     rng = np.random.default_rng(1)
     wall = np.full((HEIGHT, WIDTH, 3), (120, 130, 140), np.float32) + rng.normal(0, 2, (HEIGHT, WIDTH, 3))
     wall = wall.clip(0, 255).astype(np.uint8)
-    photo = cv2.imread(str(Path(ultralytics.__file__).parent / "assets" / "zidane.jpg"))
+    source = Path(ultralytics.__file__).parent / "assets" / "zidane.jpg"
+    photo = cv2.imread(str(source))
+    if photo is None:
+        raise FileNotFoundError(f"{source}: Ultralytics' sample photo is missing or unreadable")
     scale = WIDTH / photo.shape[1]
     photo = cv2.resize(photo, (WIDTH, round(photo.shape[0] * scale)))
     people = wall.copy()
@@ -236,8 +239,11 @@ def workers_stopped(workers: list[Worker]) -> Iterator[list[Worker]]:
 
 def lease_owner(engine: Engine, camera: str) -> str | None:
     with engine.connect() as conn:
-        return conn.scalar(
-            text("SELECT owner FROM camera_leases WHERE camera = :c AND expires_at > now()"), {"c": camera}
+        return cast(
+            "str | None",
+            conn.scalar(
+                text("SELECT owner FROM camera_leases WHERE camera = :c AND expires_at > now()"), {"c": camera}
+            ),
         )
 
 

@@ -88,9 +88,9 @@ def _measure_live(
     """The parts that need PostgreSQL, the tiny vLLM and worker processes (one start of each for both)."""
     bin_dir = postgres_bin()
     if bin_dir is None:
-        raise typer.Exit("PostgreSQL is not installed (apt-get install postgresql)")
+        raise SystemExit("PostgreSQL is not installed (apt-get install postgresql)")
     if "takeover" in chosen and netns_problem():
-        raise typer.Exit(f"takeover needs a network namespace: {netns_problem()}")
+        raise SystemExit(f"takeover needs a network namespace: {netns_problem()}")
     # Worker and vLLM logs stay for a look after the run (data/ is not committed); the last run's only.
     work = REPO / "data" / "benchmarks" / "fleet"
     shutil.rmtree(work, ignore_errors=True)

@@ -76,7 +76,7 @@ def cpu_by_group(vllm_pids: Iterable[int], others: Mapping[str, int], own: str =
     (group -> pid) with its descendants, and this process alone as `own` (its children are the servers above).
     Processes that ended are left out."""
     totals: dict[str, float] = {}
-    members = [(p, None) for pid in vllm_pids for p in _tree(pid)]
+    members: list[tuple[psutil.Process, str | None]] = [(p, None) for pid in vllm_pids for p in _tree(pid)]
     members += [(p, group) for group, pid in others.items() for p in _tree(pid)]
     members.append((psutil.Process(), own))
     seen: set[int] = set()

@@ -312,7 +312,7 @@ def _chat_latency(ax_ttft: Axes, ax_itl: Axes, phases: dict[str, PhaseResult]) -
         if phase is None:
             continue
         ok = [c for c in phase.chats if c.ttft_s is not None and c.error is None]
-        style = {"color": COLORS.get(name), "linestyle": "--" if name == "S0-gateway" else "-"}
+        style: dict[str, Any] = {"color": COLORS.get(name), "linestyle": "--" if name == "S0-gateway" else "-"}
         if ok:
             x, y = ecdf([c.ttft_s * 1000 for c in ok if c.ttft_s is not None])
             ax_ttft.step(x, y, where="post", label=f"{name} (n={len(x)})", **style)

@@ -148,8 +148,8 @@ async def measure(chats: int, baseline: Path | None, work_dir: Path) -> dict[str
     direct_first = statistics.median(t[0] for t in times["direct"])
     direct_end = statistics.median(t[1] for t in times["direct"])
     arms: dict[str, Any] = {}
-    for arm, measured in times.items():
-        first, end = statistics.median(t[0] for t in measured), statistics.median(t[1] for t in measured)
+    for arm, samples in times.items():
+        first, end = statistics.median(t[0] for t in samples), statistics.median(t[1] for t in samples)
         arms[arm] = {
             "first_content_ms": round(first * 1000, 4),
             "answer_end_ms": round(end * 1000, 4),

@@ -46,7 +46,7 @@ from visioncap.bench.common.outputs import RESULTS_DIR, command_line, machine_li
 from visioncap.bench.common.stats import percentile
 from visioncap.config.api import ApiSettings
 from visioncap.config.keys import hash_key
-from visioncap.frames import Caption
+from visioncap.frames import Caption, SelectionReason
 from visioncap.serve.ports import check_own, free_port
 from visioncap.store import CaptionStatus, CaptionStore, NewCaption, create_db_engine
 from visioncap.store.records import CaptionRecord
@@ -643,7 +643,8 @@ class LoadProcess:
     def stop(self) -> dict[str, Any]:
         self.process.send_signal(signal.SIGTERM)
         self.process.wait(timeout=60)
-        return json.loads(self.report.read_text())
+        report: dict[str, Any] = json.loads(self.report.read_text())
+        return report
 
 
 def run_load(argv: Sequence[str]) -> int:
@@ -753,7 +754,7 @@ def _live_caption(number: int) -> NewCaption:
         frame_index=number,
         offset_s=number / 25,
         captured_at=datetime.now(UTC),
-        reason="new-event",
+        reason=SelectionReason.NEW_EVENT,
         people=people,
         image_width=644,
         image_height=364,

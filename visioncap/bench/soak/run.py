@@ -140,8 +140,13 @@ class RtspCamera:
         )
         self.process = process
         lines: queue.Queue[str] = queue.Queue()
+
         # readline() alone could block for good; a thread lets the wait below time out.
-        threading.Thread(target=lambda: [lines.put(line) for line in process.stdout or ()], daemon=True).start()
+        def read_lines() -> None:
+            for line in process.stdout or ():
+                lines.put(line)
+
+        threading.Thread(target=read_lines, daemon=True).start()
         deadline = time.monotonic() + self.ready_timeout_s
         while True:
             try:
@@ -181,7 +186,7 @@ def _role(proc: psutil.Process, root_pid: int) -> str:
         return "vllm-" + joined.split()[0].removeprefix("VLLM::").lower()
     if "multiprocessing.resource_tracker" in joined:
         return "vllm-resource-tracker"
-    return "child-" + proc.name()
+    return "child-" + str(proc.name())
 
 
 def _rss_anon_mb(pid: int) -> float | None:
@@ -200,7 +205,10 @@ def sample_processes(root_pid: int, extra: dict[str, int]) -> list[dict[str, Any
     """RSS/USS/PSS, fds, threads and CPU time of the pipeline and every process below it, plus `extra`."""
     try:
         root = psutil.Process(root_pid)
-        procs = [(root, None), *((child, None) for child in root.children(recursive=True))]
+        procs: list[tuple[psutil.Process, str | None]] = [
+            (root, None),
+            *((child, None) for child in root.children(recursive=True)),
+        ]
     except psutil.Error:
         procs = []
     for role, pid in extra.items():

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from visioncap.bench.standin.fidelity import (
     FIGURES,
@@ -169,6 +169,8 @@ def target_shape(profile: str, gpu: str, models_dir: Path) -> TargetShape:
     args = plan_serving(loaded, gpu=gpu).args
     budget = int(args[args.index("--max-num-batched-tokens") + 1])
     cost = for_profile(loaded, gpu)
+    if cost.frame_prompt_tokens is None:
+        raise ValueError(f"{profile} on {gpu}: the cost model has no frame prompt to size the stand-in by")
     return TargetShape(
         gpu, target_for(profile, gpu, models_dir), cost.frame_prompt_tokens, budget, cost.workload.chat_prompt_tokens
     )
@@ -353,7 +355,7 @@ def workload_for(profile: ModelProfile, target: str | None, gpu: str) -> StandIn
     spec = profile.stand_in
     if spec is None or target is None or spec.target != target:
         return None
-    return spec.workloads.get(gpu)  # type: ignore[call-overload]
+    return cast("StandInWorkload | None", spec.workloads.get(gpu))  # type: ignore[call-overload]
 
 
 def workload_options(workload: StandInWorkload, chat_prompt_tokens: tuple[int, int]) -> dict[str, Any]:

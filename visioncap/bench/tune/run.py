@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import httpx
 
@@ -374,8 +374,7 @@ def tied_with(marked: list[TunedMeasurement], pool: list[int], by_throughput: bo
     return [
         i
         for i in pool
-        if i == best
-        or (marked[i].itl_p99_interval_ms is not None and marked[i].itl_p99_interval_ms[0] <= best_interval[1])
+        if i == best or ((interval := marked[i].itl_p99_interval_ms) is not None and interval[0] <= best_interval[1])
     ]
 
 
@@ -695,7 +694,7 @@ def _results(
         "margins": margins(marked, choice.chosen),
         "warnings": warnings(measured.runs, offered_rate=options.objective_level is not None),
     }
-    return _jsonable(results)
+    return cast(dict[str, Any], _jsonable(results))
 
 
 def _stand_in_record(target_of: StandInTarget) -> dict[str, Any]:

@@ -67,9 +67,8 @@ def _line_after(node: yaml.Node) -> int:
     """The line just after a node: a scalar or flow collection ends on its own line; a block collection's end
     mark is already the line of the next token."""
     block = isinstance(node, yaml.CollectionNode) and not node.flow_style
-    if not block and node.end_mark.column > 0:
-        return node.end_mark.line + 1
-    return node.end_mark.line
+    line = int(node.end_mark.line)
+    return line + 1 if not block and node.end_mark.column > 0 else line
 
 
 def insert_key(text: str, path: list[str | int], key: str, value: str) -> str | None:
@@ -165,7 +164,8 @@ def write_tuned(
         head = set_serving_value(
             head, data, gpu_class, "long_prefill_token_threshold", chosen["long_prefill_token_threshold"]
         )
-    existing = data.get("tuned") if isinstance(data.get("tuned"), dict) else {}
+    tuned = data.get("tuned")
+    existing: dict[str, Any] = tuned if isinstance(tuned, dict) else {}
     try:  # records of the other GPU classes are kept as they are
         records = {gpu: TunedRecord.model_validate(value) for gpu, value in existing.items() if gpu != gpu_class}
     except ValidationError as exc:
