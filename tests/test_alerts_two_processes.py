@@ -31,7 +31,6 @@ def test_two_alert_processes_deliver_each_alert_once(postgres: str, tmp_path: Pa
     url = fresh_database(postgres)
     store = CaptionStore(create_db_engine(url))
     store.create_schema()
-    ids = [add_caption(store, "dock", T0 + timedelta(minutes=m), f"caption {m}", people=2) for m in range(ALERTS)]
     with Receiver([200]) as receiver:
         path = tmp_path / "alerts.yaml"
         config = {
@@ -57,6 +56,16 @@ def test_two_alert_processes_deliver_each_alert_once(postgres: str, tmp_path: Pa
                             cwd=REPO,
                         )
                     )
+            # The captions come once both processes run (both said so): otherwise the first could deliver every
+            # alert while the second still imports, and nothing would be shared.
+            wait_for(
+                lambda: all("alerts: started" in log.read_text() for log in logs),
+                120,
+                lambda: f"both alert processes to start: {[log.read_text()[-2000:] for log in logs]}",
+            )
+            ids = [
+                add_caption(store, "dock", T0 + timedelta(minutes=m), f"caption {m}", people=2) for m in range(ALERTS)
+            ]
 
             def delivered() -> bool:
                 assert all(p.poll() is None for p in processes), [log.read_text() for log in logs]

@@ -11,6 +11,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import Engine
 
@@ -22,9 +23,10 @@ from visioncap.alerts.verify import Verifier
 from visioncap.alerts.webhook import WebhookSender
 from visioncap.config.alerts import AlertsConfig
 from visioncap.config.settings import Settings
-from visioncap.config.summaries import SummariesSettings
 from visioncap.errors import VisioncapError
-from visioncap.summaries.schedule import Digests
+
+if TYPE_CHECKING:
+    from visioncap.summaries.schedule import Digests
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +174,9 @@ def build_digests(engine: Engine, alerts: AlertsConfig, settings: Settings) -> D
     (VISIONCAP_VLM_API_KEY) and delivered like alerts; None when none are scheduled. A schedule without a model
     is refused here, at the start, rather than failing every hour."""
     from visioncap.config.api import ApiSettings
+    from visioncap.config.summaries import SummariesSettings
     from visioncap.summaries import store
+    from visioncap.summaries.schedule import Digests
     from visioncap.summaries.writer import SummaryWriter
 
     summaries = SummariesSettings()
@@ -194,9 +198,11 @@ def run_alerts(config: AlertsConfig, settings: Settings, metrics_port: int | Non
     """Run the alerts service in the foreground until SIGINT or SIGTERM; /metrics on 127.0.0.1:`metrics_port`."""
     from prometheus_client import start_http_server
 
-    with build_alerts(config, settings) as service:
+    service = build_alerts(config, settings)
+    # Before the start (and its "started" line): a SIGTERM from then on is a clean stop, exit 0, however early.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: service.stop_soon())
+    with service:
         if metrics_port is not None:
             start_http_server(metrics_port, addr="127.0.0.1", registry=service.metrics.registry)
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda *_: service.stop_soon())
         service.wait()
