@@ -165,7 +165,7 @@ def boxes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Boxes]:
             profile=profile,
             stages=stages,
             override=overrides[project],
-            postgres="central-postgres",
+            postgres="central-postgres" if project == CENTRAL else None,
             out=OUT,
         )
         for project, (profile, stages) in BOXES.items()

@@ -108,11 +108,12 @@ class Stack:
     stages: tuple[tuple[str, ...], ...] = STAGES
     before_upgrade: dict[int, tuple[str, str]] = field(default_factory=dict)
     # What tests/test_deploy_boxes.py changes for each of its two boxes: the compose project, its profile, the
-    # test's override file (None: this one-box stack's, which follows the release in use), the PostgreSQL service.
+    # test's override file (None: this one-box stack's, which follows the release in use), the PostgreSQL service
+    # (None: the box has none, and sql() is refused).
     project: str = PROJECT
     profile: str | None = None
     override: Path | None = None
-    postgres: str = "postgres"
+    postgres: str | None = "postgres"
     out: Path = OUT
 
     @property
@@ -168,6 +169,8 @@ class Stack:
         return run(["podman", "exec", self.container(service), *args], timeout=timeout).stdout
 
     def sql(self, query: str) -> list[list[str]]:
+        if self.postgres is None:
+            raise AssertionError(f"{self.project} has no PostgreSQL service")
         out = self.exec(self.postgres, "psql", "-U", "visioncap", "-d", "visioncap", "-At", "-F", "\t", "-c", query)
         return [line.split("\t") for line in out.splitlines() if line]
 
@@ -501,9 +504,11 @@ def vlm_away(data: Stack, box: Stack) -> None:
 
 def postgres_restarted(data: Stack) -> None:
     before = data.rows()
+    postgres = data.postgres
+    assert postgres is not None, "rows() needs it too"
     started = time.monotonic()
-    run(["podman", "restart", "-t", "30", data.container(data.postgres)])
-    data.wait_healthy(data.postgres)
+    run(["podman", "restart", "-t", "30", data.container(postgres)])
+    data.wait_healthy(postgres)
     data.measured["postgres_restart_recovery_s"] = round(
         time.monotonic() - started + wait_new_captions(data, max(before), "after PostgreSQL restarted"), 1
     )

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import json
 import random
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,14 +25,14 @@ from sqlalchemy import Engine, insert, select
 from visioncap.alerts.delivery import DeliveryWorker
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.mqtt import MqttSender
-from visioncap.alerts.service import build_alerts
+from visioncap.alerts.service import DIGEST_STOP_S, build_alerts
 from visioncap.alerts.webhook import WebhookSender
 from visioncap.api.auth import hash_key
 from visioncap.config.alerts import AlertsConfig
 from visioncap.config.gateway import GatewayConfig
 from visioncap.config.settings import load_settings
 from visioncap.config.summaries import SummariesConfig
-from visioncap.errors import VisioncapError
+from visioncap.errors import ConfigError, VisioncapError
 from visioncap.frames import SelectionReason
 from visioncap.gateway.in_thread import GatewayThread
 from visioncap.serve import VllmServer
@@ -327,3 +330,57 @@ def test_the_alerts_service_writes_the_due_digests_and_refuses_a_schedule_withou
     monkeypatch.delenv("VISIONCAP_ASK_MODEL", raising=False)
     with pytest.raises(VisioncapError, match="VISIONCAP_SUMMARIES_MODEL"):
         build_alerts(AlertsConfig(), load_settings())
+
+
+def test_the_alerts_service_stops_without_waiting_out_a_digest_request_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A VLM that took the digest's request and never answers (a real socket that accepts and stays silent):
+    stop() returns after DIGEST_STOP_S, not after the summaries' timeout_s, and nothing half-written is stored,
+    so the digest is still due at the next start."""
+    database = f"sqlite:///{tmp_path / 'visioncap.db'}"
+    engine = create_db_engine(database)
+    CaptionStore(engine).create_schema()
+    _, end = last_complete_window(datetime.now(UTC), "hourly", ZoneInfo("UTC"))
+    seed_day(engine, "front", 40, start=end - timedelta(hours=2), span=timedelta(hours=2))
+    taken = threading.Event()
+    held: list[socket.socket] = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+
+        def accept() -> None:
+            connection, _ = listener.accept()
+            held.append(connection)
+            taken.set()
+
+        threading.Thread(target=accept, daemon=True).start()
+        config = {"timeout_s": 600, "digests": [{"camera": "front", "every": "hourly"}]}
+        for name, value in {
+            "VISIONCAP_DATABASE_URL": database,
+            "VISIONCAP_DATA_DIR": str(tmp_path / "data"),
+            "VISIONCAP_VLM_BASE_URL": f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+            "VISIONCAP_SUMMARIES_CONFIG": json.dumps(config),
+            "VISIONCAP_SUMMARIES_MODEL": TINY_MODEL,
+        }.items():
+            monkeypatch.setenv(name, value)
+        service = build_alerts(AlertsConfig(), load_settings())
+        service.start()
+        try:
+            assert taken.wait(60), "the digest's request never reached the VLM"
+        finally:
+            started = time.monotonic()
+            service.stop()
+            stopped_in = time.monotonic() - started
+        for connection in held:
+            connection.close()
+    assert stopped_in < DIGEST_STOP_S + 10 < 600
+    assert summary_store.list_summaries(engine, "front", 10) == []
+
+
+def test_a_malformed_summaries_setting_is_one_line_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VISIONCAP_DATABASE_URL", f"sqlite:///{tmp_path / 'visioncap.db'}")
+    monkeypatch.setenv("VISIONCAP_SUMMARIES_CONFIG", '{"digests": [{"camera": "front", "every": "weekly"}]}')
+    with pytest.raises(ConfigError, match="VISIONCAP_SUMMARIES_CONFIG") as raised:
+        build_alerts(AlertsConfig(), load_settings())
+    assert "\n" not in str(raised.value)

@@ -22,7 +22,7 @@ from visioncap.alerts.mqtt import MqttSender
 from visioncap.alerts.verify import Verifier
 from visioncap.alerts.webhook import WebhookSender
 from visioncap.config.alerts import AlertsConfig
-from visioncap.config.settings import Settings
+from visioncap.config.settings import Settings, load_settings
 from visioncap.errors import VisioncapError
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# How long stop() waits for a digest's VLM request in flight before it closes the writer under it.
+DIGEST_STOP_S = 5.0
 # How often the scheduled digests are checked: an hourly digest is written within this of its hour's end.
 DIGEST_CHECK_S = 60.0
 
@@ -128,9 +130,15 @@ class AlertService:
             thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self.stop_soon()
         for thread in self._threads:
-            if thread.is_alive():
+            if thread.name == "digests":
+                # It may be inside a VLM request (up to the summaries' timeout_s): wait for it a bounded time only.
+                # A digest not finished is not stored and stays due for the next start; the thread is a daemon.
+                thread.join(DIGEST_STOP_S)
+                if thread.is_alive():
+                    log.info("digests: a VLM request was in flight at stop; that digest is written at the next start")
+            elif thread.is_alive():
                 thread.join()
         for sender in self._senders.values():
             sender.close()
@@ -140,8 +148,10 @@ class AlertService:
             self.digests.close()
 
     def stop_soon(self) -> None:
-        """Ends wait() and both loops (safe in a signal handler: it only sets an event)."""
+        """Ends wait() and the loops (safe in a signal handler: it only sets events)."""
         self._stop.set()
+        if self.digests is not None:
+            self.digests.stop()
 
     def wait(self) -> None:
         """Until stop_soon() or stop()."""
@@ -179,10 +189,11 @@ def build_digests(engine: Engine, alerts: AlertsConfig, settings: Settings) -> D
     from visioncap.summaries.schedule import Digests
     from visioncap.summaries.writer import SummaryWriter
 
-    summaries = SummariesSettings()
+    # load_settings: a malformed VISIONCAP_SUMMARIES_* value is one line naming it, not pydantic's dump
+    summaries = load_settings(SummariesSettings)
     if not summaries.config.digests:
         return None
-    model = summaries.model or ApiSettings().ask_model
+    model = summaries.model or load_settings(ApiSettings).ask_model
     if model is None:
         raise VisioncapError(
             "digests are scheduled (VISIONCAP_SUMMARIES_CONFIG) but no model is named: set VISIONCAP_SUMMARIES_MODEL"

@@ -94,27 +94,25 @@ def _utc(param: str, value: datetime | None) -> datetime | None:
         raise bad_param(param, f"out of range: {exc}") from exc
 
 
-def cameras_param(values: Sequence[str]) -> list[str]:
-    """`camera=a&camera=b` or `camera=a,b`."""
-    cameras = [part.strip() for value in values for part in value.split(",") if part.strip()]
-    if len(cameras) > MAX_CAMERAS:
-        raise bad_param("camera", f"at most {MAX_CAMERAS} cameras")
-    for camera in cameras:
-        _check_text("camera", camera, MAX_CAMERA_LENGTH)
-    return cameras
-
-
 MAX_ZONES, MAX_ZONE_LENGTH = 32, 64
 
 
+def names_param(values: Sequence[str], param: str, most: int, longest: int) -> list[str]:
+    """`param=a&param=b` or `param=a,b`, each name once, in the order given. A name nothing has matches nothing."""
+    names = list(dict.fromkeys(part.strip() for value in values for part in value.split(",") if part.strip()))
+    if len(names) > most:
+        raise bad_param(param, f"at most {most} {param}s")
+    for name in names:
+        _check_text(param, name, longest)
+    return names
+
+
+def cameras_param(values: Sequence[str]) -> list[str]:
+    return names_param(values, "camera", MAX_CAMERAS, MAX_CAMERA_LENGTH)
+
+
 def zones_param(values: Sequence[str]) -> list[str]:
-    """`zone=a&zone=b` or `zone=a,b`. Like cameras, a name no zone has matches nothing."""
-    zones = list(dict.fromkeys(part.strip() for value in values for part in value.split(",") if part.strip()))
-    if len(zones) > MAX_ZONES:
-        raise bad_param("zone", f"at most {MAX_ZONES} zones")
-    for zone in zones:
-        _check_text("zone", zone, MAX_ZONE_LENGTH)
-    return zones
+    return names_param(values, "zone", MAX_ZONES, MAX_ZONE_LENGTH)
 
 
 class StreamSlot:

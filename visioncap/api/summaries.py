@@ -12,6 +12,7 @@ from visioncap.api.errors import ApiError, bad_param
 from visioncap.api.summaries_protocol import SummaryList, SummaryRequest, SummaryView
 from visioncap.config.alerts import AlertsConfig
 from visioncap.config.api import ApiSettings
+from visioncap.config.settings import load_settings
 from visioncap.config.summaries import SummariesSettings
 from visioncap.summaries import store
 from visioncap.summaries.writer import SummaryError, SummaryWriter, WindowTooLarge
@@ -23,7 +24,7 @@ def _utc(value: datetime) -> datetime:
 
 class Summaries:
     def __init__(self, api_settings: ApiSettings, engine: Engine, alerts: AlertsConfig | None) -> None:
-        self.settings = SummariesSettings()
+        self.settings = load_settings(SummariesSettings)
         self._engine = engine
         self._alerts = alerts
         self._model = self.settings.model or api_settings.ask_model

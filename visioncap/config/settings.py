@@ -108,7 +108,7 @@ class Settings(BaseSettings):
         return f"sqlite:///{(self.data_dir / 'visioncap.db').resolve()}"
 
 
-S = TypeVar("S", bound=Settings)
+S = TypeVar("S", bound=BaseSettings)
 
 
 @overload
@@ -119,7 +119,7 @@ def load_settings() -> Settings: ...
 def load_settings(kind: type[S]) -> S: ...
 
 
-def load_settings(kind: type[Settings] = Settings) -> Settings:
+def load_settings(kind: type[BaseSettings] = Settings) -> BaseSettings:
     """`kind` read from the VISIONCAP_* variables and .env; a bad value is a ConfigError naming the variable."""
     try:
         return kind()

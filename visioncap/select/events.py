@@ -59,6 +59,9 @@ class EventSelector:
         self._diagonal = 1.0
         self._required = set(config.required_zones)
         self._camera = ""
+        self._zones: list[Zone] = []
+        self._loiter_limits: dict[str, float] = {}
+        self._use_camera("")
         self.finished_visits: deque[ZoneVisit] = deque(maxlen=FINISHED_VISITS)
         self._now = 0.0
         spacing = 60.0 / config.max_captions_per_minute if config.max_captions_per_minute else 0.0
@@ -102,15 +105,18 @@ class EventSelector:
         track = self._tracks.get(track_id)
         return tuple(track.visits) if track else ()
 
-    def _camera_zones(self) -> list[Zone]:
-        return [zone for zone in self._config.zones if zone.applies_to(self._camera)]
+    def _use_camera(self, camera: str) -> None:
+        """The zones of `camera` and their loiter limits, worked out once per camera, not per track and frame."""
+        self._camera = camera
+        self._zones = [zone for zone in self._config.zones if zone.applies_to(camera)]
+        self._loiter_limits = {zone.name: zone.loiter_s for zone in self._zones if zone.loiter_s is not None}
 
     def _loiter_s(self, zone: str) -> float:
-        return next((z.loiter_s for z in self._camera_zones() if z.name == zone and z.loiter_s is not None), math.inf)
+        return self._loiter_limits.get(zone, math.inf)
 
     def _loitering(self, track: _Track) -> list[ZoneVisit]:
         """The track's current stays that reached their zone's `loiter_s` and have had no zone-dwell frame."""
-        limits = {zone.name: zone.loiter_s for zone in self._camera_zones() if zone.loiter_s is not None}
+        limits = self._loiter_limits
         return [
             visit
             for visit in track.visits
@@ -121,7 +127,7 @@ class EventSelector:
         ]
 
     def _update_zones(self, track: _Track, person: PersonBox, now: float, width: int, height: int) -> None:
-        zones = self._camera_zones()
+        zones = self._zones
         inside = zones_of(person, zones, width, height) if zones else set()
         for visit in track.visits:
             if visit.exited_s is None and visit.zone in inside:
@@ -137,7 +143,8 @@ class EventSelector:
         return not self._required or bool(track.inside & self._required)
 
     def _update_tracks(self, detection: Detection, now: float, width: int, height: int) -> None:
-        self._camera = detection.frame.camera
+        if detection.frame.camera != self._camera:
+            self._use_camera(detection.frame.camera)
         seen = set()
         for person in detection.people:
             if person.track_id is None:

@@ -7,6 +7,7 @@ written by two processes at once stored once (the later one's insert fails and i
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -38,6 +39,12 @@ class Digests:
         self._writer = writer
         self._config = config
         self._alerts = alerts
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ends run_once before its next VLM request (safe in a signal handler: it only sets an event). The digest
+        being written stays due: nothing is stored until its last request has answered."""
+        self._stop.set()
 
     def run_once(self, now: datetime | None = None) -> int:
         """Writes the due digests; how many were stored. A failing VLM leaves a digest due for the next pass."""
@@ -45,13 +52,15 @@ class Digests:
         zone = ZoneInfo(self._config.time_zone)
         written = 0
         for schedule in self._config.digests:
+            if self._stop.is_set():
+                break
             start, end = last_complete_window(now, schedule.every, zone)
             key = store.digest_key(schedule.every, schedule.camera, start)
             if store.digest_exists(self._engine, key):
                 continue
             captions = store.window_captions(self._engine, [schedule.camera], start, end, self._config.max_captions)
             try:
-                summary = self._writer.write(schedule.every, [schedule.camera], start, end, captions)
+                summary = self._writer.write(schedule.every, [schedule.camera], start, end, captions, self._stop)
             except SummaryError as exc:
                 log.warning("digest %s failed, tried again next pass: %s", key, exc)
                 continue

@@ -8,6 +8,7 @@ when they are in the window.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -85,8 +86,16 @@ class SummaryWriter:
         return Written(str(text), int(usage.get("completion_tokens") or 0), int(usage.get("prompt_tokens") or 0))
 
     def write(
-        self, kind: str, cameras: Sequence[str], start: datetime, end: datetime, captions: Sequence[WindowCaption]
+        self,
+        kind: str,
+        cameras: Sequence[str],
+        start: datetime,
+        end: datetime,
+        captions: Sequence[WindowCaption],
+        stop: threading.Event | None = None,
     ) -> Summary:
+        """`stop`, once set, ends a hierarchical write before its next request (a SummaryError): a service that stops
+        waits for one request at most, not for every part of a busy day."""
         config = self.config
         if len(captions) > config.max_captions:
             raise WindowTooLarge(f"the window holds more than {config.max_captions} captions; ask for a shorter one")
@@ -122,6 +131,8 @@ class SummaryWriter:
             pending = list(reversed(parts))
             while pending:
                 part = pending.pop()
+                if stop is not None and stop.is_set():
+                    raise SummaryError("stopped before the summary was finished")
                 requests += 1  # every request sent, refused ones too: what the gateway counted
                 try:
                     answer = self._ask(chunking.user_prompt(head, part, of_parts), camera)
