@@ -36,7 +36,7 @@ from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import VECTORS_TABLE
 from visioncap.store.search import WORD, CaptionFilter, SearchLimits, camera_check, row_checks, walk_conditions
-from visioncap.store.semantic import STOP_WORDS, _similarities, _word_ranks, semantic_search
+from visioncap.store.semantic import STOP_WORDS, _similarities, _sqlite_word_ranks, _word_ranks, semantic_search
 from visioncap.store.vector_index import index_for
 from visioncap.store.vectors import BackgroundEmbedder, backfill
 
@@ -330,3 +330,24 @@ def test_latency_bench_times_every_case_idle_and_busy(tmp_path: Path) -> None:
     recall = {"recall_at_5": dict.fromkeys(MODES, 1.0), "queries": []}
     report = render({"machine": machine_facts(), "command": "bench", "quality": recall, "latency": timing})
     assert "| ask_retrieval | 2 |" in report and "not judged" in report
+
+
+def test_a_words_list_over_a_broad_scope_ranks_its_newest_matches(engine: Engine) -> None:
+    """Over the index (a broad scope) a word's list is the full-text ranking of its newest `newest` matches only:
+    ranking every match would cost what the archive holds. The same order as the full ranking, restricted."""
+    word = "man"
+    with engine.connect() as conn:
+        if conn.dialect.name == "sqlite":
+
+            def ranks(limit: int | None = None, newest: int | None = None) -> list[int]:
+                return _sqlite_word_ranks(conn, [], [word], limit=limit, newest=newest)
+        else:
+
+            def ranks(limit: int | None = None, newest: int | None = None) -> list[int]:
+                return _word_ranks(conn, select(CaptionRecord.id), [word], limit=limit, newest=newest)
+
+        every = ranks()
+        assert len(every) > 30, "the labelled set has this word in many captions"
+        newest_ids = set(sorted(every, reverse=True)[:20])
+        assert ranks(limit=8, newest=20) == [row_id for row_id in every if row_id in newest_ids][:8]
+        assert ranks(newest=10_000) == every

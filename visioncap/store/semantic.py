@@ -79,8 +79,12 @@ CANDIDATE_GROWTH = 4
 # Copies of one code are as near as each other, so the cap costs a page nothing it would have had unless the page
 # holds more than k / 16 of them; then the growth (x4) raises the cap too.
 CODE_SHARE = 16
-# The words list of a search over the index: the best this many full-text matches (all of them in a window).
+# The words list of a search over the index: the best this many full-text matches (all of them in a window),
+# ranked among the newest WORDS_SCAN matches under the filters. Ranking every match costs what the archive holds
+# (a word such as "person" is in most captions: a million matches at a million rows); the newest ones are what a
+# question over a broad scope asks about, and older captions still come by meaning, from the index.
 WORDS_LIMIT = 1000
+WORDS_SCAN = 4 * WORDS_LIMIT
 # Words that say nothing about a scene: the words list needs every word, and captions seldom have "someone".
 STOP_WORDS = (
     frozenset({"a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "by", "for", "with", "from", "into"})
@@ -137,9 +141,11 @@ def _sqlite_alike(
     return {int(row_id): float(score) for row_id, score in conn.execute(statement)}
 
 
-def _word_ranks(conn: Connection, window: Select[Any], words: list[str], limit: int | None = None) -> list[int]:
+def _word_ranks(
+    conn: Connection, window: Select[Any], words: list[str], limit: int | None = None, newest: int | None = None
+) -> list[int]:
     """The window's rows with every one of `words` (the last also as a prefix, as `q`), best first (the first
-    `limit`)."""
+    `limit`); `newest`: ranked among the newest that many matches only (a broad scope, over the index)."""
     if not words:
         return []
     if conn.dialect.name == "sqlite":
@@ -157,8 +163,15 @@ def _word_ranks(conn: Connection, window: Select[Any], words: list[str], limit: 
         literal_column(f"'{PG_TS_CONFIG}'::regconfig"), " & ".join([*words[:-1], f"{words[-1]}:*"])
     )
     tsvector: ColumnElement[Any] = literal_column(PG_TSVECTOR_COLUMN)
+    rank = func.ts_rank(tsvector, tsquery)
+    matches = select(CaptionRecord.id.label("id"), rank.label("rank"))
+    matches = matches.where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery))
+    if newest is not None:
+        newest_first = matches.order_by(CaptionRecord.id.desc()).limit(newest).subquery()
+        statement = select(newest_first.c.id).order_by(newest_first.c.rank.desc(), newest_first.c.id.desc())
+        return list(conn.scalars(statement.limit(limit)))
     statement = select(CaptionRecord.id).where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery))
-    statement = statement.order_by(func.ts_rank(tsvector, tsquery).desc(), CaptionRecord.id.desc())
+    statement = statement.order_by(rank.desc(), CaptionRecord.id.desc())
     return list(conn.scalars(statement.limit(limit)))
 
 
@@ -174,19 +187,28 @@ def _sqlite_word_ranks(
     words: list[str],
     ids: tuple[int, int] | None = None,
     limit: int | None = None,
+    newest: int | None = None,
 ) -> list[int]:
     """`_word_ranks` on SQLite from the window's terms, without reading the window's ids into Python. `ids`: the
-    window's `_id_range` when the caller has it (one read for several lists)."""
+    window's `_id_range` when the caller has it (one read for several lists). `newest`: ranked among the newest
+    that many matches only, found newest first and with no id range (a broad scope, over the index: the range's
+    min and max read every row the filters keep, 0.3 s at a million rows)."""
     if not words:
         return []
+    match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
+    # FTS5 walks its matches and each is looked up in captions by id. `+ 0` keeps the join term from reaching FTS5
+    # as a rowid constraint: it would then run the whole match once per window row.
+    matches = _FTS.join(CaptionRecord.__table__, CaptionRecord.id == _FTS.c.rowid + 0)
+    if newest is not None:
+        scored = select(_FTS.c.rowid.label("id"), literal_column("bm25(captions_fts)").label("rank"))
+        scored = scored.select_from(matches).where(match, *window).order_by(_FTS.c.rowid.desc()).limit(newest)
+        newest_first = scored.subquery()
+        statement = select(newest_first.c.id).order_by(newest_first.c.rank, newest_first.c.id.desc())
+        return list(conn.scalars(statement.limit(limit)))
     ids = ids or _id_range(conn, window)
     if ids is None:
         return []
     low, high = ids
-    match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
-    # FTS5 walks its matches in the window's id range and each is looked up in captions by id. `+ 0` keeps the
-    # join term from reaching FTS5 as a rowid constraint: it would then run the whole match once per window row.
-    matches = _FTS.join(CaptionRecord.__table__, CaptionRecord.id == _FTS.c.rowid + 0)
     statement = select(_FTS.c.rowid).select_from(matches).where(match, _FTS.c.rowid.between(low, high), *window)
     return list(conn.scalars(statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc()).limit(limit)))
 
@@ -389,9 +411,15 @@ def explained_search(
                 listed = None
                 if hybrid:
                     listed = (
-                        _sqlite_word_ranks(conn, in_scope, words, limit=WORDS_LIMIT)
+                        _sqlite_word_ranks(conn, in_scope, words, limit=WORDS_LIMIT, newest=WORDS_SCAN)
                         if sqlite
-                        else _word_ranks(conn, select(CaptionRecord.id).where(*in_scope), words, limit=WORDS_LIMIT)
+                        else _word_ranks(
+                            conn,
+                            select(CaptionRecord.id).where(*in_scope),
+                            words,
+                            limit=WORDS_LIMIT,
+                            newest=WORDS_SCAN,
+                        )
                     )
                 vector = encoded.result()[0]
                 if listed is None:
@@ -493,18 +521,23 @@ def any_word_search(
         if top is None:
             return []
         in_scope, index = _scope(conn, engine, query, top, limits, words=True)
-        # Over the index (a broad filter: a month of many cameras) each list is its best WORDS_LIMIT rows.
-        cap = WORDS_LIMIT if index is not None else None
+        # Over the index (a broad filter: a month of many cameras) each list is its best WORDS_LIMIT rows among its
+        # newest WORDS_SCAN matches.
+        cap, scan = (WORDS_LIMIT, WORDS_SCAN) if index is not None else (None, None)
         if conn.dialect.name == "sqlite":
             # The rows' ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
             # more than the full-text matches themselves.
-            span = _id_range(conn, in_scope)
-            if span is None:
-                return []
-            rankings = [_fused({}, _sqlite_word_ranks(conn, in_scope, [word], span, limit=cap)) for word in words]
+            span = None
+            if index is None:
+                span = _id_range(conn, in_scope)
+                if span is None:
+                    return []
+            rankings = [
+                _fused({}, _sqlite_word_ranks(conn, in_scope, [word], span, limit=cap, newest=scan)) for word in words
+            ]
         else:
             window = select(CaptionRecord.id).where(*in_scope)
-            rankings = [_fused({}, _word_ranks(conn, window, [word], limit=cap)) for word in words]
+            rankings = [_fused({}, _word_ranks(conn, window, [word], limit=cap, newest=scan)) for word in words]
         if meaning is not None and vector is not None:
             floor = meaning.min_similarity
             if index is not None:
