@@ -37,8 +37,8 @@ from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import VECTORS_TABLE
 from visioncap.store.search import WORD, CaptionFilter, SearchLimits, camera_check, row_checks, walk_conditions
 from visioncap.store.semantic import STOP_WORDS, _similarities, _sqlite_word_ranks, _word_ranks, semantic_search
-from visioncap.store.vector_index import index_for
-from visioncap.store.vectors import BackgroundEmbedder, backfill
+from visioncap.store.vector_index import IndexFilter, index_for
+from visioncap.store.vectors import BackgroundEmbedder, backfill, embed_rows
 
 # The sentence model costs seconds of PyTorch to load and to embed the labelled set: CI and `make test` run these,
 # the fast tier leaves them out (as it does the YOLO runs).
@@ -244,7 +244,7 @@ def test_vectors_go_with_deleted_rows_and_changed_captions(
 
 
 def test_background_embedder_writes_vectors_of_new_captions(engine: Engine, embedder: TextEmbedder) -> None:
-    background = BackgroundEmbedder(engine, embedder, batch_size=64, poll_s=0.05, rescan_s=0.1)
+    background = BackgroundEmbedder(engine, embedder, batch_size=64, poll_s=0.05)
     background.start()
     try:
         assert background.wait_embedded(320, timeout_s=120)
@@ -252,7 +252,7 @@ def test_background_embedder_writes_vectors_of_new_captions(engine: Engine, embe
             conn.execute(
                 CaptionRecord.__table__.update().where(CaptionRecord.id == 5).values(caption="A heron by the pond.")
             )
-        assert background.wait_embedded(321, timeout_s=60)  # the changed row, at the next pass from the start
+        assert background.wait_embedded(321, timeout_s=60)  # the changed row, by the change walk
     finally:
         background.stop()
     assert vector_count(engine) == 320
@@ -351,3 +351,52 @@ def test_a_words_list_over_a_broad_scope_ranks_its_newest_matches(engine: Engine
         newest_ids = set(sorted(every, reverse=True)[:20])
         assert ranks(limit=8, newest=20) == [row_id for row_id in every if row_id in newest_ids][:8]
         assert ranks(newest=10_000) == every
+
+
+def test_the_index_reads_vectors_written_below_its_highest_id(
+    engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray
+) -> None:
+    """Vectors written for rows under the index's highest id (a caption stored pending and captioned after newer
+    rows; a caption regenerated) reach the index at its next refresh, by their write time on the database's
+    clock: the late row added, the regenerated one's entry replaced in place."""
+    insert_vectors(engine, labelled_vectors)  # the seed's, with no write time: read by the build
+    index = index_for(engine, start=False)
+    index.rebuild()
+    template = load_set_row(engine, 1)
+    with engine.begin() as conn:
+        late_id, newer_id = conn.execute(
+            CaptionRecord.__table__.insert().returning(CaptionRecord.id),
+            [
+                {**template, "camera": "late", "status": "pending", "caption": None},
+                {**template, "camera": "newer", "caption": "A tractor towing hay."},
+            ],
+        ).scalars()
+    assert embed_rows(engine, embedder, [(newer_id, "A tractor towing hay.")]) == 1
+    index.refresh()
+    assert index.size == 321
+    late_caption, heron = "A hot air balloon landing in the car park.", "A heron by the pond."
+    with engine.begin() as conn:
+        conn.execute(
+            CaptionRecord.__table__.update()
+            .where(CaptionRecord.id == late_id)
+            .values(status="captioned", caption=late_caption)
+        )
+        conn.execute(CaptionRecord.__table__.update().where(CaptionRecord.id == 5).values(caption=heron))
+    assert embed_rows(engine, embedder, [(late_id, late_caption), (5, heron)]) == 2
+    late_vector, heron_vector = embedder.encode([late_caption, heron])
+    nearest = index.nearest(heron_vector, IndexFilter(), 1)[0].tolist()
+    assert nearest != [5]  # the old bits until the refresh
+    index.refresh()
+    assert index.size == 322  # the late row added, the regenerated one replaced
+    assert index.nearest(late_vector, IndexFilter(), 1)[0].tolist() == [late_id]
+    assert index.nearest(heron_vector, IndexFilter(), 1)[0].tolist() == [5]
+    index.refresh()  # nothing new: the overlap is not read again
+    assert index.size == 322
+
+
+def load_set_row(engine: Engine, row_id: int) -> dict[str, Any]:
+    """A stored row's columns to copy (but its id, times and change positions, which the database stamps)."""
+    with engine.connect() as conn:
+        row = conn.execute(select(CaptionRecord.__table__).where(CaptionRecord.id == row_id)).mappings().one()
+    stamped = {"id", "created_at", "updated_at"}
+    return {key: value for key, value in row.items() if key not in stamped and not key.startswith("change_")}

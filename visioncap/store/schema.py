@@ -442,6 +442,25 @@ def _caption_zones(conn: Connection) -> None:
     table_of(CaptionZoneRecord).create(conn, checkfirst=True)
 
 
+def vector_clock(dialect: str) -> str:
+    """SQL for the database's own clock in seconds since the epoch: when a vector was written, on one clock for
+    every writer (the API replicas' embedders), so that the index reads it however its id compares to others."""
+    if dialect == "postgresql":
+        # clock_timestamp(), not now(): now() is the transaction's start, earlier than its commit.
+        return "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def _vector_write_times(conn: Connection) -> None:
+    """When each vector was written (`vector_clock`): the index reads vectors written since its last look
+    whatever their caption's id, so a caption captioned late (an outbox retry, a regenerate) is found too."""
+    present = {column["name"] for column in inspect(conn).get_columns(VECTORS_TABLE)}
+    if "written_at" not in present:
+        kind = "DOUBLE PRECISION" if conn.dialect.name == "postgresql" else "REAL"
+        conn.execute(text(f"ALTER TABLE {VECTORS_TABLE} ADD COLUMN written_at {kind}"))
+    conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{VECTORS_TABLE}_written_at ON {VECTORS_TABLE} (written_at)"))
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -460,6 +479,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _alert_delivery_claims,  # 15
     _alert_decisions_table,  # 16
     _caption_zones,  # 17
+    _vector_write_times,  # 18
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -337,11 +337,14 @@ def _from_index(
     conditions: list[ColumnElement[bool]],
     vector: np.ndarray,
     enough: Callable[[list[tuple[float, int]]], bool],
+    depth: int = 0,
 ) -> list[tuple[float, int]]:
     """(similarity, id) of the index's nearest candidates that pass every filter, re-ranked exactly, best first;
-    the candidates grow (x4) until `enough` says the list is deep enough or the index has no more rows."""
+    the candidates grow (x4) until `enough` says the list is deep enough or the index has no more rows. `depth`:
+    how deep the caller knows it needs the list: the first pass asks for that many at once (each pass reads every
+    row the filters keep; growing from MIN_CANDIDATES would take two or three)."""
     where = _index_filter(query, top)
-    k = MIN_CANDIDATES
+    k = max(MIN_CANDIDATES, depth + depth // 8)
     while True:
         ids, every = index.nearest(vector, where, k, per_code=max(1, k // CODE_SHARE))
         candidates = select(CaptionRecord.id).where(_ids_in(conn, ids.tolist()), *conditions)
@@ -432,7 +435,9 @@ def explained_search(
                     page = _below({row_id: score for score, row_id in ranked}, after, size)
                 else:
                     deepest = _start(after, limits.scan_rows * 100) + size + len(listed) + 2
-                    ranked = _from_index(conn, index, query, top, in_scope, vector, lambda found: len(found) >= deepest)
+                    ranked = _from_index(
+                        conn, index, query, top, in_scope, vector, lambda found: len(found) >= deepest, deepest
+                    )
                     semantic = {row_id: rank for rank, (_, row_id) in enumerate(ranked, start=1)}
                     page = _below(_fused_ranks(semantic, listed), after, size)
             elif sqlite:

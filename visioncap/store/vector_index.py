@@ -13,10 +13,12 @@ Why not sqlite-vec's `vec0`: its k-NN is a brute-force scan whose cost grows wit
 no pgvector package here.
 
 Kept fresh from the table: every search first reads the vectors written above the highest id it holds (an index
-range read; nothing when none are new), so a row is searchable as soon as its vector is committed. Rows deleted
-(retention) stay as candidates that the exact pass drops; a row re-captioned keeps its id and its old bits until
-the next rebuild (`maintain`, which the background embedder calls when idle, rebuilds when the table and the
-index differ by more than a few percent). The first build runs in a thread of its own; until it is done searches
+range read; nothing when none are new), and those written below it since its last look (by `written_at`, the
+database's clock, with LATE_OVERLAP_S of overlap for writers that commit late): a caption captioned after newer
+ones (an outbox retry once the VLM is back) or captioned again (regenerate) is searchable as soon as its vector
+is committed, its entry replaced in place. Rows deleted (retention) stay as candidates that the exact pass drops
+until the next rebuild (`maintain`, which the background embedder calls when idle, rebuilds when the table and
+the index differ by more than a few percent). The first build runs in a thread of its own; until it is done searches
 rank the bounded window they always did (`ready` is False, /readyz says so).
 """
 
@@ -29,9 +31,10 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from visioncap.store.embeddings import DIMENSIONS
@@ -47,9 +50,26 @@ _STALE_SHARE = 0.05
 _STATUSES = {status: code for code, status in enumerate(CaptionStatus)}
 
 _NEW_VECTORS = text(
-    f"SELECT v.caption_id, c.camera, c.captured_at, c.people_count, c.status, v.embedding FROM {VECTORS_TABLE} v "
-    "JOIN captions c ON c.id = v.caption_id WHERE v.caption_id > :after ORDER BY v.caption_id LIMIT :batch"
+    f"SELECT v.caption_id, c.camera, c.captured_at, c.people_count, c.status, v.embedding, v.written_at "
+    f"FROM {VECTORS_TABLE} v JOIN captions c ON c.id = v.caption_id WHERE v.caption_id > :after "
+    "ORDER BY v.caption_id LIMIT :batch"
 )
+# Vectors written below the highest id held, since a moment: their ids and write times first (few, and mostly
+# already read), the rows of those not read yet after.
+_LATE_WRITES = text(
+    f"SELECT caption_id, written_at FROM {VECTORS_TABLE} WHERE written_at >= :since AND caption_id <= :max_id"
+)
+_LATE_VECTORS = text(
+    f"SELECT v.caption_id, c.camera, c.captured_at, c.people_count, c.status, v.embedding, v.written_at "
+    f"FROM {VECTORS_TABLE} v JOIN captions c ON c.id = v.caption_id WHERE v.caption_id IN :ids"
+).bindparams(bindparam("ids", expanding=True))
+_LAST_WRITE = text(f"SELECT max(written_at) FROM {VECTORS_TABLE}")
+# How far before the latest write time seen the next look starts: a writer's transaction that stamped its rows
+# and committed up to this much later is still read. Its cost: the ids and times of this many seconds of writes
+# (one index range) on each refresh.
+LATE_OVERLAP_S = 60.0
+# The remembered (id, written_at) are pruned to the overlap once there are this many.
+_SEEN_PRUNE = 4096
 
 
 def _micros(moment: datetime | str) -> int:
@@ -119,6 +139,10 @@ class VectorIndex:
         self._columns = _Columns()
         self._camera_codes: dict[str, int] = {}
         self._max_id = 0
+        # The latest `written_at` read (None: no vector carries one yet), and the (id, written_at) read within
+        # LATE_OVERLAP_S of it, so that the overlap is not read twice.
+        self._written: float | None = None
+        self._seen: dict[int, float] = {}
         self._ready = threading.Event()
         self.built_s: float | None = None  # how long the last full build took
         self.error: str | None = None
@@ -178,6 +202,10 @@ class VectorIndex:
         started = time.monotonic()
         columns, codes = _Columns(), dict(self._camera_codes)
         with self._loading:
+            with self.engine.connect() as conn:
+                written = conn.scalar(_LAST_WRITE)  # before the rows: what is written meanwhile is read after
+            # Only refresh (which waits for _loading) reads these two; the build's rows move them on.
+            self._written, self._seen = (None if written is None else float(written)), {}
             max_id = self._read(columns, codes, 0)
             with self._lock:
                 self._columns, self._camera_codes, self._max_id = columns, codes, max_id
@@ -186,26 +214,31 @@ class VectorIndex:
         self._ready.set()
 
     def refresh(self) -> None:
-        """The vectors written since the last read (above the highest id held)."""
+        """The vectors written since the last read: above the highest id held, and below it (captioned late or
+        again) since the last write time seen."""
         if not self.ready:
             return
         with self._loading:
             codes = dict(self._camera_codes)
+            late = self._read_late()
             added = _Columns(16)
             max_id = self._read(added, codes, self._max_id)
-            if added.size == 0:
+            if not late and added.size == 0:
                 return
             with self._lock:
                 self._camera_codes = codes
-                self._columns.append(
-                    added.ids[: added.size],
-                    added.bits[: added.size],
-                    added.cameras[: added.size],
-                    added.times[: added.size],
-                    added.people[: added.size],
-                    added.statuses[: added.size],
-                )
-                self._max_id = max_id
+                if late:
+                    self._replace(late)
+                if added.size:
+                    self._columns.append(
+                        added.ids[: added.size],
+                        added.bits[: added.size],
+                        added.cameras[: added.size],
+                        added.times[: added.size],
+                        added.people[: added.size],
+                        added.statuses[: added.size],
+                    )
+                    self._max_id = max_id
 
     def maintain(self) -> bool:
         """Rebuild when the table and the index differ by more than a few percent; whether it did."""
@@ -225,9 +258,58 @@ class VectorIndex:
                 if not rows:
                     return after
                 _append_rows(columns, codes, rows)
+                self._note_written(rows)
                 after = int(rows[-1][0])
                 if len(rows) < _LOAD_BATCH:
                     return after
+
+    def _note_written(self, rows: Sequence[Any]) -> None:
+        """Moves the write-time cursor on by `rows` (written_at last) and remembers those within the overlap."""
+        stamps = [float(row[6]) for row in rows if row[6] is not None]
+        if not stamps:
+            return
+        self._written = max(stamps) if self._written is None else max(self._written, *stamps)
+        since = self._written - LATE_OVERLAP_S
+        self._seen.update((int(row[0]), float(row[6])) for row in rows if row[6] is not None and row[6] >= since)
+        if len(self._seen) > _SEEN_PRUNE:
+            self._seen = {row_id: at for row_id, at in self._seen.items() if at >= since}
+
+    def _read_late(self) -> list[Any]:
+        """The vectors written below the highest id held since the last look, not yet read."""
+        if self._max_id == 0:
+            return []
+        since = -np.inf if self._written is None else self._written - LATE_OVERLAP_S
+        with self.engine.connect() as conn:
+            writes = conn.execute(_LATE_WRITES, {"since": since, "max_id": self._max_id}).all()
+            fresh = [int(row_id) for row_id, at in writes if self._seen.get(int(row_id)) != float(at)]
+            if not fresh:
+                return []
+            rows = list(conn.execute(_LATE_VECTORS, {"ids": fresh}).all())
+        self._note_written(rows)
+        return rows
+
+    def _replace(self, rows: Sequence[Any]) -> None:
+        """Each row's entry replaced in place (captioned again), or added (captioned late); under the lock. A
+        search of the ids per row: late rows are few."""
+        columns = self._columns
+        added = _Columns(max(1, len(rows)))
+        _append_rows(added, self._camera_codes, rows)
+        fresh = []
+        for n in range(added.size):
+            found = np.flatnonzero(columns.ids[: columns.size] == added.ids[n])
+            if len(found):
+                at = found[0]
+                columns.bits[at], columns.cameras[at] = added.bits[n], added.cameras[n]
+                columns.times[at], columns.people[at] = added.times[n], added.people[n]
+                columns.statuses[at] = added.statuses[n]
+            else:
+                fresh.append(n)
+        if fresh:
+            picks = np.asarray(fresh)
+            columns.append(
+                added.ids[picks], added.bits[picks], added.cameras[picks],
+                added.times[picks], added.people[picks], added.statuses[picks],
+            )  # fmt: skip
 
     # -- searching ---------------------------------------------------------------------------------
 

@@ -16,33 +16,39 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, TextClause, bindparam, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from visioncap.store.changes import StreamStart, changes_after, past_seen, stream_start
 from visioncap.store.embeddings import DIMENSIONS, TextEmbedder
 from visioncap.store.records import CaptionStatus
-from visioncap.store.schema import VECTORS_TABLE
+from visioncap.store.schema import VECTORS_TABLE, vector_clock
 from visioncap.store.vector_index import index_for
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH = 64
-# A row re-captioned (regenerate) keeps its id, below where the embedder has got to: a pass from the lowest id
-# after this long without work finds it.
-RESCAN_S = 60.0
+# How often an embedder with nothing to do asks the index whether it should be rebuilt (rows deleted).
+MAINTAIN_S = 60.0
 
 _MISSING = text(
     f"SELECT c.id, c.caption FROM captions c WHERE c.id > :after AND c.status = :captioned "
     f"AND c.caption IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {VECTORS_TABLE} v WHERE v.caption_id = c.id) "
     "ORDER BY c.id LIMIT :batch"
 )
-# Only while the caption is still the one encoded: a caption changed meanwhile gets its vector on a later pass.
-_INSERT = text(
-    f"INSERT INTO {VECTORS_TABLE} (caption_id, embedding) SELECT id, :embedding FROM captions "
-    "WHERE id = :id AND caption = :caption ON CONFLICT (caption_id) DO NOTHING"
-)
+
+
+def _insert(dialect: str) -> TextClause:
+    """Only while the caption is still the one encoded: a caption changed meanwhile gets its vector on a later
+    pass. Stamped with the database's clock, by which the index finds vectors written below its highest id."""
+    return text(
+        f"INSERT INTO {VECTORS_TABLE} (caption_id, embedding, written_at) SELECT id, :embedding, "
+        f"{vector_clock(dialect)} FROM captions WHERE id = :id AND caption = :caption "
+        "ON CONFLICT (caption_id) DO NOTHING"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +69,37 @@ def embed_batch(engine: Engine, embedder: TextEmbedder, after: int = 0, batch_si
     if not rows:
         return Batch(0, after, False)
     vectors = embedder.encode([caption for _, caption in rows])
+    insert = _insert(engine.dialect.name)
     with engine.begin() as conn:
         written = 0
         for (row_id, caption), vector in zip(rows, vectors, strict=True):
-            written += conn.execute(_INSERT, {"id": row_id, "caption": caption, "embedding": vector.tobytes()}).rowcount
+            written += conn.execute(insert, {"id": row_id, "caption": caption, "embedding": vector.tobytes()}).rowcount
     return Batch(written, rows[-1][0], len(rows) == batch_size)
+
+
+def embed_rows(engine: Engine, embedder: TextEmbedder, rows: Sequence[tuple[int, str]]) -> int:
+    """Vectors for those of `rows` (id, caption) that have none; how many were written."""
+    if not rows:
+        return 0
+    with engine.connect() as conn:
+        have = set(
+            conn.scalars(
+                text(f"SELECT caption_id FROM {VECTORS_TABLE} WHERE caption_id IN :ids").bindparams(
+                    bindparam("ids", expanding=True)
+                ),
+                {"ids": [row_id for row_id, _ in rows]},
+            )
+        )
+    missing = [(row_id, caption) for row_id, caption in rows if row_id not in have]
+    if not missing:
+        return 0
+    vectors = embedder.encode([caption for _, caption in missing])
+    insert = _insert(engine.dialect.name)
+    written = 0
+    with engine.begin() as conn:
+        for (row_id, caption), vector in zip(missing, vectors, strict=True):
+            written += conn.execute(insert, {"id": row_id, "caption": caption, "embedding": vector.tobytes()}).rowcount
+    return written
 
 
 def backfill(engine: Engine, embedder: TextEmbedder, batch_size: int = DEFAULT_BATCH) -> int:
@@ -93,7 +125,12 @@ def vector_method(engine: Engine) -> str:
 
 
 class BackgroundEmbedder:
-    """A daemon thread that keeps `caption_vectors` up to date; `wake` after a write, `stop` at shutdown."""
+    """A daemon thread that keeps `caption_vectors` up to date; `stop` at shutdown.
+
+    Two walks: by id from the lowest (every captioned row without a vector when it starts, then the new ones), and
+    the captions' change positions from its start (visioncap/store/changes.py: commit order, nothing missed), which
+    find a row captioned after newer ones (an outbox retry once the VLM is back) or captioned again (regenerate)
+    within a poll, whatever its id."""
 
     def __init__(
         self,
@@ -101,13 +138,13 @@ class BackgroundEmbedder:
         embedder: TextEmbedder,
         batch_size: int = DEFAULT_BATCH,
         poll_s: float = 2.0,
-        rescan_s: float = RESCAN_S,
+        maintain_s: float = MAINTAIN_S,
     ) -> None:
         self.engine = engine
         self.embedder = embedder
         self.batch_size = batch_size
         self.poll_s = poll_s
-        self.rescan_s = rescan_s
+        self.maintain_s = maintain_s
         self.embedded = 0
         self.behind = True  # until a pass finds no full batch
         self._passes = threading.Condition()
@@ -129,9 +166,15 @@ class BackgroundEmbedder:
 
     def _run(self) -> None:
         after, idle_s = 0, 0.0
+        changes: StreamStart | None = None
         while not self._stop.is_set():
             try:
+                if changes is None:  # before the first id walk: what changes from here on is the change walk's
+                    changes = stream_start(self.engine)
                 batch = embed_batch(self.engine, self.embedder, after, self.batch_size)
+                page = changes_after(self.engine, changes.position, limit=self.batch_size, seen=changes.seen)
+                changed = embed_rows(self.engine, self.embedder, [(r.id, r.caption) for r in page.rows if r.caption])
+                changes = StreamStart(page.position, past_seen(page.position, changes.seen))
             except SQLAlchemyError as exc:  # the database away: try again at the next poll
                 log.warning("embedder: %s", exc)
                 self._stop.wait(self.poll_s)
@@ -141,17 +184,17 @@ class BackgroundEmbedder:
                 self._stop.wait(self.poll_s)
                 continue
             with self._passes:
-                self.embedded += batch.embedded
-                self.behind = batch.full
+                self.embedded += batch.embedded + changed
+                self.behind = batch.full or page.more
                 self._passes.notify_all()
             after = batch.last_id
-            if batch.full:
+            if batch.full or page.more:
                 continue
             self._stop.wait(self.poll_s)
             idle_s += self.poll_s
-            if idle_s >= self.rescan_s:
-                after, idle_s = 0, 0.0
-                try:  # rows deleted or re-captioned since the index was built: rebuilt when many
+            if idle_s >= self.maintain_s:
+                idle_s = 0.0
+                try:  # rows deleted since the index was built: rebuilt when many
                     index_for(self.engine, start=False).maintain()
                 except SQLAlchemyError as exc:
                     log.warning("vector index: %s", exc)
