@@ -330,6 +330,10 @@ def test_latency_bench_times_every_case_idle_and_busy(tmp_path: Path) -> None:
     recall = {"recall_at_5": dict.fromkeys(MODES, 1.0), "queries": []}
     report = render({"machine": machine_facts(), "command": "bench", "quality": recall, "latency": timing})
     assert "| ask_retrieval | 2 |" in report and "not judged" in report
+    fill, fresh = timing["index"]["backfill"], timing["index"]["freshness"]
+    assert fill["rows"] == 200 and fill["rows_per_s"] > 0
+    assert len(fresh["new_row_s"]) == 4 and max(fresh["new_row_s"]) < 30 and fresh["late_row_s"] < 30
+    assert "Searchable after: a new caption" in report
 
 
 def test_a_words_list_over_a_broad_scope_ranks_its_newest_matches(engine: Engine) -> None:

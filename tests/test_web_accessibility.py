@@ -56,6 +56,7 @@ def check_views(site: Site, browser: Browser, source: str) -> dict[str, list[str
         ("timeline", "/#/timeline/dock?day=2026-11-29", "#timeline-marks a.mark"),
         ("cameras", "/#/cameras", "#cameras-rows tr button"),
         ("alerts", "/#/alerts", "#alert-list li.delivery-failed"),
+        ("summaries", "/#/summaries", "#summary-form #summary-submit"),
     ]
     try:
         expect(page.locator("article.card")).to_have_count(len(SHOTS))

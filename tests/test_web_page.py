@@ -11,6 +11,7 @@ origin (every other request is refused). Screenshots: test-artifacts/web-caption
 from __future__ import annotations
 
 import io
+import json
 import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -22,14 +23,18 @@ import httpx
 import pytest
 from helpers import ARTIFACTS, CHROMIUM_FLAGS, TINY_MODEL, chromium, serve_api, wait_for
 from PIL import Image, ImageDraw
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Response, Route, expect, sync_playwright
+from sqlalchemy import text
 
+from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
 from visioncap.serve import VllmServer
 from visioncap.store import CaptionStore, NewCaption, create_db_engine
+from visioncap.summaries import store as summary_store
+from visioncap.summaries.store import Summary
 
 KEY = "web-page-read-key"
 TIMEOUT_S = 30  # a bound on a broken test, never a measurement
@@ -408,3 +413,87 @@ def test_ask_panel_streams_an_answer_with_the_cited_thumbnails(
         finally:
             context.close()
     assert ASK_SCREENSHOT.stat().st_size > 0
+
+
+SUMMARIES_SCREENSHOT = ARTIFACTS / "web-summaries.png"
+WRITE_KEY = "web-page-write-key"
+
+
+def test_summaries_page_links_the_citations_and_asks_the_vlm_for_one(
+    tmp_path: Path, browser: Browser, vllm_server: VllmServer
+) -> None:
+    """#/summaries lists a stored digest with its kept citations as links to their captions (an id the server did
+    not keep stays text, whatever the model wrote); a read key sees no form; a write key asks for a summary of a
+    window, which the real vLLM writes and the list then shows."""
+    writer = seeded_writer(tmp_path / "data")
+    engine = writer.store.engine
+    with engine.connect() as conn:
+        dock = [
+            row_id
+            for row_id, camera in conn.execute(text("SELECT id, camera FROM captions ORDER BY id"))
+            if camera == "dock"
+        ]
+    summary_store.ensure_table(engine)
+    digest = Summary(
+        kind="hourly",
+        cameras=("dock",),
+        window_start=T0,
+        window_end=T0 + timedelta(hours=1),
+        text=f"A courier wheeled a trolley in (c{dock[0]}), then a forklift reversed (c{dock[1]}); c999999 is made up.",
+        citations=(dock[0], dock[1]),
+        caption_count=2,
+        depth=1,
+        requests=1,
+        max_prompt_tokens=120,
+        model=TINY_MODEL,
+    )
+    assert summary_store.add_summary(engine, digest, None) is not None
+    engine.dispose()
+    keys = [
+        {"name": "reader", "sha256": hash_key(KEY), "scopes": ["read"]},
+        {"name": "writer", "sha256": hash_key(WRITE_KEY), "scopes": ["read", "write"]},
+    ]
+    env = {
+        "VISIONCAP_API_KEYS": json.dumps(keys),
+        "VISIONCAP_VLM_BASE_URL": vllm_server.base_url,
+        "VISIONCAP_SUMMARIES_MODEL": TINY_MODEL,
+        "VISIONCAP_SUMMARIES_CONFIG": json.dumps({"context_tokens": 4096, "max_tokens": 24, "time_zone": "UTC"}),
+    }
+    with serve_data_dir(tmp_path / "data", **env) as url:
+        context = browser.new_context(viewport={"width": 1100, "height": 800}, timezone_id="UTC")
+        try:
+            page = context.new_page()
+            page.goto(f"{url}/#key={KEY}")
+            expect(page.locator("article.card")).to_have_count(len(SEEDED))
+            page.click("a[data-nav=summaries]")
+            items = page.locator("#summary-list li.summary-item")
+            expect(items).to_have_count(1)
+            expect(page.locator("#summary-form")).to_be_hidden()
+            links = items.first.locator("a.cite")
+            expect(links).to_have_count(2)
+            assert [links.nth(n).get_attribute("href") for n in range(2)] == [f"#/captions/{i}" for i in dock[:2]]
+            expect(items.first.locator(".summary-text")).to_contain_text("c999999 is made up")
+            links.first.click()
+            expect(page.locator("[data-view=detail]")).to_contain_text(SEEDED[0].text)
+            # A write key, entered in the key form: the form, and a summary of the dock's first hour by the VLM.
+            page.click("a[data-nav=summaries]")
+            page.fill("#key", WRITE_KEY)
+
+            def listed(response: Response) -> bool:
+                return response.request.method == "GET" and response.url.split("?")[0].endswith("/v1/summaries")
+
+            with page.expect_response(listed):  # the view loaded again with the new key: cameras, then the list
+                page.press("#key", "Enter")
+            expect(page.locator("#summary-form")).to_be_visible()
+            page.select_option("#summary-cameras", ["dock"])
+            page.fill("#summary-start", T0.strftime("%Y-%m-%dT%H:%M"))
+            page.fill("#summary-end", (T0 + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"))
+            page.click("#summary-submit")
+            expect(items).to_have_count(2, timeout=60_000)
+            newest = items.first
+            expect(newest.locator(".badge")).to_have_text("request")
+            expect(newest).to_contain_text("2 captions read")
+            SUMMARIES_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SUMMARIES_SCREENSHOT), full_page=True)
+        finally:
+            context.close()

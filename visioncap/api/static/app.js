@@ -1,5 +1,5 @@
 // The web app: plain ES modules, no dependencies. A hash router picks the view (#/, #/captions/ID,
-// #/timeline/CAMERA?day=..., #/cameras, #/alerts), so every view has an address that survives a reload and can be
+// #/timeline/CAMERA?day=..., #/cameras, #/alerts, #/summaries), so every view has an address that survives a reload and can be
 // shared. The API key stays in this browser (localStorage) and is sent as a header; images and the live stream are
 // fetched with it too (an <img src> or EventSource could not send one).
 
@@ -8,6 +8,7 @@ import { loadCapabilities, session, setKey } from "./api.js";
 import { camerasView } from "./cameras.js";
 import { applyCapabilities, captionsView, refresh, setUp as setUpCaptions } from "./captions.js";
 import { detailView } from "./detail.js";
+import { setUp as setUpSummaries, summariesView } from "./summaries.js";
 import { setUp as setUpTimeline, timelineView } from "./timeline.js";
 import { setStatus } from "./ui.js";
 
@@ -15,11 +16,17 @@ const $ = (id) => document.getElementById(id);
 
 const missingView = { name: "missing", title: "Not found", enter() {}, leave() {} };
 const views = {
-  captions: captionsView, detail: detailView, timeline: timelineView, cameras: camerasView, alerts: alertsView, missing: missingView,
+  captions: captionsView, detail: detailView, timeline: timelineView, cameras: camerasView, alerts: alertsView,
+  summaries: summariesView, missing: missingView,
 };
 // The navigation entry each view belongs to.
-const NAV = { captions: "captions", detail: "captions", timeline: "timeline", cameras: "cameras", alerts: "alerts" };
-const STATUS = { captions: "status", detail: "detail-status", timeline: "timeline-status", cameras: "cameras-status", alerts: "alerts-status" };
+const NAV = {
+  captions: "captions", detail: "captions", timeline: "timeline", cameras: "cameras", alerts: "alerts", summaries: "summaries",
+};
+const STATUS = {
+  captions: "status", detail: "detail-status", timeline: "timeline-status", cameras: "cameras-status", alerts: "alerts-status",
+  summaries: "summaries-status",
+};
 
 function parse(hash) {
   const [path, query = ""] = hash.replace(/^#/, "").split("?");
@@ -35,6 +42,7 @@ function parse(hash) {
   if (parts[0] === "timeline" && parts.length <= 2) return ["timeline", { camera: parts[1] || null, day: search.get("day") }];
   if (parts[0] === "cameras" && parts.length === 1) return ["cameras", {}];
   if (parts[0] === "alerts" && parts.length === 1) return ["alerts", {}];
+  if (parts[0] === "summaries" && parts.length === 1) return ["summaries", {}];
   return ["missing", {}];
 }
 
@@ -80,6 +88,7 @@ async function start() {
   setUpCaptions();
   setUpTimeline();
   setUpAlerts();
+  setUpSummaries();
   $("keyform").addEventListener("submit", (event) => {
     event.preventDefault();
     const key = $("key").value.trim();
