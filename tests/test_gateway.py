@@ -362,6 +362,39 @@ def test_caption_client_works_through_the_gateway_with_a_background_key(gateway:
     assert after == before + 1
 
 
+def test_an_event_is_described_from_several_frames_in_one_request_counted_alike_by_the_gateway_and_vllm(
+    gateway: GatewayThread,
+) -> None:
+    """Several frames of one event (of different shapes) shrunk to share one image-token budget and sent as images
+    of one request (the tiny profile takes up to six a prompt): the gateway counts each image's tokens exactly as
+    vLLM's processor makes them, so its admission and pacing see the event's whole cost."""
+    import numpy as np
+
+    from visioncap.caption.client import VlmCaptioner
+    from visioncap.caption.encode import encode_frames
+    from visioncap.config import CaptionConfig, VlmConfig
+
+    vlm = VlmConfig(model=TINY_MODEL, base_url=gateway.base_url, extra_body={"ignore_eos": True})
+    captioner = VlmCaptioner(vlm, CaptionConfig(), gateway.base_url, BACKGROUND_KEY)
+    rng = np.random.default_rng(45)
+    frames = [rng.integers(0, 255, (h, w, 3), np.uint8) for h, w in ((720, 1280), (640, 360), (500, 500))]
+    budget = 600
+    encoded = encode_frames(frames, budget)
+    assert all(image.image_tokens <= budget // 3 for image in encoded)
+
+    def counted() -> float:
+        text = httpx.get(f"{gateway.root_url}/metrics").text
+        return metric(text, "visioncap_gateway_image_tokens_total", traffic_class="background")
+
+    before = counted()
+    one = captioner.describe([encoded[0].jpeg], max_tokens=4)
+    three = captioner.describe([image.jpeg for image in encoded], max_tokens=4)
+    assert counted() - before == encoded[0].image_tokens + sum(image.image_tokens for image in encoded)
+    # vLLM: each further image adds its tokens and its vision start / end markers.
+    assert three.prompt_tokens - one.prompt_tokens == sum(image.image_tokens + 2 for image in encoded[1:])
+    assert three.completion_tokens == 4
+
+
 # -- classes and priorities -------------------------------------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from visioncap.caption.encode import compose, encode_jpeg, fit_tokens, image_tokens
+from visioncap.caption.encode import compose, encode_frames, encode_jpeg, fit_tokens, image_tokens
 from visioncap.config.caption import ImageMode
 from visioncap.config.selection import SelectionConfig
 from visioncap.frames import Detection, Frame, PersonBox
@@ -139,6 +139,17 @@ def test_encode_jpeg_downscales_and_reports_tokens() -> None:
     assert image.image_tokens == image_tokens(image.width, image.height, 28) <= 128
     decoded = cv2.imdecode(np.frombuffer(image.jpeg, np.uint8), cv2.IMREAD_COLOR)
     assert decoded.shape[:2] == (image.height, image.width)
+
+
+def test_frames_of_an_event_share_one_budget() -> None:
+    rng = np.random.default_rng(1)
+    frames = [rng.integers(0, 255, (h, w, 3), dtype=np.uint8) for h, w in ((720, 1280), (1280, 720), (64, 64))]
+    images = encode_frames(frames, max_tokens=300)
+    assert [image.image_tokens <= 100 for image in images] == [True] * 3
+    assert images[2].width == 64  # a small frame is not enlarged to its share
+    assert encode_frames([], 300) == []
+    with pytest.raises(ValueError, match="cannot be shared by 3 frames"):
+        encode_frames(frames, max_tokens=11)
 
 
 def test_crop_and_boxes_modes() -> None:

@@ -366,6 +366,14 @@ def test_search_switch_ranks_by_meaning(site: tuple[str, Writer], browser: Brows
             expect(cards).to_have_count(len(SEEDED))  # ranked: every caption, best first
             expect(cards.first.locator(".text")).to_have_text(SEEDED[3].text)
             assert any("semantic=bike" in r and ("hybrid=true" in r) == (mode == "hybrid") for r in requests)
+            # Why it was found: its similarity to the search (and in hybrid the words it matched: none of "bike").
+            expect(cards.first.locator(".why")).to_have_text(re.compile(r"^similarity 0\.\d\d$"))
+        page.fill("#q", "bicycle lobby")
+        page.click("#filters button[type=submit]")
+        expect(cards.first.locator(".text")).to_have_text(SEEDED[3].text)
+        expect(cards.first.locator(".why")).to_have_text(
+            re.compile(r"^similarity 0\.\d\d · matched “bicycle”, “lobby”$")
+        )
     finally:
         context.close()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, cast
 
 import httpx
@@ -39,6 +40,11 @@ TRANSIENT_ERRORS = (
 
 
 CAMERA_HEADER = "X-Visioncap-Camera"
+# What an event description asks of the frames of one person event.
+EVENT_PROMPT = (
+    "These frames show one person at a camera, oldest first. Describe in one or two sentences what the person did "
+    "and where they went, from the first frame to the last."
+)
 
 
 class CaptionError(Exception):
@@ -122,26 +128,9 @@ class VlmCaptioner:
         `camera` goes along as a header: the visioncap gateway takes turns between cameras with it.
         """
         started = time.perf_counter()
-        try:
-            response = self._llm(
-                self._caption.prompt,
-                image=jpeg_data_uri(jpeg),
-                max_tokens=self._caption.max_tokens,
-                temperature=self._caption.temperature,
-                extra_body=self._vlm.extra_body or None,
-                extra_headers={CAMERA_HEADER: camera} if camera else None,
-                **self._request_extras,
-            )
-        except TRANSIENT_ERRORS as exc:
-            raise TransientCaptionError(f"{type(exc).__name__}: {exc}") from exc
-        except openai.APIStatusError as exc:
-            if exc.status_code == 408:
-                # The gateway gives up on background work that waited past its deadline: a fresher frame of
-                # the event is worth more than this one, so it is recorded as skipped, not retried.
-                raise SkippedCaptionError(SkipReason.DEADLINE, exc.message) from exc
-            if exc.status_code in ACCESS_STATUSES:
-                raise AccessRefusedError(exc.status_code, exc.message) from exc
-            raise CaptionError(f"VLM refused the request (HTTP {exc.status_code}): {exc.message}") from exc
+        response = self._send(
+            self._caption.prompt, jpeg_data_uri(jpeg), camera, self._caption.max_tokens, self._request_extras
+        )
         latency = time.perf_counter() - started
         text = (response.choices[0].message.content or "").strip()
         structured = None
@@ -155,12 +144,56 @@ class VlmCaptioner:
                 raise CaptionError(f"structured caption does not match the schema: {exc.errors()[0]['msg']}") from exc
             structured = parsed.model_dump()
             text = parsed.summary
-        usage = response.usage
-        return Caption(
-            text=text,
-            model=response.model,
-            prompt_tokens=usage.prompt_tokens if usage else 0,
-            completion_tokens=usage.completion_tokens if usage else 0,
-            latency_s=latency,
-            structured=structured,
-        )
+        return _caption_of(response, text, latency, structured)
+
+    def describe(
+        self, jpegs: Sequence[bytes], camera: str | None = None, prompt: str = EVENT_PROMPT, max_tokens: int = 160
+    ) -> Caption:
+        """What a person did, from several frames of one event (oldest first) sent as images of one request, in
+        one attempt; raises as `caption`. The endpoint must take that many images a prompt (vLLM's
+        --limit-mm-per-prompt; the profiles' `limit_mm_per_prompt`); the frames' image tokens are the caller's
+        to bound (`encode_frames`)."""
+        if not jpegs:
+            raise ValueError("an event description needs at least one frame")
+        started = time.perf_counter()
+        content: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
+        content += [{"type": "image_url", "image_url": {"url": jpeg_data_uri(jpeg)}} for jpeg in jpegs]
+        response = self._send([{"role": "user", "content": content}], None, camera, max_tokens, {})
+        text = (response.choices[0].message.content or "").strip()
+        return _caption_of(response, text, time.perf_counter() - started, None)
+
+    def _send(self, source: Any, image: str | None, camera: str | None, max_tokens: int, extras: dict[str, Any]) -> Any:
+        """One chat completion through Ultralytics' client (a prompt and an image, or whole messages), its
+        failures sorted into the caption errors the outbox acts on."""
+        try:
+            return self._llm(
+                source,
+                image=image,
+                max_tokens=max_tokens,
+                temperature=self._caption.temperature,
+                extra_body=self._vlm.extra_body or None,
+                extra_headers={CAMERA_HEADER: camera} if camera else None,
+                **extras,
+            )
+        except TRANSIENT_ERRORS as exc:
+            raise TransientCaptionError(f"{type(exc).__name__}: {exc}") from exc
+        except openai.APIStatusError as exc:
+            if exc.status_code == 408:
+                # The gateway gives up on background work that waited past its deadline: a fresher frame of
+                # the event is worth more than this one, so it is recorded as skipped, not retried.
+                raise SkippedCaptionError(SkipReason.DEADLINE, exc.message) from exc
+            if exc.status_code in ACCESS_STATUSES:
+                raise AccessRefusedError(exc.status_code, exc.message) from exc
+            raise CaptionError(f"VLM refused the request (HTTP {exc.status_code}): {exc.message}") from exc
+
+
+def _caption_of(response: Any, text: str, latency: float, structured: dict[str, Any] | None) -> Caption:
+    usage = response.usage
+    return Caption(
+        text=text,
+        model=response.model,
+        prompt_tokens=usage.prompt_tokens if usage else 0,
+        completion_tokens=usage.completion_tokens if usage else 0,
+        latency_s=latency,
+        structured=structured,
+    )

@@ -87,6 +87,25 @@ def encode_jpeg(image: np.ndarray, max_tokens: int, token_size: int = 28, qualit
     )
 
 
+# Qwen-VL processors enlarge a picture to at least 56 x 56 pixels (min_pixels): four tokens, whatever is sent.
+MIN_IMAGE_TOKENS = 4
+
+
+def encode_frames(
+    images: Sequence[np.ndarray], max_tokens: int, token_size: int = 28, quality: int = 85
+) -> list[EncodedImage]:
+    """Several pictures of one event within one image-token budget: each downscaled (aspect kept, never
+    upscaled) to an equal share, so that the request's image tokens are known before it is sent."""
+    if not images:
+        return []
+    share = max_tokens // len(images)
+    if share < MIN_IMAGE_TOKENS:
+        raise ValueError(
+            f"{max_tokens} image tokens cannot be shared by {len(images)} frames: each needs {MIN_IMAGE_TOKENS}"
+        )
+    return [encode_jpeg(image, share, token_size, quality) for image in images]
+
+
 def jpeg_data_uri(jpeg: bytes) -> str:
     """A JPEG as a data: URI, the form an OpenAI-compatible chat message carries an image in."""
     return "data:image/jpeg;base64," + base64.b64encode(jpeg).decode("ascii")

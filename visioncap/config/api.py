@@ -147,7 +147,7 @@ class ApiSettings(Settings):
         le=16,
         description="How many frames of the best captions in the prompt go to the VLM with the question, as "
         "images, so that it can look as well as read (0: text only). At most the model's images per prompt "
-        "(vLLM's --limit-mm-per-prompt: 1 in every profile here).",
+        "(vLLM's --limit-mm-per-prompt: 1 in the GPU profiles here, 6 in the tiny test model's).",
     )
     ask_image_tokens: int = Field(
         default=512,

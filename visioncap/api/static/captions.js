@@ -83,6 +83,11 @@ function card(caption, fresh) {
   shownState.textContent = caption.status === "captioned" ? "" : caption.status;
   shownState.classList.add(caption.status);
   node.querySelector(".text").textContent = caption.caption ?? caption.error ?? "";
+  // Why a search by meaning found it: its similarity, and in hybrid the search's words its caption has.
+  const why = [];
+  if (typeof caption.similarity === "number") why.push(`similarity ${caption.similarity.toFixed(2)}`);
+  if (caption.matched_words?.length) why.push(`matched ${caption.matched_words.map((word) => `“${word}”`).join(", ")}`);
+  node.querySelector(".why").textContent = why.join(" · ");
   const img = node.querySelector("img");
   img.alt = caption.caption || `frame of ${caption.camera}`;
   loadImage(img, caption);
