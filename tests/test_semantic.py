@@ -217,10 +217,14 @@ def test_a_row_stored_after_the_first_page_does_not_shift_the_next(
 
 
 def test_window_bounds_the_rows_ranked(engine: Engine, embedder: TextEmbedder, labelled_vectors: np.ndarray) -> None:
+    """While the index is being built, a search ranks the newest `scan_rows` rows. The build is held back for the
+    search (it waits for the index's loading lock), so it cannot finish first on a fast machine."""
     insert_vectors(engine, labelled_vectors)
-    rows, _, after = semantic_search(
-        engine, embedder, CaptionFilter(), "a cat on the wall", 100, limits=SearchLimits(scan_rows=50)
-    )
+    index = index_for(engine, start=False)
+    with index._loading:
+        rows, _, after = semantic_search(
+            engine, embedder, CaptionFilter(), "a cat on the wall", 100, limits=SearchLimits(scan_rows=50)
+        )
     assert after is None and len(rows) == 50
     assert min(row.id for row in rows) > 270  # the newest 50 rows (ids follow capture time here)
 

