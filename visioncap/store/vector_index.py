@@ -268,7 +268,7 @@ class VectorIndex:
         stamps = [float(row[6]) for row in rows if row[6] is not None]
         if not stamps:
             return
-        self._written = max(stamps) if self._written is None else max(self._written, *stamps)
+        self._written = max(stamps) if self._written is None else max(self._written, max(stamps))
         since = self._written - LATE_OVERLAP_S
         self._seen.update((int(row[0]), float(row[6])) for row in rows if row[6] is not None and row[6] >= since)
         if len(self._seen) > _SEEN_PRUNE:
@@ -289,21 +289,22 @@ class VectorIndex:
         return rows
 
     def _replace(self, rows: Sequence[Any]) -> None:
-        """Each row's entry replaced in place (captioned again), or added (captioned late); under the lock. A
-        search of the ids per row: late rows are few."""
+        """Each row's entry replaced in place (captioned again), or added (captioned late); under the lock. One
+        pass over the ids finds those already held, however many rows come late at once (an outage's backlog)."""
         columns = self._columns
         added = _Columns(max(1, len(rows)))
         _append_rows(added, self._camera_codes, rows)
+        held = columns.ids[: columns.size]
+        places = {int(held[at]): at for at in np.flatnonzero(np.isin(held, added.ids[: added.size]))}
         fresh = []
         for n in range(added.size):
-            found = np.flatnonzero(columns.ids[: columns.size] == added.ids[n])
-            if len(found):
-                at = found[0]
-                columns.bits[at], columns.cameras[at] = added.bits[n], added.cameras[n]
-                columns.times[at], columns.people[at] = added.times[n], added.people[n]
-                columns.statuses[at] = added.statuses[n]
-            else:
+            at = places.get(int(added.ids[n]))
+            if at is None:
                 fresh.append(n)
+                continue
+            columns.bits[at], columns.cameras[at] = added.bits[n], added.cameras[n]
+            columns.times[at], columns.people[at] = added.times[n], added.people[n]
+            columns.statuses[at] = added.statuses[n]
         if fresh:
             picks = np.asarray(fresh)
             columns.append(
