@@ -60,7 +60,9 @@ def add_framed(store: CaptionStore, data_dir: Path, camera: str, at: datetime, t
     return row
 
 
-def config(base_url: str, hook_url: str, cooldown_s: float = 0, from_start: bool = True, **verify: Any) -> AlertsConfig:
+def config(
+    base_url: str | None, hook_url: str, cooldown_s: float = 0, from_start: bool = True, **verify: Any
+) -> AlertsConfig:
     return AlertsConfig.model_validate(
         {
             "start_at_beginning": from_start,
@@ -223,6 +225,25 @@ def test_forced_match_fires_one_alert_and_non_candidates_are_not_asked(
     )
     assert decision["alert_id"] == bodies[0]["alert_id"] and decision["frames"] == 1
     assert decision["prompt_tokens"] > 0 and decision["completion_tokens"] > 0 and decision["latency_ms"] > 0
+
+
+def test_without_a_vlm_in_the_alerts_file_the_settings_endpoint_is_asked(
+    vllm_server: VllmServer, site: tuple[CaptionStore, Path], receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An alerts file whose `vlm` names no base URL, an engine built without a verifier: the question goes to
+    VISIONCAP_VLM_BASE_URL (here the real vLLM), as `visioncap alerts` would send it, not to an address of the
+    engine's own."""
+    store, data_dir = site
+    monkeypatch.setenv("VISIONCAP_VLM_BASE_URL", vllm_server.base_url)
+    service = AlertService(store.engine, config(None, receiver.url, force_answer=MATCH), data_dir=data_dir)
+    try:
+        candidate = add_framed(store, data_dir, "door", T0, "a person with a box at the door")
+        drain(service)
+    finally:
+        service.stop()
+    [decision] = decisions(store)
+    assert (decision["caption_id"], decision["match"], decision["error"]) == (candidate, True, None)
+    assert [body["caption_id"] for body in receiver.bodies()] == [candidate]
 
 
 @pytest.mark.vllm

@@ -33,6 +33,7 @@ from visioncap.alerts.decisions import add_decision
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.rules import CaptionFacts, Similarity, matches, needs_embeddings
 from visioncap.config.alerts import AlertRule, AlertsConfig
+from visioncap.config.settings import load_settings
 from visioncap.store.changes import ChangePosition, ChangeRow, changes_after, stream_start
 
 log = logging.getLogger(__name__)
@@ -242,7 +243,12 @@ class AlertEngine:
             if self._similarity(spec.question, facts.text) < spec.min_similarity:
                 return False
         if self.verifier is None:
-            self.verifier = watch.Verifier(self._config.vlm, "http://127.0.0.1:8000/v1", "EMPTY")
+            # As `visioncap alerts` builds it: the alerts file's `vlm`, else the process's VISIONCAP_VLM_BASE_URL and
+            # key, never an address of its own.
+            settings = load_settings()
+            self.verifier = watch.Verifier(
+                self._config.vlm, settings.vlm_base_url, settings.vlm_api_key.get_secret_value()
+            )
         frames = watch.event_frames(
             conn, self._data_dir, facts.caption_id, getattr(row, "image_path", None), spec.max_frames
         )
