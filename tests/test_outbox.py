@@ -4,6 +4,7 @@ backoff and due times are checked exactly, without sleeping."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -185,3 +186,38 @@ def test_take_wakes_up_when_a_frame_arrives(store: CaptionStore, tmp_path: Path)
     assert got == [row_id]
     box.close()
     assert box.take() is None
+
+
+def description(index: int) -> NewCaption:
+    """An event description's row: three frames, the middle one its main image."""
+    roles = ["first", "best", "last"]
+    frames = [{"role": role, "frame_index": index - 2 + n, "offset_s": n / 10} for n, role in enumerate(roles)]
+    return replace(frame(index), reason="event-end", frames=frames)
+
+
+def test_an_event_description_writes_every_frame_before_its_row_and_a_duplicate_removes_them(
+    store: CaptionStore, tmp_path: Path
+) -> None:
+    box = outbox(store, tmp_path, capacity=2)
+    jpegs = [JPEG + b"first", None, JPEG + b"last"]
+    result, row_id = box.put(description(5), JPEG, jpegs)
+    assert result is PutResult.QUEUED and row_id is not None
+    row = store.get(row_id)
+    assert row is not None and row.frames is not None
+    paths = [frame["path"] for frame in row.frames]
+    # Oldest first, the main image one of them, the others named after it; each on disk with its own bytes.
+    assert paths[1] == row.image_path and len(set(paths)) == 3
+    assert [(tmp_path / path).read_bytes() for path in paths] == [JPEG + b"first", JPEG, JPEG + b"last"]
+    assert all(path.endswith(f".f{n}.jpg") for n, path in enumerate(paths) if n != 1)
+    # A full queue does not coalesce a frame with the description of its event: it is skipped, the description stays.
+    assert box.put(frame(6, event="other"), JPEG)[0] is PutResult.QUEUED
+    assert box.put(frame(7, score=0.9), JPEG)[0] is PutResult.QUEUE_FULL
+    item = box.take(timeout=0)
+    assert item is not None and item.id == row_id
+    assert item.frame_paths == tuple(tmp_path / path for path in paths) and item.files == item.frame_paths
+    # The same event described again (a re-run of the file): no row, and none of its files stay behind.
+    before = {path for path in tmp_path.rglob("*.jpg")}
+    assert box.put(description(5), JPEG, jpegs) == (PutResult.DUPLICATE, None)
+    assert {path for path in tmp_path.rglob("*.jpg")} == before
+    with pytest.raises(ValueError, match="3 frames listed, 1 given"):
+        box.put(description(8), JPEG, [None])

@@ -683,3 +683,30 @@ def test_a_row_put_back_to_pending_while_the_age_sweep_deletes_it_stays(postgres
     row = store.get(regenerated)
     assert row is not None, "the age sweep deleted a row put back to pending after its statement began"
     assert row.status == "pending" and image.exists()
+
+
+def test_an_event_descriptions_frames_go_with_it_and_are_no_orphans_while_it_stays(
+    store: CaptionStore, data_dir: Path
+) -> None:
+    rows = Rows(store, data_dir)
+    outbox = rows.outbox
+
+    def describe(age: timedelta, index: int) -> list[Path]:
+        frames = [{"role": role, "frame_index": index + n, "offset_s": float(n)} for n, role in enumerate("fbl")]
+        new = new_caption("cam-1", NOW - age, index, reason="event-end", frames=frames)
+        _, row_id = outbox.put(new, jpeg(1), [jpeg(2), None, jpeg(3)])
+        assert row_id is not None
+        store.mark_captioned(row_id, Caption("a person walked in", "tiny", 900, 8, 0.2), attempts=1)
+        row = store.get(row_id)
+        assert row is not None and row.frames is not None
+        return [data_dir / frame["path"] for frame in row.frames]
+
+    old, young = describe(timedelta(days=10), 10), describe(timedelta(days=1), 20)
+    # The young description's files are as old as an orphan would be: its row keeps them all, not its image only.
+    stamp = (NOW - timedelta(days=20)).timestamp()
+    for path in young:
+        os.utime(path, (stamp, stamp))
+    size = sum(path.stat().st_size for path in old)
+    result = sweep(store.engine, data_dir, RetentionPolicy(default_days=7), now=NOW)
+    assert (result.rows, result.files, result.bytes, result.orphan_files) == (1, 3, size, 0)
+    assert not any(path.exists() for path in old) and all(path.exists() for path in young)

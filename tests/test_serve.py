@@ -147,7 +147,7 @@ def test_real_profile_dry_run_on_a_simulated_h200(name: str, serve_cli: ServeCli
     assert flags["--long-prefill-token-threshold"] == str(h200.long_prefill_token_threshold)
     assert flags["--max-num-seqs"] == str(h200.max_num_seqs)
     assert flags["--max-model-len"] == str(h200.max_model_len)
-    assert json.loads(flags["--limit-mm-per-prompt"]) == {"image": 1, "video": 0}
+    assert json.loads(flags["--limit-mm-per-prompt"]) == {"image": 4, "video": 0}  # an event's frames
     assert flags["--mm-processor-cache-gb"] == "0"
     assert flags["--scheduling-policy"] == "priority"
     assert "max_pixels" in flags["--mm-processor-kwargs"] or "longest_edge" in flags["--mm-processor-kwargs"]

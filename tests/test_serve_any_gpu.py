@@ -248,7 +248,9 @@ def test_two_cards_plan_for_the_first(tmp_path: Path, serve_cli: ServeCli) -> No
 @pytest.mark.parametrize("gpu_class", list(KNOWN))
 def test_a_known_class_still_gives_exactly_todays_plan(gpu_class: str, tmp_path: Path, serve_cli: ServeCli) -> None:
     """The plan 8f66f28 made for the compose profile on each class's card (tests/serve_plans_8f66f28.json: the
-    command after the entry script, the report with its cost model, the split), now read with compute_cap."""
+    command after the entry script, the report with its cost model, the split), now read with compute_cap; the one
+    change since is deliberate: four images a prompt (`--limit-mm-per-prompt`), for events described from several
+    frames (issue 45)."""
     recorded = json.loads((REPO / "tests" / "serve_plans_8f66f28.json").read_text())[gpu_class]
     line, capability = KNOWN[gpu_class]
     plan = json_plan(serve_cli, tmp_path, "qwen2.5-vl-7b", f"{line}, {capability}")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx
@@ -20,15 +22,23 @@ from web_app_support import (
     LOBBY_KEY,
     READ_KEY,
     SHOTS,
+    T0,
     TIMEOUT_MS,
     WRITE_KEY,
     Site,
     launched_browser,
+    photo,
     screenshot,
     seeded_site,
     signed_in,
     watched,
 )
+
+from visioncap.config.outbox import OutboxConfig
+from visioncap.frames import Caption, SelectionReason
+from visioncap.pipeline.metrics import PipelineMetrics
+from visioncap.pipeline.outbox import Outbox
+from visioncap.store import NewCaption
 
 pytestmark = pytest.mark.browser
 
@@ -63,7 +73,7 @@ def only_declared(requests: list[str]) -> None:
         parts = urlsplit(url)
         path = re.sub(r"/\d+(/|$)", r"/{id}\1", parts.path)
         names = {name for name, _ in parse_qsl(parts.query)}
-        allowed = DECLARED.get(path, {"boxes"} if path == "/v1/captions/{id}/image" else set())
+        allowed = DECLARED.get(path, {"boxes", "frame"} if path == "/v1/captions/{id}/image" else set())
         assert names <= allowed, f"{url} sends {names - allowed}, which {path} does not declare"
 
 
@@ -362,3 +372,68 @@ def test_a_key_limited_to_one_camera_gets_readable_answers(site: Site, browser: 
         seen.context.close()
     assert f"404 v1/captions/{dock}" in seen.refused
     assert {entry.split(" ")[0] for entry in seen.refused} <= {"401", "404"}
+
+
+def test_an_event_description_shows_the_frames_it_was_written_from(tmp_path: Path, browser: Browser) -> None:
+    """A description (reason event-end) of the courier's event, written from three frames: its page shows them
+    oldest first with what each was kept as, each image the API serves for it, and it is one of its event's."""
+    roles = ["first", "best+zone:dock", "last"]
+    frames = [
+        {"role": role, "frame_index": 40 + n, "offset_s": 10.0 + 4 * n, "width": 160, "height": 120, "image_tokens": 30}
+        for n, role in enumerate(roles)
+    ]
+    with seeded_site(tmp_path) as site:
+        outbox = Outbox(site.store, tmp_path / "data", OutboxConfig(capacity=10), PipelineMetrics())
+        new = NewCaption(
+            pipeline="web",
+            camera="dock",
+            source="rtsp://cameras.local/dock",
+            frame_index=42,
+            offset_s=18.0,
+            # A microsecond after the event's last frame (the courier walking back to the van), as the pipeline
+            # stores a description.
+            captured_at=T0 + timedelta(minutes=2, microseconds=1),
+            reason=SelectionReason.EVENT_END,
+            people=[{"x1": 40.0, "y1": 20.0, "x2": 90.0, "y2": 110.0, "confidence": 0.9, "class_id": 0}],
+            image_width=160,
+            image_height=120,
+            frame_width=160,
+            frame_height=120,
+            model="tiny",
+            event_key="dock:courier",
+            frames=frames,
+        )
+        _, row = outbox.put(new, photo(30, 160, 120), [photo(31, 160, 120), None, photo(32, 160, 120)])
+        assert row is not None
+        text = "the courier walked from the gate to the dock, handed over a parcel and left"
+        site.store.mark_captioned(row, Caption(text, "tiny", 400, 18, 0.9), attempts=1)
+        seen = signed_in(browser, site.url, READ_KEY, path=f"/#/captions/{row}")
+        page = seen.page
+        try:
+            expect(page.locator("#detail-text")).to_have_text(text)
+            # A caption without structured fields has no such panel (it once showed as the text "null").
+            loose = "() => [...document.getElementById('detail-body').childNodes].filter((n) => n.nodeType === 3)"
+            assert page.evaluate(f"{loose}.map((n) => n.textContent)") == []
+            shown = page.locator("#detail-frames li")
+            expect(shown).to_have_count(3)
+            expect(shown.locator("figcaption")).to_have_text(
+                [
+                    "first seen · 10.0 s · 30 tokens",
+                    "best, entered dock · 14.0 s · 30 tokens",
+                    "last seen · 18.0 s · 30 tokens",
+                ]
+            )
+            images = shown.locator("img")
+            for number in range(3):
+                expect(images.nth(number)).to_have_js_property("complete", True)
+            widths = images.evaluate_all("(all) => all.map((img) => img.naturalWidth)")
+            assert widths == [160, 160, 160]
+            # The courier's three captions and this description, oldest first.
+            expect(page.locator("#detail-event li")).to_have_count(4)
+            expect(page.locator("#detail-event li").last).to_contain_text(text)
+            screenshot(page, "web-event-description.png")
+        finally:
+            seen.context.close()
+        assert seen.errors == [] and seen.refused == []
+        only_declared(seen.requests)
+        assert any(f"/v1/captions/{row}/image?frame=2" in url for url in seen.requests)

@@ -69,6 +69,7 @@ class SelectionReason(StrEnum):
     ZONE_DWELL = "zone-dwell"  # a person has stayed in a zone for its `loiter_s` (once per stay)
     RECAPTION = "recaption"  # the recaption interval of a captioned person passed
     STREAM_END = "stream-end"  # the stream ended with a frame held back by the rate limits
+    EVENT_END = "event-end"  # an event described from several of its frames once it ended (never a window's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,54 @@ class EncodedImage:
     width: int
     height: int
     image_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EventFrame:
+    """One frame kept of a track for its event description, already encoded at its share of the budget."""
+
+    role: str  # first, best, last, or zone:<name> (entered there); several joined by "+" when one frame is both
+    frame_index: int
+    offset_s: float
+    image: EncodedImage
+    person: PersonBox
+    frame_width: int
+    frame_height: int
+
+    def as_dict(self) -> dict[str, str | int | float]:
+        """The frame as a description row lists it (the outbox adds the path of its file)."""
+        return {
+            "role": self.role,
+            "frame_index": self.frame_index,
+            "offset_s": round(self.offset_s, 3),
+            "width": self.image.width,
+            "height": self.image.height,
+            "image_tokens": self.image.image_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedEvent:
+    """A person event (one track) that ended, or a part of a long stay that did, with the frames to describe it."""
+
+    camera: str
+    track_id: int
+    started_s: float
+    ended_s: float
+    frames: tuple[EventFrame, ...]  # oldest first
+    zones: tuple[ZoneStay, ...]  # each zone visited, with the time spent in it
+    part: int = 0  # 0 for an event's first description; long stays get one per max_duration_s
+    final: bool = True  # False: a part of a stay that goes on
+
+    @property
+    def event_key(self) -> str:
+        """The key of the track's own captions (SelectedFrame.event_key of a frame of this person alone)."""
+        return f"{self.camera}:{self.track_id}"
+
+    @property
+    def main(self) -> EventFrame:
+        """The frame that stands for the description (its image, its person box): the best one."""
+        return next((frame for frame in self.frames if "best" in frame.role.split("+")), self.frames[-1])
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,11 +48,20 @@ def stored_jpeg(data_dir: Path, image_path: str) -> Path | None:
     return path
 
 
-def locate(data_dir: Path, row: CaptionRecord, boxes: bool) -> StoredImage:
-    """The row's JPEG inside the data directory, and its ETag; 404 when there is none."""
-    if not row.image_path:
+def locate(data_dir: Path, row: CaptionRecord, boxes: bool, frame: int | None = None) -> StoredImage:
+    """The row's JPEG inside the data directory (or, for an event description, one of its frames), and its ETag;
+    404 when there is none, 409 for boxes on a frame they were not recorded for."""
+    name = row.image_path
+    if frame is not None:
+        frames = row.frames or []
+        if frame >= len(frames):
+            raise ApiError(404, f"caption {row.id} has {len(frames)} description frames; frame {frame} is not one")
+        name = str(frames[frame].get("path") or "")
+        if boxes and name != row.image_path:
+            raise ApiError(409, f"caption {row.id}: boxes are recorded for its main image only", param="boxes")
+    if not name:
         raise ApiError(404, f"caption {row.id} has no stored image (status {row.status})")
-    path = stored_jpeg(data_dir, row.image_path)
+    path = stored_jpeg(data_dir, name)
     if path is None:
         raise ApiError(404, f"the image of caption {row.id} is no longer stored")
     stat = path.stat()
@@ -60,10 +69,12 @@ def locate(data_dir: Path, row: CaptionRecord, boxes: bool) -> StoredImage:
     return StoredImage(path, f'"{tag[:32]}"')
 
 
-def fetch(data_dir: Path, row: CaptionRecord, boxes: bool, if_none_match: Collection[str]) -> tuple[StoredImage, bytes]:
+def fetch(
+    data_dir: Path, row: CaptionRecord, boxes: bool, if_none_match: Collection[str], frame: int | None = None
+) -> tuple[StoredImage, bytes]:
     """`locate`, then the file's bytes (none when the client holds this version): the file calls of one request,
     made in one thread."""
-    stored = locate(data_dir, row, boxes)
+    stored = locate(data_dir, row, boxes, frame)
     return stored, b"" if stored.etag in if_none_match else stored.path.read_bytes()
 
 

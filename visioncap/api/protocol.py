@@ -44,8 +44,24 @@ class ZoneStay(_Model):
     dwell_s: float = Field(description="Seconds the person had been in the zone when the frame was captured.")
 
 
+class DescriptionFrame(_Model):
+    """A frame an event description was written from."""
+
+    role: str = Field(
+        description="Why the frame was kept: first (first seen), best, last (last seen), zone:<name> (entered the "
+        "zone there); several joined by + when one frame is more than one."
+    )
+    frame_index: int = Field(description="Index of the frame in its source.")
+    offset_s: float = Field(description="Seconds from the start of the source.")
+    width: int = Field(description="Width of the JPEG sent, in pixels.")
+    height: int = Field(description="Height of the JPEG sent, in pixels.")
+    image_tokens: int = Field(description="Image tokens the frame cost, as estimated before the request.")
+    image_url: str = Field(description="Path of the frame's image (the image route with `frame`).")
+
+
 class Caption(_Model):
-    """One selected frame and what became of it (a row of the outbox)."""
+    """One selected frame and what became of it (a row of the outbox); or, with reason event-end, the description
+    of a whole event written from several of its frames."""
 
     id: int = Field(description="Caption id; stable, used by every /v1/captions/{id} route.")
     camera: str = Field(description="Camera id from the pipeline file.")
@@ -59,8 +75,9 @@ class Caption(_Model):
     reason: SelectionReason = Field(
         description="Why the frame was selected: new-event (a person became stable), people-left (people it was "
         "described with left), movement (a person moved far), zone-entry (a person entered a zone), zone-dwell (a "
-        "person stayed in a zone for its loiter_s), recaption (the recaption interval passed) or stream-end (held "
-        "back by the rate limits until its stream ended)."
+        "person stayed in a zone for its loiter_s), recaption (the recaption interval passed), stream-end (held "
+        "back by the rate limits until its stream ended) or event-end (a description of the whole event once it "
+        "ended, from the frames listed in `frames`)."
     )
     event_key: str = Field(description="The person event the frame describes.")
     event_ids: list[int] = Field(description="Track ids of the people the frame describes.")
@@ -94,6 +111,11 @@ class Caption(_Model):
         default=None,
         description="Hybrid search only: the words of the search text (stop words left out) that the caption "
         "matched by full-text search (stemmed; the last word also as a prefix). Null elsewhere.",
+    )
+    frames: list[DescriptionFrame] | None = Field(
+        default=None,
+        description="An event description (reason event-end) only: the frames it was written from, oldest first, "
+        "sent as the images of one request; `image_url` is the best of them. Null for a frame's caption.",
     )
 
     @classmethod
@@ -145,7 +167,20 @@ def caption_fields(record: CaptionRecord | CaptionRow) -> dict[str, Any]:
         # A search's why (caption_page_json fills them in): null on every route otherwise, as the model says.
         "similarity": None,
         "matched_words": None,
+        "frames": _description_frames(row["id"], row.get("frames")),
     }
+
+
+_FRAME_FIELDS = ("role", "frame_index", "offset_s", "width", "height", "image_tokens")
+
+
+def _description_frames(row_id: int, frames: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if not frames:
+        return None
+    return [
+        {**{name: frame[name] for name in _FRAME_FIELDS}, "image_url": f"/v1/captions/{row_id}/image?frame={number}"}
+        for number, frame in enumerate(frames)
+    ]
 
 
 class CaptionPage(_Model):

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from visioncap.caption.encode import jpeg_data_uri
 from visioncap.caption.structured import StructuredCaption, response_format
-from visioncap.config.caption import CaptionConfig
+from visioncap.config.caption import DEFAULT_EVENT_PROMPT, CaptionConfig
 from visioncap.config.vlm import VlmConfig
 from visioncap.errors import ConfigError, VlmUnavailableError
 from visioncap.frames import Caption
@@ -41,10 +41,7 @@ TRANSIENT_ERRORS = (
 
 CAMERA_HEADER = "X-Visioncap-Camera"
 # What an event description asks of the frames of one person event.
-EVENT_PROMPT = (
-    "These frames show one person at a camera, oldest first. Describe in one or two sentences what the person did "
-    "and where they went, from the first frame to the last."
-)
+EVENT_PROMPT = DEFAULT_EVENT_PROMPT
 
 
 class CaptionError(Exception):
@@ -147,7 +144,11 @@ class VlmCaptioner:
         return _caption_of(response, text, latency, structured)
 
     def describe(
-        self, jpegs: Sequence[bytes], camera: str | None = None, prompt: str = EVENT_PROMPT, max_tokens: int = 160
+        self,
+        jpegs: Sequence[bytes],
+        camera: str | None = None,
+        prompt: str | None = None,
+        max_tokens: int | None = None,
     ) -> Caption:
         """What a person did, from several frames of one event (oldest first) sent as images of one request, in
         one attempt; raises as `caption`. The endpoint must take that many images a prompt (vLLM's
@@ -155,10 +156,11 @@ class VlmCaptioner:
         to bound (`encode_frames`)."""
         if not jpegs:
             raise ValueError("an event description needs at least one frame")
+        events = self._caption.events
         started = time.perf_counter()
-        content: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
+        content: list[dict[str, Any]] = [{"type": "text", "text": prompt or events.prompt}]
         content += [{"type": "image_url", "image_url": {"url": jpeg_data_uri(jpeg)}} for jpeg in jpegs]
-        response = self._send([{"role": "user", "content": content}], None, camera, max_tokens, {})
+        response = self._send([{"role": "user", "content": content}], None, camera, max_tokens or events.max_tokens, {})
         text = (response.choices[0].message.content or "").strip()
         return _caption_of(response, text, time.perf_counter() - started, None)
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from visioncap.config.caption import ImageMode
+from visioncap.config.caption import MIN_FRAME_TOKENS, ImageMode
 from visioncap.frames import EncodedImage, PersonBox
 
 BOX_COLOUR = (0, 200, 255)  # BGR amber: visible on most scenes
@@ -88,7 +88,7 @@ def encode_jpeg(image: np.ndarray, max_tokens: int, token_size: int = 28, qualit
 
 
 # Qwen-VL processors enlarge a picture to at least 56 x 56 pixels (min_pixels): four tokens, whatever is sent.
-MIN_IMAGE_TOKENS = 4
+MIN_IMAGE_TOKENS = MIN_FRAME_TOKENS
 
 
 def encode_frames(

@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, StringConstraints, field_validator, model_validator
 
+from visioncap.config.caption import MIN_FRAME_TOKENS
 from visioncap.config.settings import Settings
 from visioncap.config.sources import CAMERA_ID_PATTERN
 
@@ -147,7 +148,7 @@ class ApiSettings(Settings):
         le=16,
         description="How many frames of the best captions in the prompt go to the VLM with the question, as "
         "images, so that it can look as well as read (0: text only). At most the model's images per prompt "
-        "(vLLM's --limit-mm-per-prompt: 1 in the GPU profiles here, 6 in the tiny test model's).",
+        "(vLLM's --limit-mm-per-prompt: 4 in the GPU profiles here, 6 in the tiny test model's).",
     )
     ask_image_tokens: int = Field(
         default=512,
@@ -226,3 +227,12 @@ class ApiSettings(Settings):
         except (ZoneInfoNotFoundError, ValueError) as exc:
             raise ValueError(f"not an IANA time zone: {value!r}") from exc
         return value
+
+    @model_validator(mode="after")
+    def _frames_fit_their_tokens(self) -> ApiSettings:
+        if self.ask_frames and self.ask_image_tokens // self.ask_frames < MIN_FRAME_TOKENS:
+            raise ValueError(
+                f"ask_image_tokens {self.ask_image_tokens} cannot be shared by ask_frames {self.ask_frames}: each "
+                f"frame needs at least {MIN_FRAME_TOKENS}"
+            )
+        return self

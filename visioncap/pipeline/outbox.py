@@ -23,10 +23,11 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 from visioncap.config.outbox import OutboxConfig
 from visioncap.frames import Caption
@@ -104,6 +105,13 @@ class OutboxItem:
     score: float = field(compare=False)
     image_path: Path | None = field(compare=False)
     attempts: int = field(compare=False, default=0)
+    # An event description's images, oldest first (one of them `image_path`): sent together, never coalesced.
+    frame_paths: tuple[Path, ...] = field(compare=False, default=())
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every image file the item holds."""
+        return self.frame_paths or ((self.image_path,) if self.image_path is not None else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +215,7 @@ class Outbox:
                         score=row.score,
                         image_path=self._data_dir / row.image_path if row.image_path else None,
                         attempts=row.attempts,
+                        frame_paths=self._frame_paths(row.frames),
                     )
                 )
             self._lock.notify_all()
@@ -235,11 +244,17 @@ class Outbox:
         with self._lock:
             return len(self._queued) + len(self._in_flight)
 
-    def put(self, new: NewCaption, jpeg: bytes) -> tuple[PutResult, int | None]:
-        """Save and record a selected frame; returns what happened and the row id (None when it has none yet)."""
+    def put(self, new: NewCaption, jpeg: bytes, others: Sequence[bytes | None] = ()) -> tuple[PutResult, int | None]:
+        """Save and record a selected frame; returns what happened and the row id (None when it has none yet).
+
+        An event description (`new.frames`) brings its frames' JPEGs in `others`, one per frame, None for the one
+        `jpeg` is; each file is written before the row exists, and all go when the row does not come to be."""
+        if len(others) != len(new.frames or ()):
+            raise ValueError(f"{len(new.frames or ())} frames listed, {len(others)} given")
         with self._lock:
             full = len(self._queued) + len(self._in_flight) >= self._config.capacity
-            rival_key = self._by_event.get(new.event_key) if full else None
+            # A description stands for nothing else: it neither replaces nor is replaced by a frame of its event.
+            rival_key = self._by_event.get(new.event_key) if full and not new.frames else None
             rival = self._queued.get(rival_key) if rival_key is not None else None
         if full and (rival is None or rival.score >= new.score):
             reason, detail = (
@@ -253,17 +268,27 @@ class Outbox:
             self._skipped(new.camera, reason)
             return (PutResult.COALESCED if rival is not None else PutResult.QUEUE_FULL), row_id
 
+        written: list[Path] = []
         try:
             relative = self._write_image(new, jpeg)
+            written.append(relative)
+            if new.frames:
+                frames = []
+                for number, (frame, other) in enumerate(zip(new.frames, others, strict=True)):
+                    path = relative if other is None else self._write_image(new, other, relative, number)
+                    written.append(path)
+                    frames.append({**frame, "path": str(path)})
+                new = replace(new, frames=frames)
         except OSError as exc:
-            return self._unwritable(new, exc)
+            self._unlink(written)
+            return self._unwritable(replace(new, frames=None), exc)
         new = replace(new, image_path=str(relative))
         result, row_id = self._record_new(new, None)
         if result is PutResult.DUPLICATE:
-            (self._data_dir / relative).unlink(missing_ok=True)
+            self._unlink(written)
             return result, None
         if result in (PutResult.JOURNAL_FULL, PutResult.UNSTORABLE, PutResult.FENCED):
-            (self._data_dir / relative).unlink(missing_ok=True)
+            self._unlink(written)
             if result is PutResult.JOURNAL_FULL:
                 self._skipped(new.camera, SkipReason.JOURNAL_FULL)
                 message = f"camera {new.camera}: the database is away and the journal is full"
@@ -282,10 +307,13 @@ class Outbox:
             )
             self._settle(replaced, Outcome(CaptionStatus.SKIPPED, replaced.attempts, error=error, image_removed=True))
             self._skipped(replaced.camera, SkipReason.COALESCED)
-            if replaced.image_path is not None:
-                replaced.image_path.unlink(missing_ok=True)
+            for path in replaced.files:
+                path.unlink(missing_ok=True)
             return PutResult.REPLACED, row_id
         return result, row_id
+
+    def _frame_paths(self, frames: list[dict[str, Any]] | None) -> tuple[Path, ...]:
+        return tuple(self._data_dir / str(frame["path"]) for frame in frames or ())
 
     def _item(self, key: str, row_id: int | None, new: NewCaption, attempts: int) -> OutboxItem:
         return OutboxItem(
@@ -298,6 +326,7 @@ class Outbox:
             score=new.score,
             image_path=self._data_dir / new.image_path if new.image_path else None,
             attempts=attempts,
+            frame_paths=self._frame_paths(new.frames),
         )
 
     def _record_new(self, new: NewCaption, outcome: Outcome | None) -> tuple[PutResult, int | None]:
@@ -373,10 +402,20 @@ class Outbox:
         with self._lock:
             self.counts[outcome] += 1
 
-    def _write_image(self, new: NewCaption, jpeg: bytes) -> Path:
-        stamp = new.captured_at.strftime("%Y%m%d/%H%M%S_%f")
-        # Unique even for a duplicate of a stored instant, whose file is removed again without touching the original.
-        relative = Path("frames") / new.camera / f"{stamp}_{new.frame_index}_{uuid.uuid4().hex[:8]}.jpg"
+    def _unlink(self, written: Sequence[Path | str]) -> None:
+        for relative in written:
+            (self._data_dir / relative).unlink(missing_ok=True)
+
+    def _write_image(self, new: NewCaption, jpeg: bytes, main: Path | None = None, number: int = 0) -> Path:
+        """Write a JPEG; `main`: the description's main image, which its other frames are named after
+        (`<main>.f<number>.jpg`: retention finds them by its name)."""
+        if main is not None:
+            relative = main.with_name(f"{main.stem}.f{number}.jpg")
+        else:
+            stamp = new.captured_at.strftime("%Y%m%d/%H%M%S_%f")
+            # Unique even for a duplicate of a stored instant, whose file is removed again without touching the
+            # original.
+            relative = Path("frames") / new.camera / f"{stamp}_{new.frame_index}_{uuid.uuid4().hex[:8]}.jpg"
         target = self._data_dir / relative
         partial = target.with_suffix(".part")
         # Written, flushed to disk and renamed before the row exists: a pending row always has its image.
@@ -399,7 +438,8 @@ class Outbox:
 
     def _enqueue(self, item: OutboxItem) -> None:
         self._queued[item.key] = item
-        self._by_event[item.event_key] = item.key
+        if not item.frame_paths:
+            self._by_event[item.event_key] = item.key
         heapq.heappush(self._heap, item)
         self._metrics.outbox_depth.set(len(self._queued) + len(self._in_flight))
 
@@ -804,4 +844,4 @@ class Outbox:
             self._publish()
             self._lock.notify_all()
         if entry.new is not None and entry.new.image_path:
-            (self._data_dir / entry.new.image_path).unlink(missing_ok=True)
+            self._unlink([entry.new.image_path, *(str(frame["path"]) for frame in entry.new.frames or ())])

@@ -23,7 +23,15 @@ from visioncap.config.sources import StreamSourceConfig
 from visioncap.detect.tracking import PersonTracker
 from visioncap.detect.yolo import PersonDetector
 from visioncap.errors import ConfigError
-from visioncap.frames import Detection, Frame, SelectedFrame
+from visioncap.frames import (
+    Detection,
+    EncodedImage,
+    FinishedEvent,
+    Frame,
+    PersonBox,
+    SelectedFrame,
+    SelectionReason,
+)
 from visioncap.pipeline.access import CaptionAccess
 from visioncap.pipeline.hub import FrameHub
 from visioncap.pipeline.lease_keeper import LeaseKeeper
@@ -32,6 +40,7 @@ from visioncap.pipeline.outbox import CAPTIONING, Outbox, PutResult
 from visioncap.pipeline.watcher import CameraWatcher
 from visioncap.pipeline.workers import CaptionWorkers
 from visioncap.redact import mask_credentials, mask_urls
+from visioncap.select.event_frames import Encoder, EventFrames
 from visioncap.select.events import EventSelector
 from visioncap.sources.base import FrameSource
 from visioncap.sources.registry import open_source
@@ -142,6 +151,7 @@ class _Camera:
     stats: CameraStats
     caption: CaptionConfig  # the pipeline's, with the camera's overrides
     version: int  # of its stored config: another version means a restart
+    events: EventFrames | None  # the frames its events are described from; None: events are not described
     generation: int  # tells this source's late reports from those of a later one for the same camera
     # Whether the source has reported a state of its own (live streams do; files and folders have no connection
     # to report on and count as online from their first analysed frame).
@@ -293,8 +303,7 @@ class PipelineRunner:
             hub.join(timeout=10)
             self._camera_states.close()
             for camera in self._cameras.values():
-                for selected in camera.selector.flush():
-                    self._submit(camera, selected)
+                self._flush(camera)
             drain = 0.0 if self._stop.is_set() else self._config.outbox.drain_timeout_s
             deadline = time.monotonic() + drain
             if not self.outbox.wait_drained(drain) and drain:
@@ -378,6 +387,8 @@ class PipelineRunner:
             self._on_finished(camera, message, failed_start=True)
             return
         selection = stored.config.selection_for(self._config.selection)
+        caption = stored.config.caption_for(self._config.caption)
+        selector = EventSelector(selection)
         self._cameras[camera] = _Camera(
             source=source,
             tracker=PersonTracker(
@@ -386,10 +397,18 @@ class PipelineRunner:
                 keep_lost_s=selection.event_end_s,
                 masks=selection.masks,
             ),
-            selector=EventSelector(selection),
+            selector=selector,
             stats=stats,
-            caption=stored.config.caption_for(self._config.caption),
+            caption=caption,
             version=stored.version,
+            events=EventFrames(
+                caption.events,
+                selector,
+                selection.event_end_s,
+                _event_encoder(caption, self._config.vlm.image_token_size),
+            )
+            if caption.events.enabled
+            else None,
             generation=generation,
         )
         self._camera_states.add(camera, source.description)
@@ -401,8 +420,7 @@ class PipelineRunner:
         running = self._cameras.pop(camera)
         self._hub.remove(camera)
         self._frames_of_stopped += running.source.frames_read
-        for selected in running.selector.flush():
-            self._submit(running, selected)
+        self._flush(running)
         final = state or CameraState.FINISHED
         with self._lock:
             running.stats.state = final
@@ -458,6 +476,17 @@ class PipelineRunner:
         stats.events = camera.selector.events_started
         for selected in selections:
             self._submit(camera, selected)
+        if camera.events is not None:
+            for event in camera.events.offer(tracked):
+                self._submit_event(camera, event)
+
+    def _flush(self, camera: _Camera) -> None:
+        """A camera's stream ended or it stops: what its selector holds, and its events, go to the outbox."""
+        for selected in camera.selector.flush():
+            self._submit(camera, selected)
+        if camera.events is not None:
+            for event in camera.events.flush():
+                self._submit_event(camera, event)
 
     @staticmethod
     def _captured_at(camera: _Camera, frame: Frame) -> datetime:
@@ -503,3 +532,57 @@ class PipelineRunner:
         if result in CAPTIONING:
             self._metrics.image_tokens.labels(frame.camera).inc(image.image_tokens)
         log.debug("camera %s frame %d: %s -> %s (#%s)", frame.camera, frame.index, selected.reason, result, row_id)
+
+    def _submit_event(self, camera: _Camera, event: FinishedEvent) -> None:
+        """An event's description request, durable like a frame's: its row (reason event-end) lists the frames,
+        whose files the outbox writes before the row exists."""
+        main = event.main
+        captured_at = camera.source.time_anchor() + timedelta(seconds=event.ended_s)
+        caption = camera.caption
+        new = NewCaption(
+            pipeline=self._config.name,
+            camera=event.camera,
+            source=camera.source.description,
+            frame_index=event.frames[-1].frame_index,
+            offset_s=event.ended_s,
+            # Not a frame's instant: a camera's rows are one per instant (a re-run of a file finds them), and its
+            # last frame may have a caption of its own. No camera gives two frames a microsecond apart.
+            captured_at=captured_at + DESCRIPTION_OFFSET,
+            reason=SelectionReason.EVENT_END,
+            event_key=event.event_key,
+            event_ids=[event.track_id],
+            people=[main.person.as_dict()],
+            zones=[stay.as_dict() for stay in event.zones],
+            zone_shapes=camera.selector.zone_shapes(event.camera) or None,
+            image_width=main.image.width,
+            image_height=main.image.height,
+            image_tokens=sum(frame.image.image_tokens for frame in event.frames),
+            model=self._config.vlm.model,
+            frame_width=main.frame_width,
+            frame_height=main.frame_height,
+            image_region=list(people_region((main.person,), main.frame_width, main.frame_height, caption.crop_padding))
+            if caption.image_mode is ImageMode.CROP
+            else None,
+            frames=[frame.as_dict() for frame in event.frames],
+        )
+        others = [None if frame is main else frame.image.jpeg for frame in event.frames]
+        result, row_id = self.outbox.put(new, main.image.jpeg, others)
+        self._metrics.frames_selected.labels(event.camera, SelectionReason.EVENT_END).inc()
+        if result in CAPTIONING:
+            self._metrics.image_tokens.labels(event.camera).inc(new.image_tokens)
+        log.debug("camera %s track %d: %d frames to describe -> %s (#%s)", event.camera, event.track_id,
+                  len(event.frames), result, row_id)  # fmt: skip
+
+
+# See _submit_event.
+DESCRIPTION_OFFSET = timedelta(microseconds=1)
+
+
+def _event_encoder(caption: CaptionConfig, token_size: int) -> Encoder:
+    """How a kept frame of a person's event is encoded: the camera's picture of them (full, boxed or cropped)."""
+
+    def encode(frame: Frame, person: PersonBox, tokens: int) -> EncodedImage:
+        picture = compose(frame.image, (person,), caption.image_mode, caption.crop_padding)
+        return encode_jpeg(picture, tokens, token_size, caption.jpeg_quality)
+
+    return encode

@@ -89,12 +89,17 @@ class CaptionWorkers:
             self.access.done(item.camera)
 
     def _attempt(self, item: OutboxItem) -> Caption | None:
-        if item.image_path is None or not item.image_path.is_file():
-            self._outbox.fail(item, f"image file {item.image_path} is missing")
+        files = item.files
+        missing = next((path for path in files if not path.is_file()), None)
+        if not files or missing is not None:
+            self._outbox.fail(item, f"image file {missing or item.image_path} is missing")
             return None
-        jpeg = item.image_path.read_bytes()
         try:
-            caption = self._captioner.caption(jpeg, camera=item.camera)
+            if item.frame_paths:
+                # An event description: its frames, oldest first, as the images of one request.
+                caption = self._captioner.describe([path.read_bytes() for path in files], camera=item.camera)
+            else:
+                caption = self._captioner.caption(files[0].read_bytes(), camera=item.camera)
         except AccessRefusedError as exc:
             # The key, not the frame: the frame stays pending and the camera waits for the key to work again.
             self.access.refused(item.camera, str(exc))

@@ -105,6 +105,11 @@ class EventSelector:
         track = self._tracks.get(track_id)
         return tuple(track.visits) if track else ()
 
+    def is_event(self, track_id: int) -> bool:
+        """Whether a live track counts as a person event (seen `stable_frames` times, inside a required zone then)."""
+        track = self._tracks.get(track_id)
+        return track is not None and track.started
+
     def _use_camera(self, camera: str) -> None:
         """The zones of `camera` and their loiter limits, worked out once per camera, not per track and frame."""
         self._camera = camera

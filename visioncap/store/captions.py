@@ -57,6 +57,9 @@ class NewCaption:
     zones: list[dict[str, Any]] = field(default_factory=list)
     # The camera's zones when the frame was taken, {name: [[x, y], ...]} normalised: what `?boxes=true` draws.
     zone_shapes: dict[str, list[list[float]]] | None = None
+    # An event description's frames, oldest first (frames.EventFrame.as_dict, and "path" of each file, one of them
+    # `image_path`); None for a frame's caption.
+    frames: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,7 @@ class PendingRow:
     score: float
     attempts: int
     image_path: str | None
+    frames: list[dict[str, Any]] | None = None  # an event description's frames (NewCaption.frames)
 
 
 class CaptionStore:
@@ -199,6 +203,7 @@ class CaptionStore:
                 CaptionRecord.score,
                 CaptionRecord.attempts,
                 CaptionRecord.image_path,
+                CaptionRecord.frames,
             )
             .where(CaptionRecord.status == CaptionStatus.PENDING)
             .order_by(CaptionRecord.id)

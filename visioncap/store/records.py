@@ -177,6 +177,9 @@ class CaptionRecord(Base):
     zones: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True, default=None)
     # The camera's zone polygons then, {name: [[x, y], ...]} normalised (step 17): drawn on the image on request.
     zone_shapes: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True, default=None)
+    # An event description's frames, oldest first: [{role, frame_index, offset_s, width, height, image_tokens,
+    # path}] (step 19); null for a frame's caption.
+    frames: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True, default=None)
 
     __table_args__ = (
         # A camera sees one frame at a time: re-running a file finds its frames already stored.

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -43,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
@@ -66,6 +68,7 @@ MIB = 1024 * 1024  # VISIONCAP_RETENTION_MIN_FREE_MB counts these, as `df -m` do
 WAKE_GAP_S = 1.0  # least time between the end of one sweep and a sweep asked for by wake()
 IMAGE_SUFFIXES = (".jpg", ".jpeg")
 ORPHAN_SUFFIXES = (*IMAGE_SUFFIXES, ".part")
+DESCRIPTION_FRAME = re.compile(r"(.+)\.f\d+\.jpg")
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,28 +202,38 @@ def _remove(path: Path, dry_run: bool) -> int | None:
     return size
 
 
+def _row_files(image_path: str | None, frames: list[dict[str, Any]] | None) -> list[str]:
+    """The image files a row holds: its image and, for an event description, its other frames."""
+    names = [image_path] if image_path else []
+    return names + [str(frame["path"]) for frame in frames or () if frame.get("path") and frame["path"] != image_path]
+
+
 def _remove_images(
-    rows: Sequence[Row[int, str, str | None]], root: Path, result: RetentionResult, for_space: bool
+    rows: Sequence[Row[int, str, str | None, list[dict[str, Any]] | None]],
+    root: Path,
+    result: RetentionResult,
+    for_space: bool,
 ) -> int:
     """Delete (or, in a dry run, measure) the images of deleted rows, count rows, files and bytes; returns the bytes."""
     counted = 0
-    for _, camera, image_path in rows:
+    for _, camera, image_path, frames in rows:
         result.rows += 1
         result.space_rows += for_space
         result.by_camera[camera] += 1
-        path = _inside(root, image_path) if image_path else None
-        if path is None:
-            continue
-        size = _remove(path, result.dry_run)
-        if size is None:
-            result.missing_files += 1
-            continue
-        result.files += 1
-        result.bytes += size
-        counted += size
-        if for_space:
-            result.space_files += 1
-            result.space_bytes += size
+        for name in _row_files(image_path, frames):
+            path = _inside(root, name)
+            if path is None:
+                continue
+            size = _remove(path, result.dry_run)
+            if size is None:
+                result.missing_files += 1
+                continue
+            result.files += 1
+            result.bytes += size
+            counted += size
+            if for_space:
+                result.space_files += 1
+                result.space_bytes += size
     return counted
 
 
@@ -232,7 +245,7 @@ def _sweep_rows(
     batch_size: int,
     should_stop: Callable[[], bool],
 ) -> None:
-    columns = (CaptionRecord.id, CaptionRecord.camera, CaptionRecord.image_path)
+    columns = (CaptionRecord.id, CaptionRecord.camera, CaptionRecord.image_path, CaptionRecord.frames)
     last_id = 0
     while not should_stop():
         chosen = select(CaptionRecord.id).where(condition, CaptionRecord.id > last_id)
@@ -251,7 +264,7 @@ def _sweep_rows(
                 rows = conn.execute(statement.returning(*columns)).all()
         if not rows:
             return
-        last_id = max(row_id for row_id, _, _ in rows) if result.dry_run else 0
+        last_id = max(row[0] for row in rows) if result.dry_run else 0
         _remove_images(rows, root, result, for_space=False)
 
 
@@ -305,7 +318,7 @@ def _sweep_for_space(
     # A dry run frees nothing: it counts what the age-based part would have freed and walks on past each batch.
     freed = result.bytes if result.dry_run else 0
     after: tuple[datetime, int] | None = None
-    columns = (CaptionRecord.id, CaptionRecord.camera, CaptionRecord.image_path)
+    columns = (CaptionRecord.id, CaptionRecord.camera, CaptionRecord.image_path, CaptionRecord.frames)
     # Pending rows' images are the outbox's work; rows without an image free nothing (the records of frames that
     # could not be saved, a full disk's among them): neither is ever deleted for space.
     finished = and_(CaptionRecord.status != CaptionStatus.PENDING, CaptionRecord.image_path.is_not(None))
@@ -314,7 +327,7 @@ def _sweep_for_space(
         result.free_bytes = free
         if free >= min_free or should_stop():
             return
-        query = select(*columns, CaptionRecord.captured_at).where(finished)
+        query = select(CaptionRecord.id, CaptionRecord.image_path, CaptionRecord.captured_at).where(finished)
         if result.dry_run and aged is not None:
             query = query.where(not_(aged))  # counted by the age-based part already
         if after is not None:  # go on past the rows looked at (a dry run deletes nothing; others free nothing)
@@ -338,7 +351,7 @@ def _sweep_for_space(
         # while space is short, and only for the space they free (a row whose image is gone already stays).
         chosen: list[int] = []
         covered = 0
-        for row_id, _, image_path, captured_at in candidates:
+        for row_id, image_path, captured_at in candidates:
             after = captured_at, row_id
             path = _inside(root, image_path) if image_path is not None else None
             if path is None:
@@ -385,6 +398,13 @@ def _orphan_candidates(root: Path, policy: RetentionPolicy, now: datetime) -> It
                     continue
 
 
+def _description_owner(path: Path) -> Path:
+    """The image an event description's other frame is named after (the outbox's `<image>.f<n>.jpg`); a file that
+    is not one stands for itself."""
+    match = DESCRIPTION_FRAME.fullmatch(path.name)
+    return path.with_name(f"{match.group(1)}.jpg") if match else path
+
+
 def _sweep_orphans(
     engine: Engine,
     root: Path,
@@ -397,13 +417,16 @@ def _sweep_orphans(
     batch: list[Path] = []
 
     def settle() -> None:
-        # Rows name their image relative to the data directory (the outbox); an absolute name is honoured too.
-        names = {str(path.relative_to(root)): path for path in batch} | {str(path): path for path in batch}
+        # Rows name their image relative to the data directory (the outbox); an absolute name is honoured too. An
+        # event description's other frames are named after its image (`<image>.f<n>.jpg`) and kept with it.
+        owners = {path: _description_owner(path) for path in batch}
+        names = {str(owner.relative_to(root)): owner for owner in owners.values()}
+        names |= {str(owner): owner for owner in owners.values()}
         with engine.connect() as conn:
             query = select(CaptionRecord.image_path).where(CaptionRecord.image_path.in_(list(names)))
             referenced = {names[name] for name in conn.scalars(query) if name is not None}
         for path in batch:
-            if path in referenced:
+            if owners[path] in referenced:
                 continue
             size = _remove(path, result.dry_run)
             if size is not None:

@@ -461,6 +461,15 @@ def _vector_write_times(conn: Connection) -> None:
     conn.execute(text(f"CREATE INDEX IF NOT EXISTS ix_{VECTORS_TABLE}_written_at ON {VECTORS_TABLE} (written_at)"))
 
 
+def _description_frames(conn: Connection) -> None:
+    """The frames an event description was written from (a JSON list of several images, one of them the row's
+    `image_path`)."""
+    present = {column["name"] for column in inspect(conn).get_columns("captions")}
+    if "frames" not in present:
+        json_type = "JSON" if conn.dialect.name == "postgresql" else "TEXT"
+        conn.execute(text(f"ALTER TABLE captions ADD COLUMN frames {json_type}"))
+
+
 MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _create_tables,  # 1
     _add_geometry_columns,  # 2
@@ -480,6 +489,7 @@ MIGRATIONS: tuple[Callable[[Connection], None], ...] = (
     _alert_decisions_table,  # 16
     _caption_zones,  # 17
     _vector_write_times,  # 18
+    _description_frames,  # 19
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -15,6 +15,7 @@ from visioncap.api.auth import CameraScope, camera_scope
 from visioncap.api.protocol import Caption, CaptionPage, ErrorResponse, Regenerated
 from visioncap.api.routers.common import ERRORS, NOT_FOUND, SECURED, service
 from visioncap.api.serving import MAX_ID, ApiService
+from visioncap.config.caption import MAX_DESCRIPTION_FRAMES
 from visioncap.store.records import CaptionStatus
 
 router = APIRouter(prefix="/v1/captions", tags=["captions"], dependencies=SECURED, responses=ERRORS)
@@ -128,8 +129,14 @@ def get_caption(
     responses={
         200: {"content": {"image/jpeg": {}}, "description": "The JPEG the VLM saw."},
         304: {"description": "Not modified (If-None-Match)."},
-        404: {"model": ErrorResponse, "description": "No such caption, or its image is no longer stored."},
-        409: {"model": ErrorResponse, "description": "boxes=true but the row lacks the frame geometry."},
+        404: {
+            "model": ErrorResponse,
+            "description": "No such caption, or its image (or that frame) is no longer stored, or is not one.",
+        },
+        409: {
+            "model": ErrorResponse,
+            "description": "boxes=true but the row lacks the frame geometry, or the frame is not its main image.",
+        },
         503: {
             "model": ErrorResponse,
             "description": f"The image store (its volume) kept every file read busy for {images.FILE_WAIT_S:g} s; "
@@ -145,11 +152,20 @@ async def get_image(
     boxes: Annotated[
         bool, Query(description="Draw the detected people (green) and the camera's zones then (amber) on the image.")
     ] = False,
+    frame: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            lt=MAX_DESCRIPTION_FRAMES,
+            description="An event description's frame (0 is the oldest; its `frames` list them) instead of its main "
+            "image.",
+        ),
+    ] = None,
 ) -> Response:
     row = await anyio.to_thread.run_sync(api.row, id, scope)
     held = {tag.strip() for tag in request.headers.get("if-none-match", "").split(",")}
     # Off the event loop, in a bounded pool: a stalled volume must not freeze the other requests (images.py).
-    stored, jpeg = await images.ImageFiles.of(request.app).run(images.fetch, api.data_dir, row, boxes, held)
+    stored, jpeg = await images.ImageFiles.of(request.app).run(images.fetch, api.data_dir, row, boxes, held, frame)
     headers = {
         "ETag": stored.etag,
         "Cache-Control": f"private, max-age={api.settings.api_image_max_age_s}",

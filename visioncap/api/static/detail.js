@@ -1,5 +1,5 @@
-// One caption (#/captions/ID): the frame with the detected people drawn, its fields and structured fields, the
-// other captions of its event, re-caption (write keys) and a link to copy.
+// One caption (#/captions/ID): the frame with the detected people drawn, its fields and structured fields, an event
+// description's frames, the other captions of its event, re-caption (write keys) and a link to copy.
 
 import { Images, apiJson, canWrite, session } from "./api.js";
 import { badge, dayOf, h, people, setStatus, timeEl, whenLocal } from "./ui.js";
@@ -124,6 +124,27 @@ async function loadEvent(caption, signal) {
   }
 }
 
+const ROLE_NAMES = { first: "first seen", best: "best", last: "last seen" };
+
+function roleText(role) {
+  return role.split("+").map((part) => (part.startsWith("zone:") ? `entered ${part.slice(5)}` : ROLE_NAMES[part] || part)).join(", ");
+}
+
+// An event description (reason event-end): the frames it was written from, oldest first, as the VLM saw them.
+function descriptionFrames(caption) {
+  if (!caption.frames || !caption.frames.length) return null;
+  const items = caption.frames.map((frame, number) => {
+    const img = h("img", { alt: `Frame ${number + 1} of ${caption.frames.length}: ${roleText(frame.role)}`, loading: "lazy" });
+    images.into(img, frame.image_url);
+    return h("li", {}, h("figure", { class: "description-frame" }, img,
+      h("figcaption", {}, `${roleText(frame.role)} · ${frame.offset_s.toFixed(1)} s · ${frame.image_tokens} tokens`)));
+  });
+  return h("section", { class: "panel", "aria-labelledby": "frames-heading" },
+    h("h2", { id: "frames-heading" }, "Frames this description was written from"),
+    h("p", { class: "muted" }, `${caption.frames.length} frames of the event, oldest first, sent as the images of one request.`),
+    h("ol", { id: "detail-frames", class: "event-list" }, items));
+}
+
 function render(caption) {
   const img = h("img", { id: "detail-image", alt: caption.caption ? `Frame: ${caption.caption}` : `Frame of ${caption.camera}` });
   const figure = h("figure", { class: "frame" }, img,
@@ -156,7 +177,8 @@ function render(caption) {
       h("dl", { class: "fields structured" }, Object.entries(caption.structured).map(([key, value]) => field(key, structuredValue(value)))))
     : null;
 
-  $("detail-body").replaceChildren(
+  // Panels a caption has not (structured fields, description frames) are null: left out, not shown as "null".
+  $("detail-body").replaceChildren(...[
     h("div", { class: "detail-grid" },
       figure,
       h("div", { class: "detail-side" },
@@ -164,10 +186,12 @@ function render(caption) {
         actions,
         fields(caption))),
     structured,
+    descriptionFrames(caption),
     h("section", { class: "panel", "aria-labelledby": "event-heading" },
       h("h2", { id: "event-heading" }, "This event's captions"),
       h("p", { id: "detail-event-note", class: "muted" }, "Loading..."),
-      h("ol", { id: "detail-event", class: "event-list" })));
+      h("ol", { id: "detail-event", class: "event-list" })),
+  ].filter(Boolean));
 }
 
 export const detailView = {

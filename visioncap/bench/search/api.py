@@ -312,6 +312,7 @@ def _row(
         "image_region": None,
         "zones": None,
         "zone_shapes": None,
+        "frames": None,
     }
 
 
@@ -449,7 +450,7 @@ def _load_sqlite(engine: Engine, corpus: Corpus) -> None:
 
 
 def _load_postgresql(engine: Engine, corpus: Corpus) -> None:
-    json_names = {"event_ids", "people", "structured", "image_region", "zones", "zone_shapes"}
+    json_names = {"event_ids", "people", "structured", "image_region", "zones", "zone_shapes", "frames"}
     json_columns = [i for i, name in enumerate(COLUMNS) if name in json_names]
     raw = engine.raw_connection()
     try:
