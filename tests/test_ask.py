@@ -449,7 +449,7 @@ def test_the_best_captions_frame_reaches_the_vlm_as_an_image_counted_within_the_
     Image.effect_noise((640, 480), 40).convert("RGB").save(out, format="JPEG")
     (data_dir / image_path).write_bytes(out.getvalue())
     answers = {}
-    for frames, context_tokens in ((0, 4096), (1, 4096), (1, 600)):
+    for frames, context_tokens in ((0, 4096), (1, 4096), (2, 4096), (1, 600)):
         settings = settings_for(
             seeded,
             gateway.base_url,
@@ -471,6 +471,8 @@ def test_the_best_captions_frame_reaches_the_vlm_as_an_image_counted_within_the_
     image_tokens = round(640 / 28) * round(480 / 28)  # the processor's grid: 23 x 17
     estimate = image_tokens + IMAGE_PART_TOKENS + estimate_tokens(frame_label(fox))
     assert image_tokens <= counted[1, 4096] - counted[0, 4096] <= estimate
+    # Two frames wanted, one found: it takes the whole budget, not half of it (it goes as it is, as with one).
+    assert contexts[2, 4096]["frames"] == [fox] and counted[2, 4096] == counted[1, 4096]
     # A context with no room for the frame beside the caption: the caption still goes, the frame does not.
     assert contexts[1, 600]["frames"] == [] and [c["caption_id"] for c in contexts[1, 600]["citations"]] == [fox]
     assert counted[1, 600] == counted[0, 4096] <= 600 - 4

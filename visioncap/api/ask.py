@@ -35,7 +35,7 @@ from visioncap.ask.prompt import Frame, Prompt, QuestionTooLong, build_prompt
 from visioncap.ask.question import Question, read_question
 from visioncap.ask.retrieve import Retrieved, retrieve
 from visioncap.ask.task import TaskTooLong, is_task, task_prompt
-from visioncap.caption.encode import encode_jpeg
+from visioncap.caption.encode import encode_frames
 from visioncap.config.api import ApiSettings
 from visioncap.store.camera_configs import list_cameras
 from visioncap.store.embeddings import TextEmbedder
@@ -176,16 +176,15 @@ class Asker:
         return Plan(request, context, prompt, max_tokens, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()))
 
     def _frames(self, rows: list[CaptionRow]) -> list[Frame]:
-        """The stored frames of the best rows that have one (VISIONCAP_ASK_FRAMES of them), each shrunk to its
-        share of VISIONCAP_ASK_IMAGE_TOKENS. A frame that is gone or unreadable is left out, not an error: the
-        captions still answer."""
+        """The stored frames of the best rows that have one (VISIONCAP_ASK_FRAMES of them), sharing
+        VISIONCAP_ASK_IMAGE_TOKENS among the frames found (`encode_frames`). A frame that is gone or unreadable is
+        left out, not an error: the captions still answer, and the others get its share."""
         wanted = self.settings.ask_frames
         if not wanted:
             return []
-        share = self.settings.ask_image_tokens // wanted
-        frames: list[Frame] = []
+        found: list[tuple[int, np.ndarray]] = []
         for row in rows:
-            if len(frames) == wanted:
+            if len(found) == wanted:
                 break
             path = stored_jpeg(self.settings.data_dir, row.image_path) if row.image_path else None
             if path is None:
@@ -194,9 +193,11 @@ class Asker:
             if picture is None:
                 log.warning("ask: the frame of caption %s is not a readable JPEG; left out", row.id)
                 continue
-            image = encode_jpeg(picture, share, self.settings.ask_image_token_size)
-            frames.append(Frame(row.id, image.jpeg, image.image_tokens))
-        return frames
+            found.append((row.id, picture))
+        images = encode_frames(
+            [picture for _, picture in found], self.settings.ask_image_tokens, self.settings.ask_image_token_size
+        )
+        return [Frame(row_id, image.jpeg, image.image_tokens) for (row_id, _), image in zip(found, images, strict=True)]
 
     def _local(self, at: datetime | None) -> str:
         return at.astimezone(self.zone).strftime("%Y-%m-%d %H:%M") if at else "..."

@@ -167,11 +167,9 @@ def _word_ranks(
     matches = select(CaptionRecord.id.label("id"), rank.label("rank"))
     matches = matches.where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery))
     if newest is not None:
-        newest_first = matches.order_by(CaptionRecord.id.desc()).limit(newest).subquery()
-        statement = select(newest_first.c.id).order_by(newest_first.c.rank.desc(), newest_first.c.id.desc())
-        return list(conn.scalars(statement.limit(limit)))
-    statement = select(CaptionRecord.id).where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery))
-    statement = statement.order_by(rank.desc(), CaptionRecord.id.desc())
+        matches = matches.order_by(CaptionRecord.id.desc()).limit(newest)
+    ranked = matches.subquery()
+    statement = select(ranked.c.id).order_by(ranked.c.rank.desc(), ranked.c.id.desc())
     return list(conn.scalars(statement.limit(limit)))
 
 

@@ -68,13 +68,20 @@ def embed_batch(engine: Engine, embedder: TextEmbedder, after: int = 0, batch_si
         ).all()
     if not rows:
         return Batch(0, after, False)
+    written = _write_vectors(engine, embedder, [(row_id, caption) for row_id, caption in rows])
+    return Batch(written, rows[-1][0], len(rows) == batch_size)
+
+
+def _write_vectors(engine: Engine, embedder: TextEmbedder, rows: Sequence[tuple[int, str]]) -> int:
+    """Embed `rows` (id, caption) and insert their vectors in one transaction; how many were written (a row another
+    embedder wrote meanwhile is left as it is)."""
     vectors = embedder.encode([caption for _, caption in rows])
     insert = _insert(engine.dialect.name)
+    written = 0
     with engine.begin() as conn:
-        written = 0
         for (row_id, caption), vector in zip(rows, vectors, strict=True):
             written += conn.execute(insert, {"id": row_id, "caption": caption, "embedding": vector.tobytes()}).rowcount
-    return Batch(written, rows[-1][0], len(rows) == batch_size)
+    return written
 
 
 def embed_rows(engine: Engine, embedder: TextEmbedder, rows: Sequence[tuple[int, str]]) -> int:
@@ -91,15 +98,7 @@ def embed_rows(engine: Engine, embedder: TextEmbedder, rows: Sequence[tuple[int,
             )
         )
     missing = [(row_id, caption) for row_id, caption in rows if row_id not in have]
-    if not missing:
-        return 0
-    vectors = embedder.encode([caption for _, caption in missing])
-    insert = _insert(engine.dialect.name)
-    written = 0
-    with engine.begin() as conn:
-        for (row_id, caption), vector in zip(missing, vectors, strict=True):
-            written += conn.execute(insert, {"id": row_id, "caption": caption, "embedding": vector.tobytes()}).rowcount
-    return written
+    return _write_vectors(engine, embedder, missing) if missing else 0
 
 
 def backfill(engine: Engine, embedder: TextEmbedder, batch_size: int = DEFAULT_BATCH) -> int:
