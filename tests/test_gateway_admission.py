@@ -694,3 +694,43 @@ def test_a_hold_keeps_background_back_until_it_ends_or_the_caps_drop_it() -> Non
         (await asyncio.wait_for(waiting, 10)).release()
 
     asyncio.run(scenario())
+
+
+def test_a_paced_start_of_several_frames_spends_one_start_per_frame() -> None:
+    """The pacer's rate is a rate of frames: an event described from three frames starts when one would, and the
+    next request waits for the three (1.5 s at 2 a second), not for one (0.5 s)."""
+    clock = FakeClock(100.0)
+
+    async def scenario() -> list[float]:
+        caps = FixedCaps(8)
+        caps.caps = Caps(8, 10_000, True, starts_per_s=2.0)
+        scheduler = BackgroundScheduler(caps, queue_size=10, clock=clock)
+        event = await scheduler.acquire("a", 900, deadline_s=3600, images=3)
+        following = [asyncio.create_task(scheduler.acquire(c, 300, deadline_s=3600)) for c in "bc"]
+        await _waiting(scheduler, 2)
+        for admitted in (1, 2):
+            while scheduler.state().waiting > 2 - admitted:
+                clock.now += 0.25
+                scheduler.dispatch()
+            await _admitted(following, admitted)
+        grants = [event, *(task.result() for task in following)]
+        for grant in grants:
+            grant.release()
+        return [grant.admitted_at for grant in grants]
+
+    assert asyncio.run(scenario()) == [100.0, 101.5, 102.0]
+
+
+def test_a_request_of_several_images_is_capped_per_image() -> None:
+    async def scenario() -> None:
+        caps = FixedCaps(4, image_tokens=1000)
+        caps.caps = Caps(4, 1000, True, max_tokens_per_image=64)
+        scheduler = BackgroundScheduler(caps, queue_size=10)
+        three = await scheduler.acquire("a", 3 * 391, deadline_s=10, images=3)
+        small = await scheduler.acquire("b", 3 * 40, deadline_s=10, images=3)
+        # Each of the three images downscaled to 64 tokens, not the three together to 64; small ones as sent.
+        assert (three.tokens, small.tokens) == (192, 120)
+        three.release()
+        small.release()
+
+    asyncio.run(scenario())

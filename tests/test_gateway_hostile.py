@@ -20,7 +20,7 @@ from PIL import Image
 
 from visioncap.config.gateway import GatewayConfig, ImagesConfig
 from visioncap.config.keys import hash_key
-from visioncap.gateway.images import inspect_messages
+from visioncap.gateway.images import MediaCost, inspect_messages
 from visioncap.gateway.in_thread import GatewayThread
 from visioncap.serve import free_port
 
@@ -136,7 +136,7 @@ def test_every_image_of_a_request_counts_against_the_image_token_cap() -> None:
     config = ImagesConfig()
     one = inspect_messages([{"role": "user", "content": [part]}], config)
     three = inspect_messages([{"role": "user", "content": [part, part]}, {"role": "user", "content": [part]}], config)
-    assert one > 0 and three == 3 * one
+    assert one.tokens > 0 and one.images == 1 and three == MediaCost(3 * one.tokens, 3)
 
 
 def png_header(width: int, height: int) -> bytes:

@@ -18,7 +18,7 @@ from visioncap.config.keys import generate_key, hash_key
 from visioncap.errors import ConfigError
 from visioncap.gateway.admission import SlidingWindow
 from visioncap.gateway.auth import KeyRing, TokenBucket
-from visioncap.gateway.images import MediaRefusedError, data_uri_size, image_tokens, inspect_messages
+from visioncap.gateway.images import MediaCost, MediaRefusedError, data_uri_size, image_tokens, inspect_messages
 from visioncap.gateway.proxy import UpstreamBroken
 from visioncap.gateway.replicas import ReplicaLoad, predicted_ttft_s, rank_for_chat
 from visioncap.gateway.sse import StreamObserver
@@ -183,7 +183,7 @@ def test_size_behind_a_large_exif_block_is_still_found() -> None:
 def test_unreadable_data_uri_counts_as_the_largest_image() -> None:
     config = ImagesConfig(max_tokens_per_image=1280)
     messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,!!"}}]}]
-    assert inspect_messages(messages, config) == 1280
+    assert inspect_messages(messages, config) == MediaCost(1280, 1)
 
 
 def test_messages_sum_image_tokens_and_ignore_text() -> None:
@@ -199,7 +199,7 @@ def test_messages_sum_image_tokens_and_ignore_text() -> None:
             ],
         },
     ]
-    assert inspect_messages(messages, config) == 391 + 4
+    assert inspect_messages(messages, config) == MediaCost(391 + 4, 2)  # two images; the text counts for nothing
 
 
 @pytest.mark.parametrize(
@@ -222,7 +222,7 @@ def test_allow_listed_host_passes_with_a_worst_case_estimate() -> None:
     ok = [
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://frames.example.com/1.jpg"}}]}
     ]
-    assert inspect_messages(ok, config) == 1280
+    assert inspect_messages(ok, config) == MediaCost(1280, 1)
     other = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/1.jpg"}}]}]
     with pytest.raises(MediaRefusedError, match="not allowed"):
         inspect_messages(other, config)

@@ -65,6 +65,7 @@ class Checked:
     stream: bool
     user: str | None
     image_tokens: int
+    images: int = 0  # image parts: each a vision encoder pass, what background pacing counts
 
 
 def check_body(raw: bytes, rules: Rules) -> Checked:
@@ -73,7 +74,7 @@ def check_body(raw: bytes, rules: Rules) -> Checked:
     if rules.one_answer:
         _refuse_several_answers(body, rules.prompt_field)
     try:
-        image_tokens = inspect_media(body, rules.images)
+        media = inspect_media(body, rules.images)
     except ImageTooLargeError as exc:
         raise GatewayError(
             400, ErrorType.IMAGE_TOO_LARGE, str(exc), reason=RefusalReason.IMAGE_TOO_LARGE, param=_media_field(body)
@@ -90,7 +91,8 @@ def check_body(raw: bytes, rules: Rules) -> Checked:
         body["priority"] = rules.priority
     stream = getattr(view, "stream", False)
     user = getattr(view, "user", None)  # an extra field of a view without one may hold anything
-    return Checked(encode(body), stream is True, user if isinstance(user, str) else None, image_tokens)
+    user = user if isinstance(user, str) else None
+    return Checked(encode(body), stream is True, user, media.tokens, media.images)
 
 
 def encode(body: dict[str, Any]) -> bytes:

@@ -15,6 +15,7 @@ import io
 import math
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote_to_bytes, urlsplit
 
@@ -118,11 +119,23 @@ def _kind(part: dict[str, Any]) -> str | None:
     return kind if kind is None or isinstance(kind, str) else ""
 
 
-def inspect_messages(messages: Any, config: ImagesConfig) -> int:
+@dataclass(frozen=True, slots=True)
+class MediaCost:
+    """What a request's images cost: their estimated tokens, and how many there are (an event described from
+    several frames sends several; each is a vision encoder pass of its own)."""
+
+    tokens: int = 0
+    images: int = 0
+
+    def __add__(self, other: MediaCost) -> MediaCost:
+        return MediaCost(self.tokens + other.tokens, self.images + other.images)
+
+
+def inspect_messages(messages: Any, config: ImagesConfig) -> MediaCost:
     """Check every media URL in chat messages and return the estimated image tokens of the request."""
-    total = 0
+    total = MediaCost()
     if not isinstance(messages, list):
-        return 0
+        return total
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
@@ -143,9 +156,9 @@ def inspect_messages(messages: Any, config: ImagesConfig) -> int:
                         f"largest image the model takes ({max_pixels(config) // 1_000_000} megapixels at most here)"
                     )
                 if size is None:
-                    total += config.max_tokens_per_image  # unknown size: assume the largest the model takes
+                    total += MediaCost(config.max_tokens_per_image, 1)  # unknown size: the largest the model takes
                 else:
-                    total += image_tokens(size[0], size[1], config)
+                    total += MediaCost(image_tokens(size[0], size[1], config), 1)
     return total
 
 
@@ -154,10 +167,10 @@ def inspect_messages(messages: Any, config: ImagesConfig) -> int:
 MEDIA_FIELDS = ("messages", "input")
 
 
-def inspect_media(body: dict[str, Any], config: ImagesConfig) -> int:
+def inspect_media(body: dict[str, Any], config: ImagesConfig) -> MediaCost:
     """The one media check of every route: each URL anywhere under a media field is checked (vLLM fetches media
     from parts of several shapes, and from routes that do not generate), and the image parts' tokens are summed."""
-    total = 0
+    total = MediaCost()
     for field in MEDIA_FIELDS:
         value = body.get(field)
         if not isinstance(value, list):

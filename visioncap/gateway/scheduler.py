@@ -68,6 +68,7 @@ class Grant:
     tokens: int
     enqueued_at: float
     admitted_at: float = 0.0
+    images: int = 1  # image parts: a paced start of k images spends k starts' credit (k encoder passes)
     # Images larger than this many tokens must be downscaled before sending (the caps at admission); None: as sent.
     max_tokens_per_image: int | None = None
     # Set by the holder while its request may still be cancelled and redone; called at most once.
@@ -133,16 +134,23 @@ class BackgroundScheduler:
             waiting_by_camera={camera: len(queue) for camera, queue in self._queues.items()},
         )
 
-    async def acquire(self, camera: str, tokens: int, deadline_s: float, requeue_of: Grant | None = None) -> Grant:
+    async def acquire(
+        self, camera: str, tokens: int, deadline_s: float, requeue_of: Grant | None = None, images: int = 1
+    ) -> Grant:
         """Wait for admission; raises QueueFullError at once or DeadlineExceededError after `deadline_s`.
+
+        `images`: the request's image parts. The pacer's rate is a rate of frames (what the cost model's ceiling
+        counts: one vision encoder pass and its prefill each), so a request of several spends as many starts'
+        credit, and the starts after it wait for them.
 
         `requeue_of`: a preempted grant whose request comes back; it goes to the head of its camera's line
         (ahead of the queue limit: it held a place already) and keeps its first enqueue time.
         """
         now = self._clock()
         grant = Grant(self, camera, tokens, enqueued_at=now if requeue_of is None else requeue_of.enqueued_at)
+        grant.images = images
         caps = self._caps()
-        if self._waiting == 0 and self._fits(tokens, caps) and self._pace_wait(caps, now, now) <= 0:
+        if self._waiting == 0 and self._fits(grant, caps) and self._pace_wait(caps, now, now) <= 0:
             self._admit(grant, caps)
             self._changed()
             return grant
@@ -189,7 +197,7 @@ class BackgroundScheduler:
         while self._queues:
             camera, queue = next(iter(self._queues.items()))
             waiter = queue[0]
-            if not self._fits(waiter.grant.tokens, caps):
+            if not self._fits(waiter.grant, caps):
                 break  # a release or a change of the caps dispatches again
             wait_s = self._pace_wait(caps, now, waiter.grant.enqueued_at)
             if wait_s > 0:
@@ -255,14 +263,17 @@ class BackgroundScheduler:
     # -- internals ------------------------------------------------------------------------------------
 
     @staticmethod
-    def _sent_tokens(tokens: int, caps: Caps) -> int:
-        """Image tokens as they will be sent: downscaled to the per-image cap when there is one."""
-        return tokens if caps.max_tokens_per_image is None else min(tokens, caps.max_tokens_per_image)
+    def _sent_tokens(grant: Grant, caps: Caps) -> int:
+        """Image tokens as they will be sent: each image downscaled to the per-image cap when there is one (at
+        most the cap times the images; the request's total when that is less)."""
+        if caps.max_tokens_per_image is None:
+            return grant.tokens
+        return min(grant.tokens, max(1, grant.images) * caps.max_tokens_per_image)
 
-    def _fits(self, tokens: int, caps: Caps) -> bool:
+    def _fits(self, grant: Grant, caps: Caps) -> bool:
         if self._in_flight >= caps.concurrency:
             return False
-        return self._in_flight == 0 or self._tokens + self._sent_tokens(tokens, caps) <= caps.image_tokens
+        return self._in_flight == 0 or self._tokens + self._sent_tokens(grant, caps) <= caps.image_tokens
 
     def _pace_wait(self, caps: Caps, now: float, enqueued_at: float) -> float:
         """Seconds until the pacer and the hold let one more request start (the head of the line, waiting since
@@ -304,7 +315,9 @@ class BackgroundScheduler:
 
     def _admit(self, grant: Grant, caps: Caps) -> None:
         if caps.starts_per_s is not None:
-            self._credit -= 1.0
+            # Into debt for a request of several frames: the starts after it wait until the pacer's rate of frames
+            # has paid for each.
+            self._credit -= max(1, grant.images)
         grant.admitted_at = self._clock()
         grant.paced = caps.starts_per_s is not None
         self._last_start = grant.admitted_at
@@ -316,7 +329,7 @@ class BackgroundScheduler:
             self._last_start = due
         self.recent_starts.append(grant.admitted_at)
         grant.max_tokens_per_image = caps.max_tokens_per_image
-        grant.tokens = self._sent_tokens(grant.tokens, caps)
+        grant.tokens = self._sent_tokens(grant, caps)
         self._in_flight += 1
         self._tokens += grant.tokens
         self._granted.append(grant)

@@ -214,6 +214,7 @@ class Gateway:
                     camera,
                     checked.image_tokens,
                     deadline_s,
+                    checked.images,
                 )
         except QueueFullError as exc:
             return self._refuse(
@@ -456,6 +457,7 @@ class Gateway:
         camera: str,
         image_tokens: int,
         deadline_s: float,
+        images: int = 1,
     ) -> Response:
         class_name = caller.class_name
         preempted: Grant | None = None
@@ -463,7 +465,8 @@ class Gateway:
             remaining_s = deadline_s - (self.clock() - started)
             try:
                 grant = await _unless_disconnected(
-                    request, replica.scheduler.acquire(camera, image_tokens, remaining_s, requeue_of=preempted)
+                    request,
+                    replica.scheduler.acquire(camera, image_tokens, remaining_s, requeue_of=preempted, images=images),
                 )
             except QueueFullError as exc:
                 raise GatewayError(
