@@ -212,3 +212,23 @@ def test_a_config_of_another_architecture_is_refused(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="no shape reader"):
         cm.read_shape(tmp_path / "config.json")
+
+
+def test_an_event_of_several_frames_costs_their_passes_and_their_tokens() -> None:
+    """One frame of the event budget costs what the workload's frame costs; the same budget over three frames costs
+    three shorter passes (window attention keeps each pass near linear in its patches) and the same prefill."""
+    shape, gpu = cm.BUILTIN_SHAPES[QWEN7B], cm.GPU_SPECS["h200"]
+    vision = shape.vision
+    assert vision is not None
+    one = cm.event_cost(shape, gpu, [(644, 476)], text_tokens=60)
+    layout = cm.image_layout(vision, 644, 476)
+    assert one.image_tokens == layout.tokens == 391
+    assert one.encoder_ms == pytest.approx(cm.encoder_ms(vision, gpu, layout)) == one.largest_pass_ms
+    assert one.prefill_ms == pytest.approx(cm.prefill_ms(shape.text, gpu, 391 + 60))
+    three = cm.event_cost(shape, gpu, [(364, 280)] * 3, text_tokens=60)  # 13 x 10 tokens each
+    assert three.frames == 3 and three.image_tokens == 3 * 130
+    assert three.largest_pass_ms < one.largest_pass_ms / 2
+    assert three.encoder_ms == pytest.approx(3 * three.largest_pass_ms)
+    assert three.prefill_ms == pytest.approx(cm.prefill_ms(shape.text, gpu, 390 + 60))
+    with pytest.raises(ValueError, match="at least one frame"):
+        cm.event_cost(shape, gpu, [])

@@ -225,6 +225,17 @@ def standin_command(
         typer.echo(f"wrote the stand_in block of {served.path}")
 
 
+@bench_app.command("events")
+def events_command(
+    quick: Annotated[bool, typer.Option("--quick", help="Three events per count and 12 s phases (~3 min).")] = False,
+) -> None:
+    """Events described from 1, 3 and 6 frames: image tokens (ours, vLLM's, the gateway's), latency alone, and
+    what the gateway's pacing does with them beside chat; benchmarks/results/events_multiframe.{json,md}."""
+    from visioncap.bench.events.run import main
+
+    raise typer.Exit(main(["--quick"] if quick else []))
+
+
 @bench_app.command("overhead")
 def overhead_command(
     profile: Annotated[str, typer.Option(help="Model profile (models/NAME.yaml).")] = "tiny-bench",

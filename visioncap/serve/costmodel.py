@@ -518,6 +518,45 @@ def encoder_ms(vision: VisionShape, gpu: GpuSpec, layout: ImageLayout, eff: Effi
     return encoder_flops(vision, layout) / achieved * 1e3
 
 
+@dataclass(frozen=True)
+class EventCost:
+    """An event described from several frames sent as the images of one request (each already shrunk to its
+    share of the event's budget): what the model spends on it."""
+
+    frames: int
+    image_tokens: int
+    encoder_ms: float  # every frame's encoder pass, summed
+    largest_pass_ms: float  # the longest single pass: what one engine step cannot split
+    prefill_ms: float  # the whole prompt's prefill (every image's tokens and the text)
+
+
+def event_cost(
+    shape: ModelShape,
+    gpu: GpuSpec,
+    sizes: list[tuple[int, int]],
+    text_tokens: int = 60,
+    max_pixels: int | None = None,
+    longest_edge: int | None = None,
+    eff: Efficiency = Efficiency(),
+) -> EventCost:
+    """The cost of one request carrying images of these (width, height) sizes; `text_tokens`: the prompt's text,
+    template and each image's markers. Several smaller frames cost one encoder pass each, each shorter than one
+    large frame's, so a step that carries one stalls chat less; their prefill is their tokens, as one frame's."""
+    vision = shape.vision
+    if vision is None or not sizes:
+        raise ValueError("an event's cost needs a vision encoder and at least one frame")
+    layouts = [image_layout(vision, width, height, max_pixels, longest_edge) for width, height in sizes]
+    passes = [encoder_ms(vision, gpu, layout, eff) for layout in layouts]
+    tokens = sum(layout.tokens for layout in layouts)
+    return EventCost(
+        frames=len(sizes),
+        image_tokens=tokens,
+        encoder_ms=sum(passes),
+        largest_pass_ms=max(passes),
+        prefill_ms=prefill_ms(shape.text, gpu, tokens + text_tokens, 0, eff),
+    )
+
+
 # --- per profile and GPU class ------------------------------------------------------------------------------
 
 
