@@ -465,6 +465,65 @@ def test_background_waits_while_the_cap_is_reached_and_proceeds_after(
     assert waited == 2
 
 
+ALERT_KEY = "test-alert-key"
+
+
+def with_alert_key(config: GatewayConfig, **alert_class: Any) -> GatewayConfig:
+    """The config with a key of the alert class (its settings overridden by `alert_class`)."""
+    raw = config.model_dump(mode="json")
+    raw["keys"].append({"name": "verifier", "sha256": hash_key(ALERT_KEY), "traffic_class": "alert"})
+    raw["classes"]["alert"] = {**raw["classes"]["alert"], **alert_class}
+    return GatewayConfig.model_validate(raw)
+
+
+def test_an_alert_goes_ahead_of_waiting_captions_and_reaches_vllm_at_its_own_priority(
+    tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """One background slot, taken; a caption waits, then an alert rule's question comes: it goes first, at the
+    alert class's priority (between chat's and captions'), and /healthz shows the alert line on its own."""
+    config = with_alert_key(config_for(tap.root_url + "/v1", background={"max_concurrency": 1, "min_concurrency": 1}))
+    assert config.classes["alert"].priority == 5 and config.classes["alert"].role == "alert"
+    with GatewayThread(config) as gw:
+        release_first = tap.hold("first")
+        first = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="first"))
+        tap.wait_for_user("first")
+        caption = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="caption"))
+        wait_queue(gw, lambda s: s.waiting == 1)
+        alert = pool.submit(post_chat, gw, ALERT_KEY, chat_body(max_tokens=2, user="verify", priority=-3))
+        state = wait_queue(gw, lambda s: s.waiting == 2)
+        assert (state.waiting_urgent, state.in_flight_urgent) == (1, 0)
+        health = httpx.get(f"{gw.root_url}/healthz", timeout=TIMEOUT).json()["upstreams"]["vllm"]
+        assert health["alert"]["waiting"] == 1 and health["background"]["waiting"] == 2
+        waiting = httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text
+        assert metric(waiting, "visioncap_gateway_alert_queue_depth", upstream="vllm") == 1
+        release_first.set()
+        assert [future.result(TIMEOUT).status_code for future in (first, alert, caption)] == [200, 200, 200]
+        assert tap.users_seen() == ["first", "verify", "caption"]
+        priorities = {body["user"]: body["priority"] for body in tap.bodies}
+        assert priorities == {"first": 10, "verify": 5, "caption": 10}  # the caller's -3 replaced by the class's
+        metrics = httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text
+        assert metric(metrics, "visioncap_gateway_queue_wait_seconds_count", traffic_class="alert") == 1
+        health = httpx.get(f"{gw.root_url}/healthz", timeout=TIMEOUT).json()["upstreams"]["vllm"]
+        assert health["alert"]["started_last_60_s"] == 1
+
+
+def test_an_alert_waits_its_own_class_deadline_not_backgrounds(tap: Tap, pool: ThreadPoolExecutor) -> None:
+    base = config_for(tap.root_url + "/v1", background={"max_concurrency": 1, "min_concurrency": 1, "deadline_s": 600})
+    with GatewayThread(with_alert_key(base, deadline_s=0.5)) as gw:
+        release_first = tap.hold("first")
+        first = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="first"))
+        tap.wait_for_user("first")
+        caption = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="caption"))
+        wait_queue(gw, lambda s: s.waiting == 1)
+        late = post_chat(gw, ALERT_KEY, chat_body(max_tokens=2, user="verify"))
+        # Refused once its class's half second has passed; the caption, on background's 600 s, still waits.
+        assert late.status_code == 408 and late.json()["error"]["type"] == "deadline_exceeded"
+        assert not caption.done()
+        release_first.set()
+        assert first.result(TIMEOUT).status_code == 200 and caption.result(TIMEOUT).status_code == 200
+        assert "verify" not in tap.users_seen()
+
+
 def test_interactive_traffic_starts_background_at_the_floor_and_healthy_latency_raises_it(
     tapped_gateway: Callable[..., GatewayThread], tap: Tap, pool: ThreadPoolExecutor
 ) -> None:
@@ -1012,6 +1071,7 @@ def test_gateway_metrics(tapped_gateway: Callable[..., GatewayThread], tap: Tap)
         "visioncap_gateway_learnt_starts_per_second",
         "visioncap_gateway_image_tokens_in_flight",
         "visioncap_gateway_queue_depth",
+        "visioncap_gateway_alert_queue_depth",
     ):
         assert f'\n{gauge}{{upstream="vllm"}} ' in after, gauge
     assert metric(after, "visioncap_gateway_background_concurrency_cap", upstream="vllm") >= 1

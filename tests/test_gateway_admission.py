@@ -734,3 +734,84 @@ def test_a_request_of_several_images_is_capped_per_image() -> None:
         small.release()
 
     asyncio.run(scenario())
+
+
+# -- the alert class: a line of its own, ahead of background ---------------------------------------------------
+
+
+def test_an_alert_waits_ahead_of_every_background_request_and_the_cameras_keep_their_turns() -> None:
+    async def scenario() -> list[str]:
+        caps = FixedCaps(1)
+        scheduler = BackgroundScheduler(caps, queue_size=10)
+        holder = await scheduler.acquire("x", 0, deadline_s=10)
+        captions = [asyncio.create_task(scheduler.acquire(c, 0, deadline_s=10)) for c in "abc"]
+        await _waiting(scheduler, 3)
+        alerts = [asyncio.create_task(scheduler.acquire(c, 0, deadline_s=10, urgent=True)) for c in "dd"]
+        state = await scheduler.wait_until(lambda s: s.waiting == 5, timeout=10)
+        assert (state.waiting_urgent, state.in_flight_urgent) == (2, 0)
+        order = []
+        named = {task: name for task, name in zip([*captions, *alerts], ["a", "b", "c", "d1", "d2"], strict=True)}
+        holder.release()
+        pending = set(named)
+        while pending:
+            done, pending = await asyncio.wait(pending, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            assert len(done) == 1  # one slot: one admitted at a time
+            task = done.pop()
+            order.append(named[task])
+            task.result().release()
+        return order
+
+    assert asyncio.run(scenario()) == ["d1", "d2", "a", "b", "c"]
+
+
+def test_a_full_background_line_does_not_refuse_an_alert_and_alerts_have_their_own_bound() -> None:
+    async def scenario() -> None:
+        scheduler = BackgroundScheduler(FixedCaps(1), queue_size=2)
+        holder = await scheduler.acquire("x", 0, deadline_s=10)
+        captions = [asyncio.create_task(scheduler.acquire(c, 0, deadline_s=10)) for c in "ab"]
+        await _waiting(scheduler, 2)
+        with pytest.raises(QueueFullError):
+            await scheduler.acquire("c", 0, deadline_s=10)
+        alerts = [asyncio.create_task(scheduler.acquire(c, 0, deadline_s=10, urgent=True)) for c in "de"]
+        await _waiting(scheduler, 4)
+        with pytest.raises(QueueFullError, match="alert"):
+            await scheduler.acquire("f", 0, deadline_s=10, urgent=True)
+        holder.release()
+        for task in [*alerts, *captions]:
+            (await asyncio.wait_for(task, 10)).release()
+
+    asyncio.run(scenario())
+
+
+def test_under_pacing_an_alert_takes_the_next_start_and_is_never_preempted_for_chat() -> None:
+    clock = FakeClock(100.0)
+
+    async def scenario() -> None:
+        caps = FixedCaps(8)
+        caps.caps = Caps(8, 10_000, True, starts_per_s=2.0)
+        scheduler = BackgroundScheduler(caps, queue_size=10, clock=clock)
+        first = await scheduler.acquire("a", 0, deadline_s=3600)  # the credit of now
+        caption = asyncio.create_task(scheduler.acquire("b", 0, deadline_s=3600))
+        await _waiting(scheduler, 1)
+        alert = asyncio.create_task(scheduler.acquire("c", 0, deadline_s=3600, urgent=True))
+        await _waiting(scheduler, 2)
+        clock.now += 0.5  # one start's credit: the alert's, though the caption waited longer
+        scheduler.dispatch()
+        await _admitted([alert, caption], 1)
+        assert alert.done() and not caption.done()
+        clock.now += 0.5
+        scheduler.dispatch()
+        await _admitted([alert, caption], 2)
+        # A chat after idle asks the unpaced burst to give way: an alert admitted unpaced stays.
+        caps.caps = Caps(8, 10_000, True)
+        burst = [await scheduler.acquire(c, 0, deadline_s=10, urgent=c == "u") for c in "uv"]
+        asked: list[str] = []
+        for grant in burst:
+            grant.preempt = lambda camera=grant.camera: asked.append(camera)
+        caps.caps = Caps(8, 10_000, True, starts_per_s=2.0)
+        scheduler.preempt_excess(max_age_s=10)
+        assert asked == ["v"]
+        for grant in [first, alert.result(), caption.result(), *burst]:
+            grant.release()
+
+    asyncio.run(scenario())

@@ -43,16 +43,19 @@ def test_example_gateway_file_is_valid() -> None:
     config = load_gateway_config(REPO / "pipelines" / "gateway.example.yaml")
     assert {name: c.role for name, c in config.classes.items()} == {
         "interactive": "interactive",
+        "alert": "alert",
         "background": "background",
     }
+    assert config.classes["alert"].priority == 5 and config.classes["alert"].deadline_s == 20
     ring = KeyRing(config)
     assert ring.identify({"authorization": "Bearer demo-chat-key"}).class_name == "interactive"  # type: ignore[union-attr]
     assert ring.identify({"authorization": "Bearer demo-captions-key"}).class_name == "background"  # type: ignore[union-attr]
 
 
-def test_defaults_give_interactive_and_background_classes(tmp_path: Path) -> None:
+def test_defaults_give_interactive_alert_and_background_classes(tmp_path: Path) -> None:
     config = load_gateway_config(write(tmp_path, VALID))
-    assert config.classes["interactive"].priority < config.classes["background"].priority
+    priorities = [config.classes[name].priority for name in ("interactive", "alert", "background")]
+    assert priorities == sorted(priorities) and len(set(priorities)) == 3  # alerts between chat and captions
     assert config.upstreams[0].resolved_metrics_url() == "http://127.0.0.1:8000/metrics"
     assert config.images.token_size == 28
 
@@ -71,7 +74,7 @@ def test_defaults_give_interactive_and_background_classes(tmp_path: Path) -> Non
             "upstreams.1.name: 'a' is used by more than one upstream",
         ),
         (VALID.replace("interactive}", "interactive, upstream: b}"), "keys.0.upstream: 'b' is not an upstream"),
-        (VALID.replace("interactive}", "interactive, upstream: a}"), "keys.0.upstream: only background keys"),
+        (VALID.replace("interactive}", "interactive, upstream: a}"), "keys.0.upstream: only background and alert keys"),
         (VALID.replace("upstreams: [", "upstreams: [] #"), "upstreams: List should have at least 1 item"),
         ("keys: [\n", "invalid YAML at line"),
         ("- 1\n", "must be a mapping of fields"),

@@ -27,6 +27,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy import select, text, update
 from tmpfs_support import mounted_tmpfs
 
+from visioncap.alerts.decisions import DECISIONS, add_decision
 from visioncap.alerts.store import add_alert, add_delivery
 from visioncap.api import create_app
 from visioncap.config.api import ApiKey, ApiSettings
@@ -216,6 +217,34 @@ def test_alerts_go_with_their_captions_age_once_no_delivery_is_still_being_sent(
     assert set(deliveries()) == kept | {None}, "the deleted alerts' deliveries went with them, no other"
     assert sum(deliveries().values()) == 5
     assert sweep(store.engine, data_dir, policy, now=NOW).alerts == 0
+
+
+def test_watch_rule_decisions_go_with_their_captions_age(store: CaptionStore, data_dir: Path) -> None:
+    """Every question a watch rule asks is a row: decisions follow their caption's camera and age, as alerts do."""
+    day = timedelta(days=1)
+
+    def decide(camera: str, age: timedelta) -> int:
+        with store.engine.begin() as conn:
+            values = {"rule": "r", "caption_id": 1, "camera": camera, "captured_at": NOW - age, "question": "q?"}
+            return add_decision(conn, {**values, "frames": 1, "match": False, "reason": "no"})
+
+    gone = {decide("cam-1", 10 * day), decide("dock", 3 * day)}
+    kept = {decide("cam-1", 6 * day), decide("dock", 1 * day), decide("vault", 100 * day)}
+    policy = RetentionPolicy(default_days=7, camera_days={"dock": 2, "vault": None})
+
+    def decisions() -> set[int]:
+        with store.engine.connect() as conn:
+            return set(conn.scalars(select(DECISIONS.c.id)))
+
+    assert sweep(store.engine, data_dir, policy, now=NOW, dry_run=True).decisions == 2
+    assert decisions() == gone | kept
+    registry = CollectorRegistry()
+    metrics = RetentionMetrics(registry)
+    result = sweep(store.engine, data_dir, policy, now=NOW, batch_size=1)
+    metrics.observe(result)
+    assert result.decisions == 2 and "2 watch-rule decisions" in result.line()
+    assert registry.get_sample_value("visioncap_retention_decisions_deleted_total") == 2
+    assert decisions() == kept
 
 
 def test_camera_override_without_a_default(store: CaptionStore, data_dir: Path) -> None:

@@ -6,47 +6,13 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from pydantic import BaseModel, Field
-from sqlalchemy import (
-    Boolean,
-    Column,
-    Connection,
-    Engine,
-    Float,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
-    insert,
-    select,
-)
+from sqlalchemy import Connection, Engine, insert, select
 
-from visioncap.store.records import UtcDateTime, utcnow
+from visioncap.store.records import AlertDecisionRecord, table_of
 from visioncap.store.safety import MAX_ERROR_CHARS, clean_text
 
-_metadata = MetaData()
-DECISIONS = Table(
-    "alert_decisions",
-    _metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("rule", String(64), nullable=False),
-    Column("caption_id", Integer, nullable=False),  # no foreign key: a decision outlives its caption's retention
-    Column("camera", String(64), nullable=False),
-    Column("captured_at", UtcDateTime(), nullable=False),
-    Column("question", Text, nullable=False),
-    Column("frames", Integer, nullable=False),
-    Column("match", Boolean, nullable=True),  # null: no answer (error)
-    Column("reason", Text, nullable=True),
-    Column("latency_ms", Float, nullable=True),
-    Column("prompt_tokens", Integer, nullable=True),
-    Column("completion_tokens", Integer, nullable=True),
-    Column("error", Text, nullable=True),
-    Column("alert_id", Integer, nullable=True),  # the alert a match fired (none while cooling, or no match)
-    Column("decided_at", UtcDateTime(), nullable=False, default=utcnow),
-    Index("ix_alert_decisions_rule_caption", "rule", "caption_id"),
-    Index("ix_alert_decisions_camera_id", "camera", "id"),
-)
+# The table is the store's (retention deletes decisions with their captions' age); this module writes and lists it.
+DECISIONS = table_of(AlertDecisionRecord)
 
 
 def create_table(conn: Connection) -> None:

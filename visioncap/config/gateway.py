@@ -86,16 +86,25 @@ class UpstreamConfig(StrictModel):
 class TrafficClassConfig(StrictModel):
     """A class of traffic: how the gateway admits it and which vLLM priority it runs at."""
 
-    role: Literal["interactive", "background"] = Field(
+    role: Literal["interactive", "background", "alert"] = Field(
         description="`interactive`: forwarded at once, its latency measured against the objectives; `background`: "
         "waits in the gateway for the admission controller (concurrency and image-token caps, per-camera round "
-        "robin, deadline)."
+        "robin, deadline); `alert` (an alert rule's question to the VLM): waits as background does, in a line of "
+        "its own served first (within the same pacing while chat is active, so never above chat's objectives) "
+        "and never preempted for chat."
     )
     priority: int = Field(
         ge=INT64_MIN,
         le=INT64_MAX,
         description="vLLM `priority` set on every request of this class, replacing the caller's (lower = sooner; "
         "needs vLLM's --scheduling-policy priority).",
+    )
+    deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="Seconds a request of this class may wait in the gateway before it is refused (408); a shorter "
+        "X-Visioncap-Deadline-Ms header wins. None: background.deadline_s. Interactive requests never wait.",
     )
 
 
@@ -461,6 +470,8 @@ class LimitsConfig(StrictModel):
 def _default_classes() -> dict[str, TrafficClassConfig]:
     return {
         "interactive": TrafficClassConfig(role="interactive", priority=0),
+        # Between chat and captions: an alert decision is more urgent than a caption, less than a person typing.
+        "alert": TrafficClassConfig(role="alert", priority=5, deadline_s=20.0),
         "background": TrafficClassConfig(role="background", priority=10),
     }
 
@@ -535,10 +546,10 @@ class GatewayConfig(StrictModel):
                         f"keys.{index}.upstream: {key.upstream!r} is not an upstream (upstreams: "
                         f"{', '.join(sorted(upstreams))})"
                     )
-                if self.classes[key.traffic_class].role != "background":
+                if self.classes[key.traffic_class].role == "interactive":
                     raise ValueError(
-                        f"keys.{index}.upstream: only background keys have an upstream (chat goes to the replica "
-                        "with the best predicted time to first token)"
+                        f"keys.{index}.upstream: only background and alert keys have an upstream (chat goes to the "
+                        "replica with the best predicted time to first token)"
                     )
             if key.name in names:
                 raise ValueError(f"keys.{index}.name: {key.name!r} is used by more than one key")

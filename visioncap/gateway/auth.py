@@ -49,6 +49,11 @@ class Caller:
     def interactive(self) -> bool:
         return self.traffic_class.role == "interactive"
 
+    @property
+    def urgent(self) -> bool:
+        """An alert class's key: its requests wait in the line served before background's."""
+        return self.traffic_class.role == "alert"
+
 
 class KeyRing:
     """Looks presented keys up by hash."""

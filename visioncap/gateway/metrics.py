@@ -96,7 +96,16 @@ class GatewayMetrics:
             registry=r,
         )
         self.queue_depth = Gauge(
-            "visioncap_gateway_queue_depth", "Background requests waiting, by upstream.", ["upstream"], registry=r
+            "visioncap_gateway_queue_depth",
+            "Background requests waiting, by upstream (the alert line's included).",
+            ["upstream"],
+            registry=r,
+        )
+        self.alert_queue_depth = Gauge(
+            "visioncap_gateway_alert_queue_depth",
+            "Requests of alert classes waiting in their own line (served before background's), by upstream.",
+            ["upstream"],
+            registry=r,
         )
         self.waiting_body_bytes = Gauge(
             "visioncap_gateway_waiting_body_bytes",
@@ -218,10 +227,12 @@ class GatewayMetrics:
             self.retries.labels(upstream)
             self.upstream_up.labels(upstream).set(0)
             self.queue_depth.labels(upstream).set(0)
+            self.alert_queue_depth.labels(upstream).set(0)
             self.image_tokens_in_flight.labels(upstream).set(0)
 
     def scheduler_changed(self, upstream: str, state: SchedulerState) -> None:
         self.queue_depth.labels(upstream).set(state.waiting)
+        self.alert_queue_depth.labels(upstream).set(state.waiting_urgent)
         self.image_tokens_in_flight.labels(upstream).set(state.image_tokens_in_flight)
 
     def decision(self, upstream: str, decision: Decision) -> None:

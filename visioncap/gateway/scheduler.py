@@ -16,6 +16,12 @@ renewed by every new chat would otherwise stop background for as long as chat ke
 only by the pacer is woken by a timer at the moment it may start; one held back by room waits for a release or a
 caps change.
 
+Alerts: requests of an alert class (`urgent`) wait in a line of their own, served before background's (cameras in
+turn within it too) under the same caps and pacer: while chat is active they take the next starts the pacer
+allows, so they never push chat past its objectives, and background gets what they leave. Each line holds
+`queue_size` at most, so a background backlog never refuses an alert. Alerts are not preempted: the request is
+on a deadline and little.
+
 Preemption: when the caps shrink below what is in flight (interactive traffic arrived, or the controller cut
 the limit), or, under pacing (which keeps the cap), when a chat arrives to find grants admitted unpaced moments
 before, the newest preemptible grants beyond the cap (or of that burst) are asked to give their place back; the gateway
@@ -36,10 +42,10 @@ from visioncap.gateway.admission import Caps
 
 
 class QueueFullError(Exception):
-    """The queue holds `queue_size` requests already."""
+    """The line holds `queue_size` requests already."""
 
-    def __init__(self, retry_after_s: int) -> None:
-        super().__init__(f"the background queue is full; retry in {retry_after_s} s")
+    def __init__(self, retry_after_s: int, line: str = "background") -> None:
+        super().__init__(f"the {line} queue is full; retry in {retry_after_s} s")
         self.retry_after_s = retry_after_s
 
 
@@ -53,10 +59,12 @@ class DeadlineExceededError(Exception):
 
 @dataclass(frozen=True)
 class SchedulerState:
-    waiting: int
+    waiting: int  # both lines
     in_flight: int
     image_tokens_in_flight: int
     waiting_by_camera: dict[str, int]
+    waiting_urgent: int = 0  # of `waiting`, in the alert line
+    in_flight_urgent: int = 0
 
 
 @dataclass(eq=False)
@@ -69,6 +77,7 @@ class Grant:
     enqueued_at: float
     admitted_at: float = 0.0
     images: int = 1  # image parts: a paced start of k images spends k starts' credit (k encoder passes)
+    urgent: bool = False  # an alert class's: waits in the line served first, never preempted
     # Images larger than this many tokens must be downscaled before sending (the caps at admission); None: as sent.
     max_tokens_per_image: int | None = None
     # Set by the holder while its request may still be cancelled and redone; called at most once.
@@ -107,8 +116,14 @@ class BackgroundScheduler:
         self.queue_size = queue_size
         self._clock = clock
         self._on_change = on_change
-        self._queues: OrderedDict[str, deque[_Waiter]] = OrderedDict()
+        # The alert line, then background's: each camera -> its waiters, oldest first, cameras in turn.
+        self._lines: tuple[OrderedDict[str, deque[_Waiter]], OrderedDict[str, deque[_Waiter]]] = (
+            OrderedDict(),
+            OrderedDict(),
+        )
         self._waiting = 0
+        self._waiting_urgent = 0
+        self._in_flight_urgent = 0
         self._in_flight = 0
         self._tokens = 0
         self._service_s = 1.0  # moving average of admitted requests' time in flight, for Retry-After
@@ -116,6 +131,7 @@ class BackgroundScheduler:
         self._watchers: list[tuple[Callable[[SchedulerState], bool], asyncio.Future[None]]] = []
         # Admission times of the newest grants, for checks of the pacing (tests, tools); bounded.
         self.recent_starts: deque[float] = deque(maxlen=256)
+        self._recent_urgent: deque[float] = deque(maxlen=256)  # the same, of the alert line
         self._credit = 1.0  # paced starts allowed now (at most one)
         self._last_start = -math.inf  # admission time of the newest grant: the rate's floor counts from it
         # When the floor would let the head of the line through a hold: the time its start was due (see _admit).
@@ -127,42 +143,60 @@ class BackgroundScheduler:
     # -- public ---------------------------------------------------------------------------------------
 
     def state(self) -> SchedulerState:
+        by_camera: dict[str, int] = {}
+        for line in self._lines:
+            for camera, queue in line.items():
+                by_camera[camera] = by_camera.get(camera, 0) + len(queue)
         return SchedulerState(
             waiting=self._waiting,
             in_flight=self._in_flight,
             image_tokens_in_flight=self._tokens,
-            waiting_by_camera={camera: len(queue) for camera, queue in self._queues.items()},
+            waiting_by_camera=by_camera,
+            waiting_urgent=self._waiting_urgent,
+            in_flight_urgent=self._in_flight_urgent,
         )
 
     async def acquire(
-        self, camera: str, tokens: int, deadline_s: float, requeue_of: Grant | None = None, images: int = 1
+        self,
+        camera: str,
+        tokens: int,
+        deadline_s: float,
+        requeue_of: Grant | None = None,
+        images: int = 1,
+        urgent: bool = False,
     ) -> Grant:
         """Wait for admission; raises QueueFullError at once or DeadlineExceededError after `deadline_s`.
 
-        `images`: the request's image parts. The pacer's rate is a rate of frames (what the cost model's ceiling
-        counts: one vision encoder pass and its prefill each), so a request of several spends as many starts'
-        credit, and the starts after it wait for them.
+        `urgent`: an alert class's request, in the line served first. `images`: the request's image parts. The
+        pacer's rate is a rate of frames (what the cost model's ceiling counts: one vision encoder pass and its
+        prefill each), so a request of several spends as many starts' credit, and the starts after it wait for
+        them.
 
         `requeue_of`: a preempted grant whose request comes back; it goes to the head of its camera's line
         (ahead of the queue limit: it held a place already) and keeps its first enqueue time.
         """
         now = self._clock()
         grant = Grant(self, camera, tokens, enqueued_at=now if requeue_of is None else requeue_of.enqueued_at)
-        grant.images = images
+        grant.images, grant.urgent = images, urgent
         caps = self._caps()
-        if self._waiting == 0 and self._fits(grant, caps) and self._pace_wait(caps, now, now) <= 0:
+        # Nothing waits ahead of it: nothing at all, or (an alert) no other alert.
+        ahead = self._waiting_urgent if urgent else self._waiting
+        if ahead == 0 and self._fits(grant, caps) and self._pace_wait(caps, now, now) <= 0:
             self._admit(grant, caps)
             self._changed()
             return grant
-        if requeue_of is None and self._waiting >= self.queue_size:
-            raise QueueFullError(self._retry_after_s())
+        in_line = self._waiting_urgent if urgent else self._waiting - self._waiting_urgent
+        if requeue_of is None and in_line >= self.queue_size:
+            raise QueueFullError(self._retry_after_s(), "alert" if urgent else "background")
         waiter = _Waiter(grant, asyncio.get_running_loop().create_future())
+        line = self._line(grant)
         if requeue_of is None:
-            self._queues.setdefault(camera, deque()).append(waiter)
+            line.setdefault(camera, deque()).append(waiter)
         else:
-            self._queues.setdefault(camera, deque()).appendleft(waiter)
-            self._queues.move_to_end(camera, last=False)
+            line.setdefault(camera, deque()).appendleft(waiter)
+            line.move_to_end(camera, last=False)
         self._waiting += 1
+        self._waiting_urgent += urgent
         self._changed()
         self.dispatch()  # arms the pacer's timer when only the pacer holds it back
         try:
@@ -180,38 +214,49 @@ class BackgroundScheduler:
             raise
         return grant
 
-    def check_room(self) -> None:
+    def started_within(self, seconds: float, urgent: bool = False) -> int:
+        """Requests admitted in the last `seconds` (of the alert line only with `urgent`; at most 256 counted)."""
+        since = self._clock() - seconds
+        return sum(1 for at in (self._recent_urgent if urgent else self.recent_starts) if at >= since)
+
+    def check_room(self, urgent: bool = False) -> None:
         """Raise QueueFullError when a new request could not wait (checked before its body is read, too)."""
-        if self._waiting >= self.queue_size:
-            raise QueueFullError(self._retry_after_s())
+        in_line = self._waiting_urgent if urgent else self._waiting - self._waiting_urgent
+        if in_line >= self.queue_size:
+            raise QueueFullError(self._retry_after_s(), "alert" if urgent else "background")
 
     def retry_after_s(self) -> int:
         """Seconds after which a refused request may find room, from recent service times."""
         return self._retry_after_s()
 
     def dispatch(self) -> None:
-        """Admit waiting requests while the caps allow, camera by camera in turn."""
+        """Admit waiting requests while the caps allow: the alert line first, then background's, camera by camera
+        in turn within each. Background never overtakes an alert that waits for room or for the pacer."""
         admitted = False
         caps = self._caps()
         now = self._clock()
-        while self._queues:
-            camera, queue = next(iter(self._queues.items()))
-            waiter = queue[0]
-            if not self._fits(waiter.grant, caps):
-                break  # a release or a change of the caps dispatches again
-            wait_s = self._pace_wait(caps, now, waiter.grant.enqueued_at)
-            if wait_s > 0:
-                self._wake_in(wait_s, now)
-                break
-            queue.popleft()
-            self._waiting -= 1
-            if queue:
-                self._queues.move_to_end(camera)
-            else:
-                del self._queues[camera]
-            self._admit(waiter.grant, caps)
-            waiter.future.set_result(None)
-            admitted = True
+        for line in self._lines:
+            while line:
+                camera, queue = next(iter(line.items()))
+                waiter = queue[0]
+                if not self._fits(waiter.grant, caps):
+                    break  # a release or a change of the caps dispatches again
+                wait_s = self._pace_wait(caps, now, waiter.grant.enqueued_at)
+                if wait_s > 0:
+                    self._wake_in(wait_s, now)
+                    break
+                queue.popleft()
+                self._waiting -= 1
+                self._waiting_urgent -= waiter.grant.urgent
+                if queue:
+                    line.move_to_end(camera)
+                else:
+                    del line[camera]
+                self._admit(waiter.grant, caps)
+                waiter.future.set_result(None)
+                admitted = True
+            if line:
+                break  # its head waits: the line after it waits behind
         if admitted:
             self._changed()
 
@@ -237,7 +282,7 @@ class BackgroundScheduler:
         for grant in reversed(self._granted):
             if asked >= excess or now - grant.admitted_at > max_age_s:
                 break
-            if grant.preempt is None or grant.preempted or (paced and grant.paced):
+            if grant.preempt is None or grant.preempted or grant.urgent or (paced and grant.paced):
                 continue
             grant.preempted = True
             preempt, grant.preempt = grant.preempt, None
@@ -328,9 +373,12 @@ class BackgroundScheduler:
         if due is not None and floor is not None and 0 <= grant.admitted_at - due <= 0.5 / floor:
             self._last_start = due
         self.recent_starts.append(grant.admitted_at)
+        if grant.urgent:
+            self._recent_urgent.append(grant.admitted_at)
         grant.max_tokens_per_image = caps.max_tokens_per_image
         grant.tokens = self._sent_tokens(grant, caps)
         self._in_flight += 1
+        self._in_flight_urgent += grant.urgent
         self._tokens += grant.tokens
         self._granted.append(grant)
 
@@ -339,19 +387,25 @@ class BackgroundScheduler:
         if grant in self._granted:
             self._granted.remove(grant)
         self._in_flight -= 1
+        self._in_flight_urgent -= grant.urgent
         self._tokens -= grant.tokens
         took = max(0.0, self._clock() - grant.admitted_at)
         self._service_s = 0.8 * self._service_s + 0.2 * took
         self._changed()
         self.dispatch()
 
+    def _line(self, grant: Grant) -> OrderedDict[str, deque[_Waiter]]:
+        return self._lines[0] if grant.urgent else self._lines[1]
+
     def _remove(self, waiter: _Waiter) -> None:
-        queue = self._queues.get(waiter.grant.camera)
+        line = self._line(waiter.grant)
+        queue = line.get(waiter.grant.camera)
         if queue is not None and waiter in queue:
             queue.remove(waiter)
             self._waiting -= 1
+            self._waiting_urgent -= waiter.grant.urgent
             if not queue:
-                del self._queues[waiter.grant.camera]
+                del line[waiter.grant.camera]
             self._changed()
             # The head of the line may have changed to a request that fits.
             self.dispatch()

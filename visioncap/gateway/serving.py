@@ -187,7 +187,7 @@ class Gateway:
             # Background bodies wait in memory: room in the queue and in the body budget is checked before a byte
             # is read, and only the checked body, encoded as it is sent, is kept while it waits.
             replica = self.background_replica(caller)
-            replica.scheduler.check_room()
+            replica.scheduler.check_room(caller.urgent)
             with self.bodies.hold(request.headers.get("content-length")) as held:
                 raw = await body_in.read(self.config.limits.max_background_body_bytes, held.grow)
                 checked = await self.checker.check(raw, self._rules(endpoint, caller))
@@ -202,7 +202,7 @@ class Gateway:
                         param=CAMERA_HEADER,
                     )
                 camera = named or caller.camera or caller.name
-                deadline_s = self._deadline_s(request)
+                deadline_s = self._deadline_s(request, caller)
                 return await self._forward_background(
                     request,
                     replica,
@@ -346,6 +346,13 @@ class Gateway:
                 "starts_per_s": None if controller.starts_per_s is None else round(controller.starts_per_s, 3),
                 "learnt": _learnt(controller.last_decision),
             },
+            # The alert classes' line (served before background's, within the same caps and pacing; its figures
+            # are part of background's above too).
+            "alert": {
+                "waiting": state.waiting_urgent,
+                "in_flight": state.in_flight_urgent,
+                "started_last_60_s": replica.scheduler.started_within(60.0, urgent=True),
+            },
             "interactive": {"in_flight": controller.interactive_in_flight, "active": caps.interactive_active},
         }
 
@@ -370,8 +377,8 @@ class Gateway:
                 headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
             )
 
-    def _deadline_s(self, request: Request) -> float:
-        deadline_s = self.config.background.deadline_s
+    def _deadline_s(self, request: Request, caller: Caller) -> float:
+        deadline_s = caller.traffic_class.deadline_s or self.config.background.deadline_s
         asked = request.headers.get(DEADLINE_HEADER)
         if asked is None:
             return deadline_s
@@ -466,7 +473,9 @@ class Gateway:
             try:
                 grant = await _unless_disconnected(
                     request,
-                    replica.scheduler.acquire(camera, image_tokens, remaining_s, requeue_of=preempted, images=images),
+                    replica.scheduler.acquire(
+                        camera, image_tokens, remaining_s, requeue_of=preempted, images=images, urgent=caller.urgent
+                    ),
                 )
             except QueueFullError as exc:
                 raise GatewayError(

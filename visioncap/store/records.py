@@ -192,6 +192,34 @@ class CaptionRecord(Base):
     )
 
 
+class AlertDecisionRecord(Base):
+    """A watch rule's question about one caption and the VLM's answer (schema step 16), listed by
+    /v1/alerts/decisions; deleted by retention once its caption's age is past its camera's retention."""
+
+    __tablename__ = "alert_decisions"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rule: Mapped[str] = mapped_column(String(64))
+    caption_id: Mapped[int] = mapped_column(Integer)  # no foreign key: retention deletes it after its caption
+    camera: Mapped[str] = mapped_column(String(64))
+    captured_at: Mapped[datetime] = mapped_column(UtcDateTime())
+    question: Mapped[str] = mapped_column(Text)
+    frames: Mapped[int] = mapped_column(Integer)
+    match: Mapped[bool | None] = mapped_column(Boolean, nullable=True)  # null: no answer (error)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    alert_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the alert a match fired, if any
+    decided_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+
+    __table_args__ = (
+        Index("ix_alert_decisions_rule_caption", "rule", "caption_id"),
+        Index("ix_alert_decisions_camera_id", "camera", "id"),
+    )
+
+
 class CaptionZoneRecord(Base):
     """A zone a caption's people stood in, with the longest stay in it so far (schema step 17): what `?zone=` and
     `min_dwell_s` filter by, through an index; deleted with its caption."""

@@ -54,6 +54,7 @@ from sqlalchemy.orm import InstrumentedAttribute
 
 from visioncap.config.settings import Settings
 from visioncap.store.records import (
+    AlertDecisionRecord,
     AlertDeliveryRecord,
     AlertRecord,
     CaptionRecord,
@@ -139,6 +140,11 @@ class RetentionPolicy:
         )
         return and_(older, ~sending.exists())
 
+    def expired_decisions(self, now: datetime) -> ColumnElement[bool] | None:
+        """The watch rules' decisions this policy deletes at `now`: those about captions as old as the ones it
+        deletes (by the caption's camera and capture time, which each decision records)."""
+        return self._older(AlertDecisionRecord.camera, AlertDecisionRecord.captured_at, now)
+
 
 @dataclass(slots=True)
 class RetentionResult:
@@ -152,6 +158,7 @@ class RetentionResult:
     missing_files: int = 0  # deleted rows whose image was already gone (or could not be deleted)
     by_camera: Counter[str] = field(default_factory=Counter)
     alerts: int = 0  # alerts of expired captions, with their finished deliveries
+    decisions: int = 0  # watch rules' decisions about expired captions
     # The part of rows, files and bytes (included in those) deleted because free space was below the minimum.
     space_rows: int = 0
     space_files: int = 0
@@ -167,8 +174,8 @@ class RetentionResult:
         cameras = ", ".join(f"{camera} {count}" for camera, count in sorted(self.by_camera.items()))
         text = (
             f"retention: {verb} {self.rows} rows{f' ({cameras})' if cameras else ''}, {self.files} files, "
-            f"{self.bytes} bytes ({self.orphan_files} files without a row), {self.alerts} alerts "
-            f"in {self.seconds:.2f} s"
+            f"{self.bytes} bytes ({self.orphan_files} files without a row), {self.alerts} alerts, "
+            f"{self.decisions} watch-rule decisions in {self.seconds:.2f} s"
         )
         if self.free_bytes is not None and self.min_free_bytes is not None:
             text += (
@@ -291,6 +298,29 @@ def _sweep_alerts(
         if not gone:
             return
         result.alerts += len(gone)
+
+
+def _sweep_decisions(
+    engine: Engine,
+    condition: ColumnElement[bool],
+    result: RetentionResult,
+    batch_size: int,
+    should_stop: Callable[[], bool],
+) -> None:
+    if result.dry_run:
+        with engine.connect() as conn:
+            counted = select(func.count()).select_from(AlertDecisionRecord).where(condition)
+            result.decisions = conn.execute(counted).scalar_one()
+        return
+    while not should_stop():
+        chosen = select(AlertDecisionRecord.id).where(condition).order_by(AlertDecisionRecord.id).limit(batch_size)
+        with engine.begin() as conn:
+            # One statement that writes from its start (see _sweep_rows), a batch at a time.
+            statement = delete(AlertDecisionRecord).where(AlertDecisionRecord.id.in_(chosen))
+            gone = conn.execute(statement.returning(AlertDecisionRecord.id)).scalars().all()
+        if not gone:
+            return
+        result.decisions += len(gone)
 
 
 def _space_target(root: Path) -> Path | None:
@@ -470,6 +500,9 @@ def sweep(
     alerts = policy.expired_alerts(now)
     if alerts is not None:
         _sweep_alerts(engine, alerts, result, batch_size, should_stop)
+    decisions = policy.expired_decisions(now)
+    if decisions is not None:
+        _sweep_decisions(engine, decisions, result, batch_size, should_stop)
     if policy.min_free_bytes is not None:
         _sweep_for_space(engine, root, policy.min_free_bytes, condition, result, batch_size, should_stop)
     result.seconds = time.perf_counter() - started
@@ -495,6 +528,11 @@ class RetentionMetrics:
         self.alerts = PromCounter(
             "visioncap_retention_alerts_deleted_total",
             "Alerts deleted by retention (those of captions as old as the rows it deletes), with their deliveries.",
+            registry=registry,
+        )
+        self.decisions = PromCounter(
+            "visioncap_retention_decisions_deleted_total",
+            "Watch rules' decisions deleted by retention (those about captions as old as the rows it deletes).",
             registry=registry,
         )
         self.space_rows = PromCounter(
@@ -538,6 +576,7 @@ class RetentionMetrics:
         self.files.labels("orphan").inc(result.orphan_files)
         self.bytes.inc(result.bytes)
         self.alerts.inc(result.alerts)
+        self.decisions.inc(result.decisions)
         self.space_rows.inc(result.space_rows)
         self.space_bytes.inc(result.space_bytes)
         if result.free_bytes is not None:
