@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlean
 from alerts_support import Receiver
 from fastapi.testclient import TestClient
 from PIL import Image
@@ -17,7 +18,7 @@ from sqlalchemy import select
 
 from visioncap.alerts.decisions import DECISIONS
 from visioncap.alerts.service import AlertService
-from visioncap.alerts.verify import event_frames
+from visioncap.alerts.verify import Verifier, event_frames
 from visioncap.api import create_app
 from visioncap.config.alerts import AlertsConfig
 from visioncap.config.api import ApiKey, ApiSettings
@@ -225,6 +226,60 @@ def test_forced_match_fires_one_alert_and_non_candidates_are_not_asked(
     )
     assert decision["alert_id"] == bodies[0]["alert_id"] and decision["frames"] == 1
     assert decision["prompt_tokens"] > 0 and decision["completion_tokens"] > 0 and decision["latency_ms"] > 0
+
+
+class WritesWhileAsking:
+    """The real verifier (the real vLLM behind it), and at each question a write from another connection that may
+    not wait (SQLite's busy timeout 0): whether the database took writes while the VLM was being asked."""
+
+    def __init__(self, real: Verifier, database: Path) -> None:
+        self.real = real
+        self.database = database
+        self.writable: list[bool] = []
+
+    @property
+    def requests(self) -> int:
+        return self.real.requests
+
+    def close(self) -> None:
+        self.real.close()
+
+    def ask(self, spec: Any, text: str, frames: Any) -> Any:
+        # sqlean, the SQLite the store uses: two SQLite libraries in one process do not see each other's locks.
+        other = sqlean.connect(str(self.database), timeout=0)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # the write lock, as the pipeline's next insert would take it
+            other.rollback()
+            self.writable.append(True)
+        except sqlean.OperationalError:
+            self.writable.append(False)
+        finally:
+            other.close()
+        return self.real.ask(spec, text, frames)
+
+
+def test_the_vlm_is_asked_with_no_transaction_open_so_the_pipeline_keeps_writing(
+    vllm_server: VllmServer, site: tuple[CaptionStore, Path], receiver: Receiver
+) -> None:
+    """A question may take its whole deadline (20 s by default): asked inside the page's transaction, which holds
+    the alerts cursor's row (SQLite's write lock), it stopped every insert of the pipeline for that long."""
+    store, data_dir = site
+    alerts = config(vllm_server.base_url, receiver.url, cooldown_s=60, force_answer=MATCH)
+    service = AlertService(store.engine, alerts, data_dir=data_dir)
+    spy = WritesWhileAsking(Verifier(alerts.vlm, vllm_server.base_url, ""), data_dir / "visioncap.db")
+    service.engine.verifier = spy  # type: ignore[assignment]
+    try:
+        first = add_framed(store, data_dir, "door", T0, "a person at the door")
+        add_framed(store, data_dir, "door", T0 + timedelta(seconds=30), "a person at the door again")  # cooling
+        later = add_framed(store, data_dir, "door", T0 + timedelta(seconds=90), "a person at the door later")
+        drain(service)
+    finally:
+        service.stop()
+    # Asked about twice in one page (the cooling one not at all: the page's own first answer cools it), and each
+    # time the database took a write at once.
+    assert spy.writable == [True, True]
+    assert [body["caption_id"] for body in receiver.bodies()] == [first, later]
+    assert [(d["caption_id"], d["match"]) for d in decisions(store)] == [(first, True), (later, True)]
 
 
 def test_without_a_vlm_in_the_alerts_file_the_settings_endpoint_is_asked(

@@ -19,7 +19,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -100,6 +100,9 @@ class AlertEngine:
         start = ChangePosition(0, 0) if config.start_at_beginning else stream_start(engine).position
         self.position = store.create_cursor(engine, start)
         self._stale = False  # whether `position` may no longer be the stored cursor
+        # This page's watch-rule answers, asked before its transaction: (rule, caption id) -> (verdict, frames sent),
+        # or None where the rule's own similarity pre-filter said no.
+        self._answers: dict[tuple[str, int], tuple[watch.Verdict, int] | None] = {}
 
     def rules(self) -> list[AlertRule]:
         """The file's rules and those made through the API (re-read every page, so API changes apply at once)."""
@@ -131,6 +134,10 @@ class AlertEngine:
         fired: list[tuple[AlertRule, CaptionFacts]] = []
         refused: list[str] = []
         announced = set(self._announced)
+        # The VLM is asked before the page's transaction opens: a question may take its whole deadline, and a
+        # transaction open that long would hold the database (SQLite's one writer, PostgreSQL's change positions)
+        # for every other writer and reader of the stream.
+        self._ask_first(rules, page.rows)
         try:
             with self._engine.begin() as conn:
                 moved = store.hold_cursor(conn, self.position)
@@ -231,17 +238,42 @@ class AlertEngine:
                 self._home_assistant_messages(conn, refused, facts, getattr(row, "image_path", None))
         return fired
 
-    def _verified(
-        self, conn: Connection, rule: AlertRule, row: ChangeRow, facts: CaptionFacts, refused: list[str]
-    ) -> bool:
-        """Asks the VLM about a candidate of a watch rule, stores the decision, fires on a match; whether it fired.
-        Asked inside the page's transaction, so a page that rolls back asks again rather than losing an answer."""
+    def _ask_first(self, rules: list[AlertRule], rows: list[ChangeRow]) -> None:
+        """Ask the watch rules' questions about this page's candidates, each read in a short connection of its own
+        and the VLM asked with none open. A candidate the page's own earlier answers put in a rule's cooldown is not
+        asked (the page's transaction finds it cooling too)."""
+        self._answers = {}
+        watched = [rule for rule in rules if rule.verify is not None]
+        if not watched:
+            return
+        matched: dict[tuple[str, str], list[datetime]] = {}
+        for row in rows:
+            facts = facts_of(row)
+            for rule in watched:
+                if not matches(rule, facts, self._zone, self._similarity):
+                    continue
+                window = timedelta(seconds=rule.cooldown_s)
+                earlier = matched.get((rule.name, facts.camera), [])
+                if rule.cooldown_s > 0 and any(abs(facts.captured_at - at) < window for at in earlier):
+                    continue
+                with self._engine.connect() as conn:
+                    if store.fired_before(conn, rule.name, facts.caption_id):
+                        continue
+                    if store.cooling(conn, rule, facts.camera, facts.captured_at):
+                        continue
+                answer = self._answers[(rule.name, facts.caption_id)] = self._ask(rule, row, facts)
+                if answer is not None and answer[0].match:
+                    matched.setdefault((rule.name, facts.camera), []).append(facts.captured_at)
+
+    def _ask(self, rule: AlertRule, row: ChangeRow, facts: CaptionFacts) -> tuple[watch.Verdict, int] | None:
+        """The VLM's answer about one candidate and the frames sent; None when the rule's similarity pre-filter
+        keeps the candidate from the VLM."""
         spec = rule.verify
         assert spec is not None
         if spec.min_similarity is not None:
             assert self._similarity is not None
             if self._similarity(spec.question, facts.text) < spec.min_similarity:
-                return False
+                return None
         if self.verifier is None:
             # As `visioncap alerts` builds it: the alerts file's `vlm`, else the process's VISIONCAP_VLM_BASE_URL and
             # key, never an address of its own.
@@ -249,10 +281,29 @@ class AlertEngine:
             self.verifier = watch.Verifier(
                 self._config.vlm, settings.vlm_base_url, settings.vlm_api_key.get_secret_value()
             )
-        frames = watch.event_frames(
-            conn, self._data_dir, facts.caption_id, getattr(row, "image_path", None), spec.max_frames
-        )
-        verdict = self.verifier.ask(spec, facts.text, frames)
+        with self._engine.connect() as conn:
+            frames = watch.event_frames(
+                conn, self._data_dir, facts.caption_id, getattr(row, "image_path", None), spec.max_frames
+            )
+        return self.verifier.ask(spec, facts.text, frames), len(frames)
+
+    def _verified(
+        self, conn: Connection, rule: AlertRule, row: ChangeRow, facts: CaptionFacts, refused: list[str]
+    ) -> bool:
+        """Stores the decision about a candidate of a watch rule (its answer asked before the page's transaction)
+        and fires on a match; whether it fired. A page that rolls back asks again rather than losing an answer."""
+        spec = rule.verify
+        assert spec is not None
+        key = (rule.name, facts.caption_id)
+        if key not in self._answers:
+            # Not a candidate when the page was asked about (another engine's alert ended a cooldown meanwhile):
+            # asked now, in the transaction, rather than lost. Rare: the same rules and rows decide both passes.
+            log.info("alerts: rule %s, caption %d: asked inside the page", rule.name, facts.caption_id)
+            self._answers[key] = self._ask(rule, row, facts)
+        answer = self._answers.pop(key)
+        if answer is None:
+            return False
+        verdict, frames = answer
         alert_id = self._fire(conn, rule, facts, refused, verdict) if verdict.match else None
         add_decision(
             conn,
@@ -262,7 +313,7 @@ class AlertEngine:
                 "camera": facts.camera,
                 "captured_at": facts.captured_at,
                 "question": spec.question,
-                "frames": len(frames),
+                "frames": frames,
                 "match": verdict.match,
                 "reason": verdict.reason,
                 "latency_ms": verdict.latency_ms,
