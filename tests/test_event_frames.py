@@ -6,10 +6,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import cv2
 import pytest
 from helpers import PERSON_DETECTOR
-from test_zones import DOOR, walk  # noqa: F401  (the fixture)
+from test_zones import DOOR, read_clip, walk  # noqa: F401  (the fixture)
 from videos import FPS
 
 from visioncap.caption.encode import encode_jpeg
@@ -39,14 +38,7 @@ def describe_clip(
     tracker = PersonTracker("bytetrack", FPS, keep_lost_s=selection.event_end_s)
     selector = EventSelector(selection)
     recorder = EventFrames(events, selector, selection.event_end_s, encode)
-    capture = cv2.VideoCapture(str(path))
-    frames = []
-    while True:
-        ok, image = capture.read()
-        if not ok:
-            break
-        frames.append(Frame(camera="yard", index=len(frames), offset_s=len(frames) / FPS, image=image))
-    capture.release()
+    frames = read_clip(path)
     selected: list[SelectedFrame] = []
     finished: list[FinishedEvent] = []
     for detection in detector.detect(frames):

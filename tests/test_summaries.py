@@ -270,7 +270,8 @@ def test_a_tokenizer_denser_than_estimated_halves_the_refused_parts(vllm_server:
     ids = seed_day(engine, "front", 400)
     config = SummariesConfig(context_tokens=served_context(vllm_server), max_tokens=16, chars_per_token=8.0)
     captions = summary_store.window_captions(engine, ["front"], DAY.astimezone(UTC), DAY + timedelta(days=1), 400)
-    writer = SummaryWriter(config, vllm_server.base_url, "EMPTY", TINY_MODEL)
+    # No key at all (VISIONCAP_VLM_API_KEY= in .env): sent as vLLM's any-key, not as an illegal empty header.
+    writer = SummaryWriter(config, vllm_server.base_url, "", TINY_MODEL)
     try:
         summary = writer.write("request", ["front"], DAY, DAY + timedelta(days=1), captions)
     finally:

@@ -39,20 +39,26 @@ def make_walk_video(path: Path, xs: list[int]) -> Path:
     return path
 
 
-def run_clip(path: Path, selection: SelectionConfig) -> tuple[EventSelector, list[SelectedFrame]]:
-    detector = PersonDetector(
-        DetectorConfig(weights=PERSON_DETECTOR, person_classes=[0, 1], image_size=320, confidence=0.35)
-    )
-    tracker = PersonTracker("bytetrack", FPS, keep_lost_s=selection.event_end_s, masks=selection.masks)
-    selector = EventSelector(selection)
+def read_clip(path: Path, camera: str = "yard") -> list[Frame]:
+    """Every frame of a clip, as the pipeline's file source numbers and times them."""
     capture = cv2.VideoCapture(str(path))
     frames = []
     while True:
         ok, image = capture.read()
         if not ok:
             break
-        frames.append(Frame(camera="yard", index=len(frames), offset_s=len(frames) / FPS, image=image))
+        frames.append(Frame(camera=camera, index=len(frames), offset_s=len(frames) / FPS, image=image))
     capture.release()
+    return frames
+
+
+def run_clip(path: Path, selection: SelectionConfig) -> tuple[EventSelector, list[SelectedFrame]]:
+    detector = PersonDetector(
+        DetectorConfig(weights=PERSON_DETECTOR, person_classes=[0, 1], image_size=320, confidence=0.35)
+    )
+    tracker = PersonTracker("bytetrack", FPS, keep_lost_s=selection.event_end_s, masks=selection.masks)
+    selector = EventSelector(selection)
+    frames = read_clip(path)
     selected: list[SelectedFrame] = []
     for detection in detector.detect(frames):
         selected += selector.offer(tracker.update(detection))

@@ -48,7 +48,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client import Counter as PromCounter
-from sqlalchemy import ColumnElement, Engine, Row, and_, delete, func, not_, or_, select
+from sqlalchemy import ColumnElement, Connection, Engine, Row, and_, delete, func, not_, or_, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import InstrumentedAttribute
 
@@ -282,22 +282,14 @@ def _sweep_alerts(
     batch_size: int,
     should_stop: Callable[[], bool],
 ) -> None:
-    if result.dry_run:
-        with engine.connect() as conn:
-            result.alerts = conn.execute(select(func.count()).select_from(AlertRecord).where(condition)).scalar_one()
-        return
-    while not should_stop():
-        chosen = select(AlertRecord.id).where(condition).order_by(AlertRecord.id).limit(batch_size)
-        with engine.begin() as conn:
-            # The delete writes from its start (see _sweep_rows); the alerts' deliveries, all finished (the
-            # condition), go in the same transaction, so no delivery row is left pointing at nothing.
-            statement = delete(AlertRecord).where(AlertRecord.id.in_(chosen)).returning(AlertRecord.id)
-            gone = conn.execute(statement).scalars().all()
-            if gone:
-                conn.execute(delete(AlertDeliveryRecord).where(AlertDeliveryRecord.alert_id.in_(gone)))
-        if not gone:
-            return
-        result.alerts += len(gone)
+    def with_deliveries(conn: Connection, gone: Sequence[int]) -> None:
+        # The alerts' deliveries, all finished (the condition), go in the same transaction, so no delivery row is
+        # left pointing at nothing.
+        conn.execute(delete(AlertDeliveryRecord).where(AlertDeliveryRecord.alert_id.in_(gone)))
+
+    result.alerts = _delete_batches(
+        engine, AlertRecord, condition, result.dry_run, batch_size, should_stop, with_deliveries
+    )
 
 
 def _sweep_decisions(
@@ -307,20 +299,35 @@ def _sweep_decisions(
     batch_size: int,
     should_stop: Callable[[], bool],
 ) -> None:
-    if result.dry_run:
+    result.decisions = _delete_batches(engine, AlertDecisionRecord, condition, result.dry_run, batch_size, should_stop)
+
+
+def _delete_batches(
+    engine: Engine,
+    record: type[AlertRecord] | type[AlertDecisionRecord],
+    condition: ColumnElement[bool],
+    dry_run: bool,
+    batch_size: int,
+    should_stop: Callable[[], bool],
+    also: Callable[[Connection, Sequence[int]], None] | None = None,
+) -> int:
+    """Delete `record`'s rows that meet `condition`, a batch a transaction (`also` runs in each with the ids it
+    deleted); how many went. A dry run counts them instead."""
+    if dry_run:
         with engine.connect() as conn:
-            counted = select(func.count()).select_from(AlertDecisionRecord).where(condition)
-            result.decisions = conn.execute(counted).scalar_one()
-        return
+            return int(conn.execute(select(func.count()).select_from(record).where(condition)).scalar_one())
+    deleted = 0
     while not should_stop():
-        chosen = select(AlertDecisionRecord.id).where(condition).order_by(AlertDecisionRecord.id).limit(batch_size)
+        chosen = select(record.id).where(condition).order_by(record.id).limit(batch_size)
         with engine.begin() as conn:
-            # One statement that writes from its start (see _sweep_rows), a batch at a time.
-            statement = delete(AlertDecisionRecord).where(AlertDecisionRecord.id.in_(chosen))
-            gone = conn.execute(statement.returning(AlertDecisionRecord.id)).scalars().all()
+            # One statement that writes from its start (see _sweep_rows).
+            gone = conn.execute(delete(record).where(record.id.in_(chosen)).returning(record.id)).scalars().all()
+            if gone and also is not None:
+                also(conn, gone)
         if not gone:
-            return
-        result.decisions += len(gone)
+            break
+        deleted += len(gone)
+    return deleted
 
 
 def _space_target(root: Path) -> Path | None:

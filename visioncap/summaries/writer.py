@@ -50,8 +50,12 @@ class SummaryWriter:
         self.config = config
         self.model = model
         self._url = base_url.rstrip("/") + "/chat/completions"
+        # An empty key (VISIONCAP_VLM_API_KEY= in .env) is no header value at all: sent as vLLM's any-key, as the
+        # caption client and the watch rules' verifier send it.
         self._client = httpx.Client(
-            timeout=config.timeout_s, headers={"Authorization": f"Bearer {api_key}"}, follow_redirects=False
+            timeout=config.timeout_s,
+            headers={"Authorization": f"Bearer {api_key or 'EMPTY'}"},
+            follow_redirects=False,
         )
 
     def close(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,17 +145,23 @@ def filler_text(words: int, seed: int) -> str:
 
 
 def caption_body(
-    model: str, image_uri: str, max_tokens: int, camera: str, priority: int | None = None, filler: str = ""
+    model: str,
+    image_uri: str | Sequence[str],
+    max_tokens: int,
+    camera: str,
+    priority: int | None = None,
+    filler: str = "",
+    prompt: str = CAPTION_PROMPT,
 ) -> dict[str, Any]:
-    """A caption request as the pipeline sends it (non-streaming), with an output of exactly `max_tokens`.
+    """A caption request as the pipeline sends it (non-streaming), with an output of exactly `max_tokens`; several
+    image URIs: an event described from its frames, as `VlmCaptioner.describe` sends it (with its prompt).
 
     `filler`: text after the image, which a stand-in's frame carries so that its prompt is as long as the
     target's while its image is smaller (see `visioncap.bench.standin.sizing`).
     """
-    content: list[dict[str, Any]] = [
-        {"type": "text", "text": CAPTION_PROMPT},
-        {"type": "image_url", "image_url": {"url": image_uri}},
-    ]
+    uris = [image_uri] if isinstance(image_uri, str) else list(image_uri)
+    content: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
+    content += [{"type": "image_url", "image_url": {"url": uri}} for uri in uris]
     if filler:
         content.append({"type": "text", "text": filler})
     body: dict[str, Any] = {

@@ -41,7 +41,7 @@ from visioncap.bench.common.machine import machine_facts
 from visioncap.bench.common.outputs import RESULTS_DIR, command_line, machine_line, write_results
 from visioncap.bench.common.servers import measured_vllm
 from visioncap.bench.common.stats import percentile, ratio
-from visioncap.bench.common.workload import camera_frame, chat_body, chat_schedule
+from visioncap.bench.common.workload import camera_frame, caption_body, chat_body, chat_schedule
 from visioncap.bench.mixed.calibrate import tokens_per_word
 from visioncap.bench.mixed.run import drain
 from visioncap.caption.encode import encode_frames, image_tokens, jpeg_data_uri
@@ -101,16 +101,8 @@ def event_jpegs(count: int, options: EventsOptions, rng: random.Random) -> list[
 
 def event_body(model: str, jpegs: list[bytes], max_tokens: int, camera: str) -> dict[str, Any]:
     """An event description request as `VlmCaptioner.describe` sends it (non-streaming, exactly `max_tokens`)."""
-    content: list[dict[str, Any]] = [{"type": "text", "text": DEFAULT_EVENT_PROMPT}]
-    content += [{"type": "image_url", "image_url": {"url": jpeg_data_uri(jpeg)}} for jpeg in jpegs]
-    return {
-        "model": model,
-        "messages": [{"role": "user", "content": content}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "user": camera,
-    }
+    uris = [jpeg_data_uri(jpeg) for jpeg in jpegs]
+    return caption_body(model, uris, max_tokens, camera, prompt=DEFAULT_EVENT_PROMPT)
 
 
 def _estimate(jpegs: list[bytes], token_size: int = 28) -> int:
