@@ -221,3 +221,9 @@ def test_an_event_description_writes_every_frame_before_its_row_and_a_duplicate_
     assert {path for path in tmp_path.rglob("*.jpg")} == before
     with pytest.raises(ValueError, match="3 frames listed, 1 given"):
         box.put(description(8), JPEG, [None])
+    # The queue still full (one in flight, one waiting): a description recorded as skipped lists no frames, as it
+    # wrote none.
+    result, skipped = box.put(description(12), JPEG, jpegs)
+    assert result is PutResult.QUEUE_FULL and skipped is not None
+    row = store.get(skipped)
+    assert row is not None and row.status == "skipped" and row.frames is None and row.image_path is None

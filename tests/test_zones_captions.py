@@ -21,6 +21,7 @@ from sqlalchemy import func, select, text
 from visioncap.alerts.engine import facts_of, reason
 from visioncap.alerts.rules import CaptionFacts, matches
 from visioncap.api import create_app
+from visioncap.api.protocol import Caption
 from visioncap.config.alerts import AlertRule
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
@@ -190,3 +191,20 @@ def test_the_frame_is_drawn_with_the_cameras_zones_then(
     # The page's lists leave the polygons out (they serve drawing only).
     items = client.get("/v1/captions").json()["items"]
     assert all("zone_shapes" not in item for item in items)
+
+
+def test_a_descriptions_malformed_frame_entries_are_left_out_of_the_api_not_a_500(tmp_path: Path) -> None:
+    """`frames` is JSON a row may hold in any shape (written by something else): the API lists the entries the
+    pipeline writes, each keeping its number (the `frame` of its image route), and answers the page."""
+    store = CaptionStore(create_db_engine(f"sqlite:///{tmp_path / 'visioncap.db'}"))
+    store.create_schema()
+    good = {"role": "last", "frame_index": 9, "offset_s": 0.9, "width": 16, "height": 16, "image_tokens": 1}
+    odd = replace(new_caption(1, []), reason="event-end", frames=[{"role": "first"}, "not a frame", good])  # type: ignore[list-item]
+    none = replace(new_caption(2, []), reason="event-end", frames=[{"role": "first"}])
+    first, second = store.add(odd), store.add(none)
+    assert first is not None and second is not None
+    shown = Caption.of(store.get(first))  # type: ignore[arg-type]
+    assert [(frame.role, frame.image_url) for frame in shown.frames or []] == [
+        ("last", f"/v1/captions/{first}/image?frame=2")
+    ]
+    assert Caption.of(store.get(second)).frames is None  # type: ignore[arg-type]

@@ -175,12 +175,15 @@ _FRAME_FIELDS = ("role", "frame_index", "offset_s", "width", "height", "image_to
 
 
 def _description_frames(row_id: int, frames: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    if not frames:
+    """An event description's frames as the API shows them; an entry the pipeline would not write (a row written
+    by something else) is left out rather than failing the page, and the others keep their numbers."""
+    if not isinstance(frames, list) or not frames:
         return None
     return [
         {**{name: frame[name] for name in _FRAME_FIELDS}, "image_url": f"/v1/captions/{row_id}/image?frame={number}"}
         for number, frame in enumerate(frames)
-    ]
+        if isinstance(frame, dict) and all(name in frame for name in _FRAME_FIELDS)
+    ] or None
 
 
 class CaptionPage(_Model):

@@ -262,7 +262,11 @@ class Outbox:
                 if rival is not None
                 else (SkipReason.QUEUE_FULL, f"{self._config.capacity} frames already waiting")
             )
-            result, row_id = self._record_new(new, Outcome(CaptionStatus.SKIPPED, error=_skip_error(reason, detail)))
+            # No file is written: a skipped description lists no frames (none has a path to be read from).
+            skipped = replace(new, frames=None)
+            result, row_id = self._record_new(
+                skipped, Outcome(CaptionStatus.SKIPPED, error=_skip_error(reason, detail))
+            )
             if result in (PutResult.DUPLICATE, PutResult.UNSTORABLE, PutResult.FENCED):
                 return result, None
             self._skipped(new.camera, reason)

@@ -122,7 +122,8 @@ class EventFrames:
         for visit in fresh:
             if len(kept.entries) < self._config.max_frames:
                 kept.entries.append(self._keep(f"zone:{visit.zone}", frame, person))
-        if now - kept.best_checked_s >= BEST_EVERY_S:
+        # Scored only once the track is an event: a flicker that never becomes one costs its first frame only.
+        if kept.event and now - kept.best_checked_s >= BEST_EVERY_S:
             kept.best_checked_s = now
             score = frame_score(frame.image, (person,))
             if score > kept.best_score:
