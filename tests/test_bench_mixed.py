@@ -107,6 +107,22 @@ def test_frames_are_unique_camera_sized_and_never_sent_twice() -> None:
         assert data_uri_size(small) == size
 
 
+def test_several_frames_a_caption_request_each_with_its_filler() -> None:
+    """`bench mixed --frames-per-caption 3`: consecutive frames three a request (a short last group dropped), each
+    image followed by a stand-in's filler, as a stand-in's frame is its image and its filler."""
+    uris = FramePool(112, 84, seed=1).take(7)
+    bodies, cameras = caption_bodies(uris, "m", 8, cameras=2, priority=None, filler="words", per_request=3)
+    assert cameras == ["cam-1", "cam-2"]
+    first = json.loads(bodies[0])["messages"][0]["content"]
+    assert [part["type"] for part in first] == ["text", *["image_url", "text"] * 3]
+    assert [part["image_url"]["url"] for part in first if part["type"] == "image_url"] == uris[:3]
+    second = json.loads(bodies[1])["messages"][0]["content"]
+    assert [part["image_url"]["url"] for part in second if part["type"] == "image_url"] == uris[3:6]
+    # One frame a request: as before, the filler after the image.
+    [single] = caption_bodies(uris[:1], "m", 8, cameras=1, priority=None, filler="words")[0]
+    assert [part["type"] for part in json.loads(single)["messages"][0]["content"]] == ["text", "image_url", "text"]
+
+
 def test_phase_summary_counts_only_the_measured_window() -> None:
     # Three tokens in two reads: the first alone, then two together (their gaps are already per token).
     chats = [

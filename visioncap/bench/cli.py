@@ -68,6 +68,15 @@ def mixed_command(
         float | None, typer.Option(help="Gateway inter-token p99 objective; default: S0's p99 x 1.25.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    frames_per_caption: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=16,
+            help="Frames each caption request carries (events described from several frames); the flood rate "
+            "counts requests.",
+        ),
+    ] = 1,
 ) -> None:
     """Interactive chat beside a camera caption flood: S0-S3 in one run, written as JSON, Markdown and a PNG."""
     from visioncap.bench.mixed.main import run_mixed
@@ -91,6 +100,7 @@ def mixed_command(
         "ttft_objective_ms": ttft_objective_ms,
         "itl_objective_ms": itl_objective_ms,
         "seed": seed,
+        "frames_per_caption": frames_per_caption,
     }
     if duration is not None:
         overrides["duration_s"] = duration

@@ -156,14 +156,15 @@ def caption_body(
     """A caption request as the pipeline sends it (non-streaming), with an output of exactly `max_tokens`; several
     image URIs: an event described from its frames, as `VlmCaptioner.describe` sends it (with its prompt).
 
-    `filler`: text after the image, which a stand-in's frame carries so that its prompt is as long as the
+    `filler`: text after each image, which a stand-in's frame carries so that its prompt is as long as the
     target's while its image is smaller (see `visioncap.bench.standin.sizing`).
     """
     uris = [image_uri] if isinstance(image_uri, str) else list(image_uri)
     content: list[dict[str, Any]] = [{"type": "text", "text": prompt}]
-    content += [{"type": "image_url", "image_url": {"url": uri}} for uri in uris]
-    if filler:
-        content.append({"type": "text", "text": filler})
+    for uri in uris:
+        content.append({"type": "image_url", "image_url": {"url": uri}})
+        if filler:  # each frame's own: a stand-in's frame is its image and its filler
+            content.append({"type": "text", "text": filler})
     body: dict[str, Any] = {
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -207,13 +208,21 @@ class FramePool:
 
 
 def caption_bodies(
-    uris: list[str], model: str, max_tokens: int, cameras: int, priority: int | None, filler: str = ""
+    uris: list[str],
+    model: str,
+    max_tokens: int,
+    cameras: int,
+    priority: int | None,
+    filler: str = "",
+    per_request: int = 1,
 ) -> tuple[list[bytes], list[str]]:
-    """Encoded caption requests for these frames, cameras taking turns; and each request's camera."""
+    """Encoded caption requests for these frames, cameras taking turns; and each request's camera. `per_request`
+    frames a request (an event described from several frames): consecutive frames, a last short group dropped."""
     bodies, names = [], []
-    for index, uri in enumerate(uris):
+    groups = [uris[at : at + per_request] for at in range(0, len(uris) - per_request + 1, max(1, per_request))]
+    for index, group in enumerate(groups):
         camera = f"cam-{index % max(1, cameras) + 1}"
-        body = caption_body(model, uri, max_tokens, camera, priority, filler)
+        body = caption_body(model, group if per_request > 1 else group[0], max_tokens, camera, priority, filler)
         bodies.append(json.dumps(body, separators=(",", ":")).encode("utf-8"))
         names.append(camera)
     return bodies, names

@@ -245,6 +245,18 @@ def host_costs_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def _frames_text(results: dict[str, Any]) -> str:
+    """What a caption is when each request carries several frames (`--frames-per-caption`); nothing for one."""
+    per = (results.get("options") or {}).get("frames_per_caption", 1)
+    if per <= 1:
+        return ""
+    return (
+        f"Each caption request carries {per} frames (an event described from its frames): captions/s count "
+        f"requests, {per} frames each; the cost-model ceilings and frontier count frames of one request each, and "
+        "the gateway paces frames.\n\n"
+    )
+
+
 def markdown(results: dict[str, Any]) -> str:
     calibration = results.get("calibration") or {}
     model = results["model"]
@@ -264,6 +276,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{_f(calibration.get('image_prefill_ms'))} ms = "
         f"{_f(calibration.get('image_prefill_over_decode_step'), 1)} decode steps.\n\n"
         f"{_attempts_text(results.get('fidelity_attempts') or [])}{_fidelity_text(results.get('fidelity'))}"
+        f"{_frames_text(results)}"
         f"Gateway objectives in S3: {json.dumps(results.get('gateway_objectives'))}.\n\n"
         f"{table(results)}\n\n{goals_table(results)}\n\n"
         f"{ceiling_text(results)}{frontier_text(results)}"

@@ -108,6 +108,9 @@ class MixedOptions:
     image_width: int = 640
     image_height: int = 480
     frame_filler_words: int = 0  # text after each frame's image (a sized stand-in's; visioncap.bench.standin.sizing)
+    # Frames a caption request carries (an event described from several frames, `VlmCaptioner.describe`); the
+    # flood offers flood_rate_per_s requests, each of this many frames; the gateway paces them as that many frames.
+    frames_per_caption: int = 1
     cameras: int = 4
     background_priority: int = 10
     fcfs_restart: bool = True
@@ -332,11 +335,15 @@ class Run:
         bodies = [json.dumps(chat_body(self.model, t, text_seed)).encode() for t in turns]
         return turns, bodies
 
-    def flood(self, duration_s: float, priority: int | None) -> tuple[list[str], list[bytes], list[str]]:
+    def flood(self, duration_s: float, priority: int | None) -> tuple[list[list[str]], list[bytes], list[str]]:
+        """Requests for a phase: their frames (one group a request), encoded bodies and cameras."""
         o = self.options
-        uris = self.frames.take(int(duration_s * o.flood_rate_per_s) + 1)
-        bodies, cameras = caption_bodies(uris, self.model, o.caption_max_tokens, o.cameras, priority, self.filler)
-        return uris, bodies, cameras
+        per = o.frames_per_caption
+        uris = self.frames.take((int(duration_s * o.flood_rate_per_s) + 1) * per)
+        bodies, cameras = caption_bodies(
+            uris, self.model, o.caption_max_tokens, o.cameras, priority, self.filler, per_request=per
+        )
+        return [uris[at : at + per] for at in range(0, len(bodies) * per, per)], bodies, cameras
 
     def phase(
         self,
@@ -359,7 +366,7 @@ class Run:
             spec.chat = chat
             seed = schedule_seed if schedule_seed is not None else o.seed
             spec.chat_turns, spec.chat_bodies = self.chat(chat, duration, warmup, seed)
-        uris: list[str] = []
+        uris: list[list[str]] = []
         if flood is not None:
             spec.flood = flood
             spec.flood_rate_per_s = flood_rate_per_s if flood_rate_per_s is not None else o.flood_rate_per_s
@@ -378,7 +385,7 @@ class Run:
         with httpx.Client() as client:
             costs_before = cost_snapshot(client, root_url, vllm, others)
             result = run_phase_sync(spec)
-            self.frames.give_back([uris[i] for i in result.unsent_flood])
+            self.frames.give_back([uri for i in result.unsent_flood for uri in uris[i]])
             load_after = os.getloadavg()[0]
             drained = drain(root_url, gateway.root_url if gateway is not None else None)
             costs = phase_costs(costs_before, cost_snapshot(client, root_url, vllm, others))
@@ -423,6 +430,10 @@ def measure(options: MixedOptions) -> tuple[dict[str, Any], Run, MixedOptions]:
     started = time.monotonic()
     started_at = datetime.now(UTC)
     options, profile = as_stand_in(options, load_profile(options.profile, options.models_dir))
+    if options.frames_per_caption > 1:
+        # The stand-in's own flags take one image a prompt.
+        limit = json.dumps({"image": options.frames_per_caption, "video": 0})
+        profile = with_vllm_flag(profile, "--limit-mm-per-prompt", limit)
     options.work_dir.mkdir(parents=True, exist_ok=True)
     run = Run(options, profile)
     _run_setups(run)
