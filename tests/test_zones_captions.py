@@ -208,3 +208,15 @@ def test_a_descriptions_malformed_frame_entries_are_left_out_of_the_api_not_a_50
         ("last", f"/v1/captions/{first}/image?frame=2")
     ]
     assert Caption.of(store.get(second)).frames is None  # type: ignore[arg-type]
+
+
+def test_a_descriptions_malformed_frames_have_no_image_a_404_not_a_500(client: TestClient, store: CaptionStore) -> None:
+    """The image route reads the same JSON: an entry that is not an object, one with no path or a path that is not
+    text, and a `frames` that is not a list each answer 404 (the frame has no stored image), never a 500."""
+    entries = [{"role": "first"}, "not a frame", {"role": "best", "path": 7}]
+    listed = store.add(replace(new_caption(20, []), reason="event-end", frames=entries))  # type: ignore[arg-type]
+    unlisted = store.add(replace(new_caption(21, []), reason="event-end", frames={"path": "frames/x.jpg"}))  # type: ignore[arg-type]
+    assert listed is not None and unlisted is not None
+    for row_id, frame in ((listed, 0), (listed, 1), (listed, 2), (listed, 3), (unlisted, 0)):
+        response = client.get(f"/v1/captions/{row_id}/image", params={"frame": frame})
+        assert response.status_code == 404, (row_id, frame, response.text)

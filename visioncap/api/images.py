@@ -53,10 +53,14 @@ def locate(data_dir: Path, row: CaptionRecord, boxes: bool, frame: int | None = 
     404 when there is none, 409 for boxes on a frame they were not recorded for."""
     name = row.image_path
     if frame is not None:
-        frames = row.frames or []
+        # `frames` is JSON of any shape in a row written by something else: an entry that is not the pipeline's
+        # has no image, as the listing leaves it out.
+        frames = row.frames if isinstance(row.frames, list) else []
         if frame >= len(frames):
             raise ApiError(404, f"caption {row.id} has {len(frames)} description frames; frame {frame} is not one")
-        name = str(frames[frame].get("path") or "")
+        entry = frames[frame]
+        path = entry.get("path") if isinstance(entry, dict) else None
+        name = path if isinstance(path, str) else ""
         if boxes and name != row.image_path:
             raise ApiError(409, f"caption {row.id}: boxes are recorded for its main image only", param="boxes")
     if not name:
