@@ -17,6 +17,8 @@ from PIL import Image
 from sqlalchemy import select
 
 from visioncap.alerts.decisions import DECISIONS
+from visioncap.alerts.engine import AlertEngine
+from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.service import AlertService
 from visioncap.alerts.verify import Verifier, event_frames
 from visioncap.api import create_app
@@ -363,3 +365,40 @@ def test_event_frames_own_first_then_the_newest_of_its_event(site: tuple[Caption
         assert frames == [(data_dir / paths[i]).read_bytes() for i in (ids[1], ids[3], ids[2])]
         assert event_frames(conn, data_dir, ids[1], "../outside.jpg", 1) == []
         assert event_frames(conn, None, ids[1], paths[ids[1]], 3) == []
+
+
+def test_a_candidate_is_judged_once_a_page_not_again_in_its_transaction(site: tuple[CaptionStore, Path]) -> None:
+    """The pre-pass decides which rows are a watch rule's candidates; the page's transaction reuses that, so a
+    semantic rule embeds each caption once, not twice (the embedding is the costly part of a page). Here the
+    similarity pre-filter keeps both candidates from the VLM: no question, no decision."""
+    store, data_dir = site
+    asked: list[tuple[str, str]] = []
+
+    def similarity(rule_text: str, caption: str) -> float:
+        asked.append((rule_text, caption))
+        return 0.5
+
+    alerts = AlertsConfig.model_validate(
+        {
+            "start_at_beginning": True,
+            "rules": [
+                {
+                    "name": "package",
+                    "semantic": {"text": "a parcel", "threshold": 0.4},
+                    "verify": {"question": "a person leaves a package", "min_similarity": 0.9},
+                }
+            ],
+        }
+    )
+    engine = AlertEngine(store.engine, alerts, AlertMetrics(), similarity=lambda: similarity, data_dir=data_dir)
+    add_framed(store, data_dir, "door", T0, "one")
+    add_framed(store, data_dir, "door", T0 + timedelta(seconds=5), "two")
+    while engine.run_once() > 0:
+        pass
+    assert asked == [
+        ("a parcel", "one"),
+        ("a person leaves a package", "one"),
+        ("a parcel", "two"),
+        ("a person leaves a package", "two"),
+    ]
+    assert decisions(store) == []

@@ -103,6 +103,9 @@ class AlertEngine:
         # This page's watch-rule answers, asked before its transaction: (rule, caption id) -> (verdict, frames sent),
         # or None where the rule's own similarity pre-filter said no.
         self._answers: dict[tuple[str, int], tuple[watch.Verdict, int] | None] = {}
+        # Whether each watch rule matched each of the page's rows, as the pre-pass found: the transaction reuses it
+        # (a similarity pre-filter embeds the caption; once a page is enough).
+        self._matched: dict[tuple[str, int], bool] = {}
 
     def rules(self) -> list[AlertRule]:
         """The file's rules and those made through the API (re-read every page, so API changes apply at once)."""
@@ -219,7 +222,8 @@ class AlertEngine:
         facts = facts_of(row)
         fired: list[tuple[AlertRule, CaptionFacts]] = []
         for rule in rules:
-            if not matches(rule, facts, self._zone, self._similarity):
+            hit = self._matched.get((rule.name, facts.caption_id))
+            if not (matches(rule, facts, self._zone, self._similarity) if hit is None else hit):
                 continue
             if store.fired_before(conn, rule.name, facts.caption_id):
                 continue
@@ -239,10 +243,10 @@ class AlertEngine:
         return fired
 
     def _ask_first(self, rules: list[AlertRule], rows: list[ChangeRow]) -> None:
-        """Ask the watch rules' questions about this page's candidates, each read in a short connection of its own
-        and the VLM asked with none open. A candidate the page's own earlier answers put in a rule's cooldown is not
-        asked (the page's transaction finds it cooling too)."""
-        self._answers = {}
+        """Ask the watch rules' questions about this page's candidates: each candidate's checks and frames read in
+        one short connection, the VLM asked with none open. A candidate the page's own earlier answers put in a
+        rule's cooldown is not asked (the page's transaction finds it cooling too)."""
+        self._answers, self._matched = {}, {}
         watched = [rule for rule in rules if rule.verify is not None]
         if not watched:
             return
@@ -250,40 +254,51 @@ class AlertEngine:
         for row in rows:
             facts = facts_of(row)
             for rule in watched:
-                if not matches(rule, facts, self._zone, self._similarity):
+                key = (rule.name, facts.caption_id)
+                self._matched[key] = matches(rule, facts, self._zone, self._similarity)
+                if not self._matched[key]:
                     continue
                 window = timedelta(seconds=rule.cooldown_s)
                 earlier = matched.get((rule.name, facts.camera), [])
                 if rule.cooldown_s > 0 and any(abs(facts.captured_at - at) < window for at in earlier):
+                    continue
+                if not self._similar_enough(rule, facts):
+                    self._answers[key] = None
                     continue
                 with self._engine.connect() as conn:
                     if store.fired_before(conn, rule.name, facts.caption_id):
                         continue
                     if store.cooling(conn, rule, facts.camera, facts.captured_at):
                         continue
-                answer = self._answers[(rule.name, facts.caption_id)] = self._ask(rule, row, facts)
-                if answer is not None and answer[0].match:
+                    frames = self._frames(conn, rule, row, facts)
+                answer = self._answers[key] = self._ask(rule, facts, frames)
+                if answer[0].match:
                     matched.setdefault((rule.name, facts.camera), []).append(facts.captured_at)
 
-    def _ask(self, rule: AlertRule, row: ChangeRow, facts: CaptionFacts) -> tuple[watch.Verdict, int] | None:
-        """The VLM's answer about one candidate and the frames sent; None when the rule's similarity pre-filter
-        keeps the candidate from the VLM."""
+    def _similar_enough(self, rule: AlertRule, facts: CaptionFacts) -> bool:
+        """Whether the rule's similarity pre-filter (if it has one) lets the candidate go to the VLM."""
         spec = rule.verify
         assert spec is not None
-        if spec.min_similarity is not None:
-            assert self._similarity is not None
-            if self._similarity(spec.question, facts.text) < spec.min_similarity:
-                return None
+        if spec.min_similarity is None:
+            return True
+        assert self._similarity is not None
+        return self._similarity(spec.question, facts.text) >= spec.min_similarity
+
+    def _frames(self, conn: Connection, rule: AlertRule, row: ChangeRow, facts: CaptionFacts) -> list[bytes]:
+        assert rule.verify is not None
+        image_path = getattr(row, "image_path", None)
+        return watch.event_frames(conn, self._data_dir, facts.caption_id, image_path, rule.verify.max_frames)
+
+    def _ask(self, rule: AlertRule, facts: CaptionFacts, frames: list[bytes]) -> tuple[watch.Verdict, int]:
+        """The VLM's answer about one candidate from these frames, and how many were sent."""
+        spec = rule.verify
+        assert spec is not None
         if self.verifier is None:
             # As `visioncap alerts` builds it: the alerts file's `vlm`, else the process's VISIONCAP_VLM_BASE_URL and
             # key, never an address of its own.
             settings = load_settings()
             self.verifier = watch.Verifier(
                 self._config.vlm, settings.vlm_base_url, settings.vlm_api_key.get_secret_value()
-            )
-        with self._engine.connect() as conn:
-            frames = watch.event_frames(
-                conn, self._data_dir, facts.caption_id, getattr(row, "image_path", None), spec.max_frames
             )
         return self.verifier.ask(spec, facts.text, frames), len(frames)
 
@@ -299,7 +314,8 @@ class AlertEngine:
             # Not a candidate when the page was asked about (another engine's alert ended a cooldown meanwhile):
             # asked now, in the transaction, rather than lost. Rare: the same rules and rows decide both passes.
             log.info("alerts: rule %s, caption %d: asked inside the page", rule.name, facts.caption_id)
-            self._answers[key] = self._ask(rule, row, facts)
+            similar = self._similar_enough(rule, facts)
+            self._answers[key] = self._ask(rule, facts, self._frames(conn, rule, row, facts)) if similar else None
         answer = self._answers.pop(key)
         if answer is None:
             return False
