@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import PERSON_DETECTOR
 from test_zones import DOOR, read_clip, walk  # noqa: F401  (the fixture)
@@ -17,7 +18,8 @@ from visioncap.config.detector import DetectorConfig
 from visioncap.config.selection import SelectionConfig
 from visioncap.detect import PersonDetector
 from visioncap.detect.tracking import PersonTracker
-from visioncap.frames import EncodedImage, FinishedEvent, Frame, PersonBox, SelectedFrame
+from visioncap.frames import Detection, EncodedImage, FinishedEvent, Frame, PersonBox, SelectedFrame
+from visioncap.select import event_frames
 from visioncap.select.event_frames import EventFrames
 from visioncap.select.events import EventSelector
 
@@ -94,3 +96,24 @@ def test_the_frame_budget_must_fit_the_frames() -> None:
     with pytest.raises(ValueError, match="cannot be shared by 16 frames"):
         EventDescriptionConfig(max_frames=16, max_image_tokens=32)
     assert EventDescriptionConfig(max_frames=4, max_image_tokens=1024).frame_tokens == 256
+
+
+def test_tracks_beyond_the_bound_are_counted_once_while_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A camera keeps frames of MAX_TRACKS tracks at once; each track refused beyond them counts once while it stays
+    in view (the pipeline exports the count as `visioncap_event_tracks_undescribed_total`), and a kept track's
+    frames are still kept."""
+    monkeypatch.setattr(event_frames, "MAX_TRACKS", 2)
+    selection = SelectionConfig()
+    recorder = EventFrames(EventDescriptionConfig(enabled=True), EventSelector(selection), 60.0, encode)
+    image = np.zeros((48, 64, 3), dtype=np.uint8)
+
+    def offer(index: int, *tracks: int) -> int:
+        people = tuple(PersonBox(4, 4, 20, 40, 0.9, 0, track) for track in tracks)
+        recorder.offer(Detection(Frame("cam", index, index / 10, image), people))
+        return recorder.untracked
+
+    assert offer(0, 1, 2, 3) == 1  # 3 refused
+    assert offer(1, 1, 2, 3) == 1  # still the same refusal
+    assert offer(2, 1, 2, 4) == 2  # 4 refused; 3 left view
+    assert offer(3, 1, 2, 3, 4) == 3  # 3 back: refused anew, 4 still counted once
+    assert offer(4) == 3

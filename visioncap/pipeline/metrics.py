@@ -52,6 +52,13 @@ class PipelineMetrics:
         self.frames_selected = Counter(
             "visioncap_frames_selected_total", "Frames chosen for a caption.", ["camera", "reason"], registry=r
         )
+        self.events_undescribed = Counter(
+            "visioncap_event_tracks_undescribed_total",
+            "Tracks whose event gets no description (caption.events): the camera already kept frames of "
+            "MAX_TRACKS (256) tracks; their frames are still captioned.",
+            ["camera"],
+            registry=r,
+        )
         self.captions = Counter("visioncap_captions_total", "Captions stored.", ["camera"], registry=r)
         self.caption_failures = Counter(
             "visioncap_caption_failures_total", "Caption attempts that failed.", ["camera", "kind"], registry=r

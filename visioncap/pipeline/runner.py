@@ -477,8 +477,11 @@ class PipelineRunner:
         for selected in selections:
             self._submit(camera, selected)
         if camera.events is not None:
+            untracked = camera.events.untracked
             for event in camera.events.offer(tracked):
                 self._submit_event(camera, event)
+            if camera.events.untracked > untracked:
+                self._metrics.events_undescribed.labels(stats.camera).inc(camera.events.untracked - untracked)
 
     def _flush(self, camera: _Camera) -> None:
         """A camera's stream ended or it stops: what its selector holds, and its events, go to the outbox."""

@@ -60,7 +60,11 @@ class EventFrames:
         self._end_s = end_s
         self._encode = encode
         self._kept: dict[int, _Kept] = {}
-        self.untracked = 0  # tracks not kept because MAX_TRACKS were already
+        # Tracks refused because MAX_TRACKS were kept already (their events get no description); a track counts
+        # once while it stays refused from frame to frame. `_refused` holds the previous frame's, so its bound is
+        # the people in one frame.
+        self.untracked = 0
+        self._refused: set[int] = set()
 
     def offer(self, detection: Detection) -> list[FinishedEvent]:
         """The events (or parts of long stays) that ended by this frame."""
@@ -68,6 +72,7 @@ class EventFrames:
         now = frame.offset_s
         finished: list[FinishedEvent] = []
         seen: set[int] = set()
+        refused: set[int] = set()
         for person in detection.people:
             if person.track_id is None:
                 continue
@@ -75,7 +80,8 @@ class EventFrames:
             kept = self._kept.get(person.track_id)
             if kept is None:
                 if len(self._kept) >= MAX_TRACKS:
-                    self.untracked += 1
+                    refused.add(person.track_id)
+                    self.untracked += person.track_id not in self._refused
                     continue
                 kept = self._kept[person.track_id] = _Kept(frame.camera, now, now, self._keep("first", frame, person))
             elif now - kept.started_s >= self._config.max_duration_s:
@@ -95,6 +101,7 @@ class EventFrames:
                 del self._kept[track_id]
                 if (event := self._finish(track_id, kept, final=True)) is not None:
                     finished.append(event)
+        self._refused = refused
         return finished
 
     def flush(self) -> list[FinishedEvent]:
