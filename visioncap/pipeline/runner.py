@@ -7,12 +7,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from visioncap.caption.client import VlmCaptioner
 from visioncap.caption.encode import compose, encode_jpeg, people_region
@@ -495,15 +495,48 @@ class PipelineRunner:
     def _captured_at(camera: _Camera, frame: Frame) -> datetime:
         return camera.source.time_anchor() + timedelta(seconds=frame.offset_s)
 
+    def _new_caption(
+        self,
+        camera: _Camera,
+        name: str,
+        people: Sequence[PersonBox],
+        image: EncodedImage,
+        frame_size: tuple[int, int],
+        **fields: Any,
+    ) -> NewCaption:
+        """A row to caption, with what every row of this camera's image of these people carries; `fields` add the
+        frame's (or the event's) own."""
+        caption = camera.caption
+        width, height = frame_size
+        return NewCaption(
+            pipeline=self._config.name,
+            camera=name,
+            source=camera.source.description,
+            people=[person.as_dict() for person in people],
+            zone_shapes=camera.selector.zone_shapes(name) or None,
+            image_width=image.width,
+            image_height=image.height,
+            model=self._config.vlm.model,
+            # Boxes are in frame pixels; the API needs these to draw them on the (scaled, maybe cropped) image.
+            frame_width=width,
+            frame_height=height,
+            image_region=list(people_region(people, width, height, caption.crop_padding))
+            if caption.image_mode is ImageMode.CROP and people
+            else None,
+            **fields,
+        )
+
     def _submit(self, camera: _Camera, selected: SelectedFrame) -> None:
         caption = camera.caption
         frame = selected.detection.frame
         picture = compose(frame.image, selected.detection.people, caption.image_mode, caption.crop_padding)
         image = encode_jpeg(picture, caption.max_image_tokens, self._config.vlm.image_token_size, caption.jpeg_quality)
-        new = NewCaption(
-            pipeline=self._config.name,
-            camera=frame.camera,
-            source=camera.source.description,
+        new = self._new_caption(
+            camera,
+            frame.camera,
+            selected.detection.people,
+            image,
+            (frame.image.shape[1], frame.image.shape[0]),
             frame_index=frame.index,
             offset_s=frame.offset_s,
             captured_at=self._captured_at(camera, frame),
@@ -511,23 +544,8 @@ class PipelineRunner:
             event_key=selected.event_key,
             event_ids=list(selected.event_ids),
             score=selected.score,
-            people=[person.as_dict() for person in selected.detection.people],
             zones=[stay.as_dict() for stay in selected.zones],
-            zone_shapes=camera.selector.zone_shapes(frame.camera) or None,
-            image_width=image.width,
-            image_height=image.height,
             image_tokens=image.image_tokens,
-            model=self._config.vlm.model,
-            # Boxes are in frame pixels; the API needs these to draw them on the (scaled, maybe cropped) image.
-            frame_width=frame.image.shape[1],
-            frame_height=frame.image.shape[0],
-            image_region=list(
-                people_region(
-                    selected.detection.people, frame.image.shape[1], frame.image.shape[0], caption.crop_padding
-                )
-            )
-            if caption.image_mode is ImageMode.CROP and selected.detection.people
-            else None,
         )
         result, row_id = self.outbox.put(new, image.jpeg)
         camera.stats.selected += 1
@@ -541,11 +559,12 @@ class PipelineRunner:
         whose files the outbox writes before the row exists."""
         main = event.main
         captured_at = camera.source.time_anchor() + timedelta(seconds=event.ended_s)
-        caption = camera.caption
-        new = NewCaption(
-            pipeline=self._config.name,
-            camera=event.camera,
-            source=camera.source.description,
+        new = self._new_caption(
+            camera,
+            event.camera,
+            (main.person,),
+            main.image,
+            (main.frame_width, main.frame_height),
             frame_index=event.frames[-1].frame_index,
             offset_s=event.ended_s,
             # Not a frame's instant: a camera's rows are one per instant (a re-run of a file finds them), and its
@@ -554,18 +573,8 @@ class PipelineRunner:
             reason=SelectionReason.EVENT_END,
             event_key=event.event_key,
             event_ids=[event.track_id],
-            people=[main.person.as_dict()],
             zones=[stay.as_dict() for stay in event.zones],
-            zone_shapes=camera.selector.zone_shapes(event.camera) or None,
-            image_width=main.image.width,
-            image_height=main.image.height,
             image_tokens=sum(frame.image.image_tokens for frame in event.frames),
-            model=self._config.vlm.model,
-            frame_width=main.frame_width,
-            frame_height=main.frame_height,
-            image_region=list(people_region((main.person,), main.frame_width, main.frame_height, caption.crop_padding))
-            if caption.image_mode is ImageMode.CROP
-            else None,
             frames=[frame.as_dict() for frame in event.frames],
         )
         others = [None if frame is main else frame.image.jpeg for frame in event.frames]
