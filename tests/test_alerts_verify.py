@@ -246,7 +246,7 @@ class WritesWhileAsking:
     def close(self) -> None:
         self.real.close()
 
-    def ask(self, spec: Any, text: str, frames: Any) -> Any:
+    def ask(self, spec: Any, text: str, frames: Any, camera: str | None = None) -> Any:
         # sqlean, the SQLite the store uses: two SQLite libraries in one process do not see each other's locks.
         other = sqlean.connect(str(self.database), timeout=0)
         try:
@@ -257,7 +257,7 @@ class WritesWhileAsking:
             self.writable.append(False)
         finally:
             other.close()
-        return self.real.ask(spec, text, frames)
+        return self.real.ask(spec, text, frames, camera)
 
 
 def test_the_vlm_is_asked_with_no_transaction_open_so_the_pipeline_keeps_writing(

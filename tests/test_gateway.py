@@ -31,9 +31,11 @@ from helpers import REPO, TINY_MODEL
 from PIL import Image
 from taps import Tap, serving
 
+from visioncap.alerts.verify import Verifier
 from visioncap.bench.common.load import background_held, probe_value, upstream_states
 from visioncap.config.gateway import GatewayConfig, TrafficClassConfig
 from visioncap.config.keys import hash_key
+from visioncap.config.verify import VerifySpec, VlmEndpoint
 from visioncap.gateway.images import data_uri_size, image_tokens
 from visioncap.gateway.in_thread import GatewayThread
 from visioncap.gateway.scheduler import SchedulerState
@@ -522,6 +524,35 @@ def test_an_alert_waits_its_own_class_deadline_not_backgrounds(tap: Tap, pool: T
         release_first.set()
         assert first.result(TIMEOUT).status_code == 200 and caption.result(TIMEOUT).status_code == 200
         assert "verify" not in tap.users_seen()
+
+
+def test_a_watch_rules_question_waits_in_the_gateway_no_longer_than_its_rules_deadline(
+    tap: Tap, pool: ThreadPoolExecutor
+) -> None:
+    """The verifier tells the gateway its rule's deadline (X-Visioncap-Deadline-Ms, less a margin): a question that
+    cannot start in time is refused by the gateway (408, never sent to vLLM), not left waiting out the class's 600 s
+    after the verifier has given up on it."""
+    base = config_for(tap.root_url + "/v1", background={"max_concurrency": 1, "min_concurrency": 1, "deadline_s": 600})
+    with GatewayThread(with_alert_key(base, deadline_s=600)) as gw:
+        release_first = tap.hold("first")
+        first = pool.submit(post_chat, gw, BACKGROUND_KEY, chat_body(max_tokens=2, user="first"))
+        tap.wait_for_user("first")
+        verifier = Verifier(VlmEndpoint(base_url=gw.base_url, model=TINY_MODEL), "", ALERT_KEY)
+        frame = io.BytesIO()
+        Image.new("RGB", (64, 48), (90, 90, 160)).save(frame, "JPEG")
+        spec = VerifySpec(question="a person leaves a package at the door", deadline_s=4.0)
+        try:
+            verdict = verifier.ask(spec, "a person at the door", [frame.getvalue()], camera="door")
+        finally:
+            verifier.close()
+            release_first.set()
+        assert verdict.match is None and verdict.error is not None
+        assert "HTTP 408" in verdict.error and "deadline_exceeded" in verdict.error, verdict.error
+        assert gw.call_soon(lambda: gw.gateway.replicas[0].scheduler.state()).waiting == 0
+        metrics = httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text
+        assert metric(metrics, "visioncap_gateway_rejections_total", traffic_class="alert") == 1
+        assert first.result(TIMEOUT).status_code == 200
+    assert tap.users_seen() == ["first"]
 
 
 def test_interactive_traffic_starts_background_at_the_floor_and_healthy_latency_raises_it(

@@ -300,7 +300,7 @@ class AlertEngine:
             self.verifier = watch.Verifier(
                 self._config.vlm, settings.vlm_base_url, settings.vlm_api_key.get_secret_value()
             )
-        return self.verifier.ask(spec, facts.text, frames), len(frames)
+        return self.verifier.ask(spec, facts.text, frames, facts.camera), len(frames)
 
     def _verified(
         self, conn: Connection, rule: AlertRule, row: ChangeRow, facts: CaptionFacts, refused: list[str]

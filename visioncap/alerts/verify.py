@@ -15,11 +15,17 @@ from typing import Any
 import httpx
 from sqlalchemy import Connection, select
 
+from visioncap.caption.client import CAMERA_HEADER, DEADLINE_HEADER
 from visioncap.config.alerts import AlertRule
 from visioncap.config.verify import MAX_REASON_CHARS, VerifySpec, VlmEndpoint
 from visioncap.store.records import CaptionRecord
 
 MAX_FRAME_BYTES = 8_000_000  # a stored frame larger than this is not sent (not one a pipeline writes)
+# The gateway may hold a question in its alert line until this share of its deadline (at most WAIT_MARGIN_MAX_S)
+# is left: one started later could hardly be answered in time, and its refusal (408, it was never sent to the VLM)
+# then reaches us before our own timeout would.
+WAIT_MARGIN = 0.25
+WAIT_MARGIN_MAX_S = 1.0
 
 
 def answer_schema() -> dict[str, Any]:
@@ -121,7 +127,9 @@ class Verifier:
             self._model = str(response.json()["data"][0]["id"])
         return self._model
 
-    def ask(self, spec: VerifySpec, caption: str, frames: Sequence[bytes]) -> Verdict:
+    def ask(self, spec: VerifySpec, caption: str, frames: Sequence[bytes], camera: str | None = None) -> Verdict:
+        """The answer within the rule's deadline; `camera` goes along as a header (the gateway takes turns between
+        cameras in the alert line too)."""
         started = time.monotonic()
 
         def left() -> float:
@@ -148,10 +156,14 @@ class Verifier:
         self.requests += 1
         try:
             body["model"] = self._model_name(max(left(), 0.001))
+            margin = min(WAIT_MARGIN * spec.deadline_s, WAIT_MARGIN_MAX_S)
+            headers = {**self._headers, DEADLINE_HEADER: str(max(0, int((left() - margin) * 1000)))}
+            if camera:
+                headers[CAMERA_HEADER] = camera
             response = self._client.post(
                 f"{self._base_url}/chat/completions",
                 json=body,
-                headers={**self._headers, "X-Visioncap-Deadline-S": f"{max(left(), 0):.3f}"},
+                headers=headers,
                 timeout=max(left(), 0.001),
             )
             latency_ms = (time.monotonic() - started) * 1000

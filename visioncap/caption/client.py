@@ -40,6 +40,8 @@ TRANSIENT_ERRORS = (
 
 
 CAMERA_HEADER = "X-Visioncap-Camera"
+# How long a request may wait in the gateway before it is refused (408), in milliseconds.
+DEADLINE_HEADER = "X-Visioncap-Deadline-Ms"
 # What an event description asks of the frames of one person event.
 EVENT_PROMPT = DEFAULT_EVENT_PROMPT
 
