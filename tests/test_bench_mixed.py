@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from visioncap.bench.common.load import CaptionResult, ChatResult, PhaseResult
+from visioncap.bench.common.load import CaptionResult, ChatResult, PhaseResult, VerifyResult
 from visioncap.bench.common.stats import (
     bootstrap_interval,
     bootstrap_ratio_interval,
@@ -23,7 +23,14 @@ from visioncap.bench.common.stats import (
     ratio,
     summarize,
 )
-from visioncap.bench.common.workload import FramePool, caption_bodies, chat_body, chat_schedule
+from visioncap.bench.common.workload import (
+    VERIFY_ANSWER,
+    FramePool,
+    caption_bodies,
+    chat_body,
+    chat_schedule,
+    verification_bodies,
+)
 from visioncap.bench.mixed.frontier import FrontierPoint, frontier
 from visioncap.bench.mixed.run import GOALS, compute_ratios, evaluate_goals, with_policy
 from visioncap.config.gateway import ImagesConfig
@@ -32,6 +39,13 @@ from visioncap.gateway.images import data_uri_size, image_tokens
 from visioncap.serve.ceiling import ceiling
 
 REPO = Path(__file__).resolve().parents[1]
+ALERT_GOALS = (
+    "alerts_itl_p99_at_1_25",
+    "alerts_ttft_p99_at_1_25",
+    "verify_p99_over_alone",
+    "alerts_captions_over_two_class",
+    "no_late_verifications",
+)
 
 
 def test_percentile_interpolates_like_numpy() -> None:
@@ -329,3 +343,73 @@ def test_a_frontier_point_on_few_samples_is_judged_on_its_upper_bounds_and_the_p
     assert table["2.0"]["on_values"]["gateway_over_vllm"] == pytest.approx(6.0 / 16.0)
     assert table["2.0"]["on_values"]["met"] is False
     assert table["1.25"]["best"]["gateway"] == {"captions_per_s": 1.4, "phase": "S3"}
+
+
+def test_watch_rule_questions_take_one_to_three_frames_in_turn_as_the_verifier_asks() -> None:
+    """The third class's requests: the product's question body (frames, then the prompt; the answer forced through
+    guided decoding), 1, 2, 3 consecutive frames in turn, a stand-in's filler after each image, cameras in turn,
+    the alert priority where no gateway sets it; a last group too short for its count is left out."""
+    uris = FramePool(112, 84, seed=2).take(8)
+    bodies, cameras, counts, groups = verification_bodies(uris, "m", 64, 2, 5, (1, 2, 3), filler="words")
+    assert counts == [1, 2, 3, 1] and cameras == ["cam-1", "cam-2", "cam-1", "cam-2"]
+    assert groups == [uris[:1], uris[1:3], uris[3:6], uris[6:7]]
+    third = json.loads(bodies[2])
+    content = third["messages"][0]["content"]
+    assert [part["type"] for part in content] == [*["image_url", "text"] * 3, "text"]
+    assert [part["image_url"]["url"] for part in content if part["type"] == "image_url"] == uris[3:6]
+    assert content[-1]["text"].startswith("You verify a camera alert")
+    assert (third["model"], third["priority"], third["max_tokens"], third["user"]) == ("m", 5, 64, "cam-1")
+    assert json.loads(third["structured_outputs"]["choice"][0]) == VERIFY_ANSWER
+    # Without a priority or filler: the body the verifier sends, plus the model.
+    [plain] = verification_bodies(uris[:1], "m", 64, 1, None, (1,))[0]
+    assert "priority" not in json.loads(plain)
+    assert [p["type"] for p in json.loads(plain)["messages"][0]["content"]] == ["image_url", "text"]
+
+
+def test_questions_are_counted_from_the_window_each_followed_to_its_answer() -> None:
+    """A question is late when refused for its deadline (408) or answered after it; one sent before the window is
+    not counted; the latency p99 is over answered ones."""
+    questions = [
+        VerifyResult(0, "cam-1", 1, 0.5, 2.0, 200, done_at=0.7),  # before the window
+        VerifyResult(1, "cam-1", 2, 3.0, 2.0, 200, done_at=3.5),
+        VerifyResult(2, "cam-2", 3, 4.0, 2.0, 200, done_at=6.5),  # answered, after its deadline
+        VerifyResult(3, "cam-1", 1, 5.0, 2.0, 408, done_at=6.5, error="deadline"),
+    ]
+    summary = PhaseResult("S", 10.0, 2.0, [], [], 0, 10.0, {}, verifications=questions, verify_dropped_at_client=1)
+    measured = summary.summary()["verifications"]
+    assert (measured["sent"], measured["answered"], measured["late"], measured["dropped_at_client"]) == (3, 2, 2, 1)
+    assert measured["latency_ms"]["n"] == 2 and measured["latency_ms"]["p50"] == pytest.approx(1500.0)
+    assert measured["outcomes"] == {"200": 2, "408": 1} and measured["frames_mean"] == pytest.approx(2.0)
+    assert PhaseResult("S", 10.0, 2.0, [], [], 0, 10.0, {}).summary()["verifications"] is None
+
+
+def _questions(p50: float, p99: float, answered: int = 50, late: int = 0) -> dict:
+    return {"answered": answered, "late": late, "deadline_s": 20.0, "latency_ms": {"p50": p50, "p99": p99}}
+
+
+def test_the_third_class_goals() -> None:
+    """#46 item 3: chat's objectives still met with the questions, their p99 within 2x alone on the same server,
+    captions/s at least 0.6 of the two-class run's, none late; not judged in a run without questions."""
+    summaries = {
+        "S0": _setup(100, 20, chats=300),
+        "S3": _setup(140, 24, 2.0, chats=300),
+        "S3-alerts": {**_setup(145, 24, 1.3, chats=300), "verifications": _questions(300, 900)},
+        "V-alone": {"chat": None, "captions": None, "verifications": _questions(200, 500)},
+        "S2": _setup(500, 200, 1.8),
+        "S2-alerts": {**_setup(520, 210, 1.6), "verifications": _questions(900, 4000)},
+        "V-alone-priority": {"chat": None, "captions": None, "verifications": _questions(210, 480)},
+    }
+    ratios = compute_ratios(summaries, [])
+    assert ratios["s3_alerts_throughput_over_s3"] == pytest.approx(0.65)
+    assert ratios["s3_alerts_verify_p99_over_alone"] == pytest.approx(1.8)
+    assert ratios["s2_alerts_verify_p99_over_alone"] == pytest.approx(4000 / 480)
+    assert ratios["s3_alerts_itl_p99_over_s0"] == pytest.approx(1.2)
+    goals = evaluate_goals(ratios, {}, summaries, None, None)
+    assert [goals[name]["met"] for name in ALERT_GOALS] == [True, True, True, True, True]
+    assert goals["verify_p99_over_alone"]["samples"] == {"S3-alerts": 50, "V-alone": 50}
+    summaries["S3-alerts"] = {**_setup(145, 26, 1.1, chats=300), "verifications": _questions(300, 1100, late=1)}
+    goals = evaluate_goals(compute_ratios(summaries, []), {}, summaries, None, None)
+    assert [goals[name]["met"] for name in ALERT_GOALS] == [False, True, False, False, False]
+    del summaries["S3-alerts"], summaries["V-alone"]
+    goals = evaluate_goals(compute_ratios(summaries, []), {}, summaries, None, None)
+    assert [goals[name]["met"] for name in ALERT_GOALS] == [None] * 5

@@ -783,7 +783,10 @@ def test_a_full_background_line_does_not_refuse_an_alert_and_alerts_have_their_o
     asyncio.run(scenario())
 
 
-def test_under_pacing_an_alert_takes_the_next_start_and_is_never_preempted_for_chat() -> None:
+def test_under_pacing_an_alert_starts_on_borrowed_credit_background_pays_it_back_and_chat_never_preempts_it() -> None:
+    """An alert does not wait for the next paced start: it borrows up to ALERT_BORROW_STARTS, the caption waiting
+    before it waits until the debt is paid (starts stay at the pacer's rate), and a second alert at the debt's
+    limit waits too."""
     clock = FakeClock(100.0)
 
     async def scenario() -> None:
@@ -793,15 +796,22 @@ def test_under_pacing_an_alert_takes_the_next_start_and_is_never_preempted_for_c
         first = await scheduler.acquire("a", 0, deadline_s=3600)  # the credit of now
         caption = asyncio.create_task(scheduler.acquire("b", 0, deadline_s=3600))
         await _waiting(scheduler, 1)
-        alert = asyncio.create_task(scheduler.acquire("c", 0, deadline_s=3600, urgent=True))
-        await _waiting(scheduler, 2)
-        clock.now += 0.5  # one start's credit: the alert's, though the caption waited longer
+        # Credit 0: the alert starts at once on a borrowed start (credit -1), the caption still waits.
+        alert = await asyncio.wait_for(scheduler.acquire("c", 0, deadline_s=3600, urgent=True), 10)
+        second = asyncio.create_task(scheduler.acquire("d", 0, deadline_s=3600, images=2, urgent=True))
+        await _admitted([second], 1)  # credit -1 is the borrowing limit's edge: -1 -> -3
+        third = asyncio.create_task(scheduler.acquire("e", 0, deadline_s=3600, urgent=True))
+        await _waiting(scheduler, 2)  # credit -3: the next alert waits 1 s (to -1), the caption 2 s (to 1)
+        clock.now += 1.0  # credit -1
         scheduler.dispatch()
-        await _admitted([alert, caption], 1)
-        assert alert.done() and not caption.done()
-        clock.now += 0.5
+        await _admitted([third], 1)
+        assert not caption.done()  # credit -2
+        clock.now += 1.5  # credit 1: the caption's start at last, at the pacer's rate over the whole stretch
         scheduler.dispatch()
-        await _admitted([alert, caption], 2)
+        await _admitted([caption], 1)
+        assert len(scheduler.recent_starts) == 5
+        for grant in [second.result(), third.result()]:
+            grant.release()
         # A chat after idle asks the unpaced burst to give way: an alert admitted unpaced stays.
         caps.caps = Caps(8, 10_000, True)
         burst = [await scheduler.acquire(c, 0, deadline_s=10, urgent=c == "u") for c in "uv"]
@@ -811,7 +821,7 @@ def test_under_pacing_an_alert_takes_the_next_start_and_is_never_preempted_for_c
         caps.caps = Caps(8, 10_000, True, starts_per_s=2.0)
         scheduler.preempt_excess(max_age_s=10)
         assert asked == ["v"]
-        for grant in [first, alert.result(), caption.result(), *burst]:
+        for grant in [first, alert, caption.result(), *burst]:
             grant.release()
 
     asyncio.run(scenario())

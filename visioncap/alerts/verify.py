@@ -49,6 +49,28 @@ def prompt(question: str, caption: str) -> str:
     )
 
 
+def question_body(
+    question: str, caption: str, image_urls: Sequence[str], max_tokens: int, forced: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The chat request of one question (no model yet): the frames, then the prompt; the answer guided to the
+    schema, or with `forced` to that one answer (a choice list of one)."""
+    content: list[dict[str, Any]] = [{"type": "image_url", "image_url": {"url": url}} for url in image_urls]
+    content.append({"type": "text", "text": prompt(question, caption)})
+    body: dict[str, Any] = {
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
+    if forced is not None:
+        body["structured_outputs"] = {"choice": [json.dumps(forced, separators=(",", ":"))]}
+    else:
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "verdict", "schema": answer_schema(), "strict": True},
+        }
+    return body
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The VLM's answer (match None: none came, `error` says why)."""
@@ -135,29 +157,14 @@ class Verifier:
         def left() -> float:
             return spec.deadline_s - (time.monotonic() - started)
 
-        content: list[dict[str, Any]] = [
-            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(f).decode()}}
-            for f in frames
-        ]
-        content.append({"type": "text", "text": prompt(spec.question, caption)})
-        body: dict[str, Any] = {
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": self._endpoint.max_tokens,
-            "temperature": 0,
-        }
-        if spec.force_answer is not None:
-            forced = json.dumps(spec.force_answer.model_dump(), separators=(",", ":"))
-            body["structured_outputs"] = {"choice": [forced]}
-        else:
-            body["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "verdict", "schema": answer_schema(), "strict": True},
-            }
+        urls = ["data:image/jpeg;base64," + base64.b64encode(frame).decode() for frame in frames]
+        forced = spec.force_answer.model_dump() if spec.force_answer is not None else None
+        body = question_body(spec.question, caption, urls, self._endpoint.max_tokens, forced)
         self.requests += 1
         try:
             body["model"] = self._model_name(max(left(), 0.001))
-            margin = min(WAIT_MARGIN * spec.deadline_s, WAIT_MARGIN_MAX_S)
-            headers = {**self._headers, DEADLINE_HEADER: str(max(0, int((left() - margin) * 1000)))}
+            wait_s = wait_allowed_s(spec.deadline_s) - (spec.deadline_s - left())
+            headers = {**self._headers, DEADLINE_HEADER: str(int(max(0.0, wait_s) * 1000))}
             if camera:
                 headers[CAMERA_HEADER] = camera
             response = self._client.post(
@@ -190,6 +197,11 @@ class Verifier:
             return _failed(f"the VLM is unreachable: {type(exc).__name__}: {exc}", None)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
             return _failed(f"an answer that is not the schema's: {exc}", (time.monotonic() - started) * 1000)
+
+
+def wait_allowed_s(deadline_s: float) -> float:
+    """How long the gateway may keep a question of this deadline waiting (its X-Visioncap-Deadline-Ms)."""
+    return max(0.0, deadline_s - min(WAIT_MARGIN * deadline_s, WAIT_MARGIN_MAX_S))
 
 
 def _failed(error: str, latency_ms: float | None) -> Verdict:

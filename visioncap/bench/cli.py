@@ -24,6 +24,16 @@ StandInProfile = Annotated[str, typer.Option(help="The stand-in's model profile 
 TargetProfile = Annotated[str, typer.Option(help="The profile it stands in for (its cost model is the target).")]
 
 
+def _frame_counts(text: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: comma-separated whole numbers, e.g. 1,2,3") from None
+    if not counts or not all(1 <= count <= 6 for count in counts):
+        raise typer.BadParameter(f"{text!r}: each count between 1 and 6")
+    return counts
+
+
 @bench_app.command("mixed")
 def mixed_command(
     quick: Annotated[bool, typer.Option("--quick", help="Short phases and one vLLM start (~3 min).")] = False,
@@ -77,6 +87,17 @@ def mixed_command(
             "counts requests.",
         ),
     ] = 1,
+    verify_rate: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Watch rules' questions a second (the third class, 1-3 frames each) in V-alone, S2-alerts and "
+            "S3-alerts; 0 leaves those phases out.",
+        ),
+    ] = 0.5,
+    verify_frames: Annotated[
+        str, typer.Option(help="Frames of the questions in turn, comma-separated (each 1-6).")
+    ] = "1,2,3",
 ) -> None:
     """Interactive chat beside a camera caption flood: S0-S3 in one run, written as JSON, Markdown and a PNG."""
     from visioncap.bench.mixed.main import run_mixed
@@ -101,6 +122,8 @@ def mixed_command(
         "itl_objective_ms": itl_objective_ms,
         "seed": seed,
         "frames_per_caption": frames_per_caption,
+        "verify_rate_per_s": verify_rate,
+        "verify_frames": _frame_counts(verify_frames),
     }
     if duration is not None:
         overrides["duration_s"] = duration

@@ -90,8 +90,8 @@ class TrafficClassConfig(StrictModel):
         description="`interactive`: forwarded at once, its latency measured against the objectives; `background`: "
         "waits in the gateway for the admission controller (concurrency and image-token caps, per-camera round "
         "robin, deadline); `alert` (an alert rule's question to the VLM): waits as background does, in a line of "
-        "its own served first (within the same pacing while chat is active, so never above chat's objectives) "
-        "and never preempted for chat."
+        "its own served first (within the same pacing while chat is active, borrowing up to two starts of its "
+        "credit, which background pays back: never above chat's objectives) and never preempted for chat."
     )
     priority: int = Field(
         ge=INT64_MIN,

@@ -37,20 +37,27 @@ def gateway_config(
     max_tokens_per_image: int,
     pacing: dict[str, Any] | None = None,
     realtime_priority: int | None = None,
+    alert: dict[str, Any] | None = None,
 ) -> GatewayConfig:
     """A gateway with one interactive and one background key, validated as `visioncap gateway` would;
-    `pacing`: the pacing section (None: its defaults); `realtime_priority`: process.realtime_priority."""
+    `pacing`: the pacing section (None: its defaults); `realtime_priority`: process.realtime_priority; `alert`:
+    an alert class too, its `key`, `priority` and `deadline_s`."""
+    classes: dict[str, Any] = {
+        "interactive": {"role": "interactive", "priority": 0},
+        "background": {"role": "background", "priority": background_priority},
+    }
+    keys = [
+        {"name": "bench-chat", "sha256": hash_key(interactive_key), "traffic_class": "interactive"},
+        {"name": "bench-captions", "sha256": hash_key(background_key), "traffic_class": "background"},
+    ]
+    if alert is not None:
+        classes["alert"] = {"role": "alert", "priority": alert["priority"], "deadline_s": alert["deadline_s"]}
+        keys.append({"name": "bench-alerts", "sha256": hash_key(alert["key"]), "traffic_class": "alert"})
     return GatewayConfig.model_validate(
         {
             "upstreams": [{"name": "vllm", "base_url": upstream_base_url, "metrics_poll_s": 0.5}],
-            "classes": {
-                "interactive": {"role": "interactive", "priority": 0},
-                "background": {"role": "background", "priority": background_priority},
-            },
-            "keys": [
-                {"name": "bench-chat", "sha256": hash_key(interactive_key), "traffic_class": "interactive"},
-                {"name": "bench-captions", "sha256": hash_key(background_key), "traffic_class": "background"},
-            ],
+            "classes": classes,
+            "keys": keys,
             "objectives": objectives,
             "background": background,
             "controller": controller,

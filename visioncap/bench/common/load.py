@@ -1,6 +1,7 @@
-"""The load generator: streaming chat users and a caption flood, timed from the client's side.
+"""The load generator: streaming chat users, a caption flood and watch rules' questions (alert verifications), timed
+from the client's side.
 
-One asyncio loop sends both kinds of traffic; every request body is made before the phase starts, so the loop only
+One asyncio loop sends every kind of traffic; every request body is made before the phase starts, so the loop only
 sends, reads and stamps times. The loop's thread runs real-time during a phase where the OS allows it
 (common.client_priority: fair-scheduled, it waited up to 330 ms for a core beside a saturating server, and
 its TTFT p99 measured that wait); each phase records how it ran and the CPU it used. Chat latency is what a user
@@ -20,9 +21,11 @@ from typing import Any
 
 import httpx
 
+from visioncap.alerts.verify import wait_allowed_s
 from visioncap.bench.common.client_priority import fair_thread, realtime_thread
 from visioncap.bench.common.stats import percentile, summarize
 from visioncap.bench.common.workload import ChatTurn
+from visioncap.caption.client import CAMERA_HEADER, DEADLINE_HEADER
 from visioncap.gateway.sse import CountingTransport, StreamObserver, network_reads
 
 READ_TIMEOUT_S = 300.0
@@ -68,6 +71,31 @@ class CaptionResult:
 
 
 @dataclass
+class VerifyResult:
+    """One watch rule's question (an alert verification) of `frames` frames: answered 200 in time, refused, or late
+    (`deadline_s` passed before its answer, whoever kept it waiting)."""
+
+    index: int
+    camera: str
+    frames: int
+    sent_at: float
+    deadline_s: float
+    status: int = 0
+    done_at: float | None = None
+    error: str | None = None
+
+    @property
+    def latency_s(self) -> float | None:
+        return None if self.done_at is None else self.done_at - self.sent_at
+
+    @property
+    def late(self) -> bool:
+        """Not answered within its deadline: refused for it (408) or answered after it."""
+        latency = self.latency_s
+        return self.status == 408 or (latency is not None and latency > self.deadline_s)
+
+
+@dataclass
 class PhaseSpec:
     """One measured set-up: chat turns (arrivals after `warmup_s`), a flood (from 0), for `duration_s`."""
 
@@ -82,6 +110,15 @@ class PhaseSpec:
     flood_bodies: list[bytes] = field(default_factory=list)
     flood_cameras: list[str] = field(default_factory=list)
     flood_max_outstanding: int = 16
+    # Watch rules' questions (a third class): evenly spaced from `interval / 2`, sent until `duration_s`, each
+    # request's frames in `verify_frames`, at most `verify_max_outstanding` at once (more are dropped and counted).
+    verify: Target | None = None
+    verify_rate_per_s: float = 0.0
+    verify_bodies: list[bytes] = field(default_factory=list)
+    verify_cameras: list[str] = field(default_factory=list)
+    verify_frames: list[int] = field(default_factory=list)
+    verify_deadline_s: float = 20.0
+    verify_max_outstanding: int = 4
     chat_grace_s: float = 120.0
     probe_urls: dict[str, str] = field(default_factory=dict)  # name -> URL sampled every probe_interval_s
     probe_interval_s: float = 1.0
@@ -101,6 +138,8 @@ class PhaseResult:
     unsent_flood: list[int] = field(default_factory=list)  # indices of flood bodies never sent
     # How the load generator's thread was scheduled and the CPU seconds it used (common.client_priority).
     client: dict[str, Any] = field(default_factory=dict)
+    verifications: list[VerifyResult] = field(default_factory=list)
+    verify_dropped_at_client: int = 0
 
     def ok_chats(self) -> list[ChatResult]:
         """Chats answered 200 with a first token and no error: the ones every latency figure is taken over."""
@@ -155,13 +194,39 @@ class PhaseResult:
             "wall_s": self.wall_s,
             "chat": chat,
             "captions": captions,
+            "verifications": self._verify_summary(),
             "client": self.client,
+        }
+
+    def _verify_summary(self) -> dict[str, Any] | None:
+        """The questions sent in the measured window (after `warmup_s`): each is followed to its answer, so a slow
+        one counts as slow, not as missing."""
+        if not self.verifications and not self.verify_dropped_at_client:
+            return None
+        measured = [v for v in self.verifications if v.sent_at >= self.warmup_s]
+        answered = [v for v in measured if v.status == 200 and v.latency_s is not None]
+        statuses: dict[str, int] = {}
+        for question in measured:
+            key = str(question.status) if question.status else (question.error or "unknown")
+            statuses[key] = statuses.get(key, 0) + 1
+        window = self.duration_s - self.warmup_s
+        return {
+            "sent": len(measured),
+            "dropped_at_client": self.verify_dropped_at_client,
+            "answered": len(answered),
+            "answered_per_s": len(answered) / window if window > 0 else None,
+            "frames_mean": _mean([v.frames for v in measured]),
+            "latency_ms": summarize([v.latency_s for v in answered if v.latency_s is not None], 1000),
+            "late": sum(1 for v in measured if v.late),
+            "deadline_s": measured[0].deadline_s if measured else None,
+            "outcomes": statuses,
         }
 
     def raw(self) -> dict[str, Any]:
         return {
             "chats": [asdict(c) for c in self.chats],
             "captions": [{**asdict(c), "latency_s": c.latency_s} for c in self.captions],
+            "verifications": [{**asdict(v), "latency_s": v.latency_s, "late": v.late} for v in self.verifications],
             "probes": self.probes,
         }
 
@@ -187,6 +252,9 @@ class _Phase:
         self.dropped = 0
         self.offered = 0  # flood bodies whose turn came (sent or dropped)
         self.dropped_indices: list[int] = []
+        self.verifications: list[VerifyResult] = []
+        self.verify_outstanding = 0
+        self.verify_dropped = 0
         self.probes: dict[str, list[tuple[float, Any]]] = {name: [] for name in spec.probe_urls}
 
     def now(self) -> float:
@@ -197,7 +265,9 @@ class _Phase:
         self.t0 = time.perf_counter()
         chat_tasks: list[asyncio.Task[None]] = []
         flood_tasks: set[asyncio.Task[None]] = set()
+        verify_tasks: list[asyncio.Task[None]] = []
         flooder = asyncio.create_task(self._flood(flood_tasks)) if spec.flood is not None else None
+        verifier = asyncio.create_task(self._verify(verify_tasks)) if spec.verify is not None else None
         prober = asyncio.create_task(self._probe()) if spec.probe_urls else None
         try:
             if spec.chat is not None:
@@ -209,13 +279,16 @@ class _Phase:
             remaining = spec.duration_s - self.now()
             if remaining > 0:
                 await asyncio.sleep(remaining)
-            if chat_tasks:  # the flood keeps running until the last measured chat has finished
-                _, pending = await asyncio.wait(chat_tasks, timeout=spec.chat_grace_s)
+            if verifier is not None:
+                await verifier  # sends nothing after duration_s
+            # The flood keeps running until the last measured chat and question have their answers.
+            if measured := chat_tasks + verify_tasks:
+                _, pending = await asyncio.wait(measured, timeout=spec.chat_grace_s)
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         finally:
-            for background in (flooder, prober):
+            for background in (flooder, prober, verifier):
                 if background is not None:
                     background.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -233,6 +306,8 @@ class _Phase:
             self.now(),
             self.probes,
             self.dropped_indices + list(range(self.offered, len(spec.flood_bodies))),
+            verifications=sorted(self.verifications, key=lambda v: v.index),
+            verify_dropped_at_client=self.verify_dropped,
         )
 
     async def _chat(self, turn: ChatTurn, body: bytes) -> None:
@@ -316,6 +391,50 @@ class _Phase:
             result.error = f"{type(exc).__name__}"
         finally:
             self.outstanding -= 1
+
+    async def _verify(self, tasks: list[asyncio.Task[None]]) -> None:
+        spec = self.spec
+        interval = 1.0 / spec.verify_rate_per_s
+        for index, body in enumerate(spec.verify_bodies):
+            at = (index + 0.5) * interval
+            if at >= spec.duration_s:
+                return
+            delay = at - self.now()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if self.verify_outstanding >= spec.verify_max_outstanding:
+                self.verify_dropped += 1  # the alerts engine still waits for its earlier questions
+                continue
+            tasks.append(asyncio.create_task(self._question(index, body)))
+
+    async def _question(self, index: int, body: bytes) -> None:
+        spec = self.spec
+        assert spec.verify is not None
+        camera = spec.verify_cameras[index] if index < len(spec.verify_cameras) else "cam"
+        frames = spec.verify_frames[index] if index < len(spec.verify_frames) else 1
+        result = VerifyResult(index, camera, frames, self.now(), spec.verify_deadline_s)
+        self.verifications.append(result)
+        self.verify_outstanding += 1
+        # As the alerts engine's verifier sends it: its camera, and how long the gateway may keep it waiting.
+        headers = {
+            **spec.verify.headers,
+            "content-type": "application/json",
+            CAMERA_HEADER: camera,
+            DEADLINE_HEADER: str(int(wait_allowed_s(spec.verify_deadline_s) * 1000)),
+        }
+        try:
+            response = await self.client.post(f"{spec.verify.base_url}/chat/completions", content=body, headers=headers)
+            result.status = response.status_code
+            result.done_at = self.now()
+            if response.status_code != 200:
+                result.error = response.text[:200]
+        except asyncio.CancelledError:
+            result.error = "cancelled (still waiting after the grace period)"
+            raise
+        except httpx.HTTPError as exc:
+            result.error = f"{type(exc).__name__}"
+        finally:
+            self.verify_outstanding -= 1
 
     async def _probe(self) -> None:
         while True:

@@ -16,6 +16,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from visioncap.alerts.verify import question_body
 from visioncap.bench.common.stats import poisson_arrivals, uniform_int
 from visioncap.caption.encode import jpeg_data_uri
 
@@ -226,3 +227,50 @@ def caption_bodies(
         bodies.append(json.dumps(body, separators=(",", ":")).encode("utf-8"))
         names.append(camera)
     return bodies, names
+
+
+# A watch rule's question and the caption it is asked about; the answer is forced to one of this length (a choice
+# list of one, through guided decoding as the product's verifier sends it) so every question decodes the same.
+VERIFY_QUESTION = "a person leaves a package at the front door"
+VERIFY_CAPTION = "a person walking to the front door carrying a box"
+VERIFY_ANSWER = {"match": False, "reason": "the person is walking near the door holding a box and leaves with it"}
+
+
+def verification_bodies(
+    uris: list[str],
+    model: str,
+    max_tokens: int,
+    cameras: int,
+    priority: int | None,
+    frames: Sequence[int],
+    filler: str = "",
+) -> tuple[list[bytes], list[str], list[int], list[list[str]]]:
+    """Encoded watch-rule questions (`visioncap.alerts.verify.question_body`), the n-th of `frames[n % len]`
+    consecutive frames, cameras taking turns; each request's camera, frame count and frames. `filler`: text after
+    each image, as in `caption_body`. A last group too short for its count is left out."""
+    bodies: list[bytes] = []
+    names: list[str] = []
+    counts: list[int] = []
+    groups: list[list[str]] = []
+    at = 0
+    while frames and at + frames[len(bodies) % len(frames)] <= len(uris):
+        count = frames[len(bodies) % len(frames)]
+        group = uris[at : at + count]
+        at += count
+        body = question_body(VERIFY_QUESTION, VERIFY_CAPTION, group, max_tokens, VERIFY_ANSWER)
+        if filler:  # after each image, as a stand-in's frame carries it
+            content = body["messages"][0]["content"]
+            body["messages"][0]["content"] = [
+                part
+                for item in content
+                for part in ([item, {"type": "text", "text": filler}] if item["type"] == "image_url" else [item])
+            ]
+        camera = f"cam-{len(bodies) % max(1, cameras) + 1}"
+        body |= {"model": model, "user": camera}
+        if priority is not None:
+            body["priority"] = priority
+        bodies.append(json.dumps(body, separators=(",", ":")).encode("utf-8"))
+        names.append(camera)
+        counts.append(count)
+        groups.append(group)
+    return bodies, names, counts, groups

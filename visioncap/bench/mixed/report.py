@@ -26,6 +26,8 @@ ROWS = (
     ("S1-idle", "flood alone, direct"),
     ("direct-idle-priority", "flood alone, direct (priority server)"),
     ("S3-idle", "flood alone, gateway"),
+    ("S2-alerts", "chat + flood + questions, vLLM priority"),
+    ("S3-alerts", "chat + flood + questions, gateway"),
 )
 COLORS = {
     "S0": "#333333",
@@ -245,6 +247,42 @@ def host_costs_table(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
+def alerts_table(results: dict[str, Any]) -> str:
+    """The three classes side by side (#46 item 3): chat against S0, captions against the two-class run, the
+    questions against themselves alone on the same server; nothing when the run had no questions."""
+    setups, ratios = results["setups"], results.get("ratios") or {}
+    if "S3-alerts" not in setups and "S2-alerts" not in setups:
+        return ""
+    lines = [
+        "Three classes: watch rules' questions (1-3 frames, forced answer) beside chat and the flood. Chat's p99s "
+        "over S0's, captions/s over the same set-up's without questions, question latency over the same questions "
+        "alone on the same server, one at a time (V-alone*).\n",
+        "| set-up | chat TTFT / ITL p99 vs S0 | captions/s (vs two-class) | questions answered (frames mean) | "
+        "question latency p50 / p99 ms (alone) | p99 vs alone | late / deadline |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, two_class, alone in (("S2-alerts", "S2", "V-alone-priority"), ("S3-alerts", "S3", "V-alone")):
+        summary = setups.get(name)
+        if summary is None:
+            continue
+        key = name.lower().replace("-", "_")
+        captions = summary.get("captions") or {}
+        questions = summary.get("verifications") or {}
+        latency = questions.get("latency_ms") or {}
+        alone_latency = ((setups.get(alone) or {}).get("verifications") or {}).get("latency_ms") or {}
+        ttft, itl = ratios.get(f"{key}_ttft_p99_over_s0"), ratios.get(f"{key}_itl_p99_over_s0")
+        share = ratios.get(f"{key}_throughput_over_{two_class.lower()}")
+        lines.append(
+            f"| {name} | {_f(ttft, 2)}x / {_f(itl, 2)}x "
+            f"| {_f(captions.get('throughput_per_s'), 2)} ({_f(share, 2)}x) "
+            f"| {questions.get('answered', '-')} ({_f(questions.get('frames_mean'), 1)}) "
+            f"| {_f(latency.get('p50'))} / {_f(latency.get('p99'))} ({_f(alone_latency.get('p50'))} / "
+            f"{_f(alone_latency.get('p99'))}) | {_f(ratios.get(f'{key}_verify_p99_over_alone'), 2)}x "
+            f"| {questions.get('late', '-')} / {_f(questions.get('deadline_s'))} s |"
+        )
+    return "\n".join(lines) + "\n\n"
+
+
 def _frames_text(results: dict[str, Any]) -> str:
     """What a caption is when each request carries several frames (`--frames-per-caption`); nothing for one."""
     per = (results.get("options") or {}).get("frames_per_caption", 1)
@@ -278,7 +316,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{_attempts_text(results.get('fidelity_attempts') or [])}{_fidelity_text(results.get('fidelity'))}"
         f"{_frames_text(results)}"
         f"Gateway objectives in S3: {json.dumps(results.get('gateway_objectives'))}.\n\n"
-        f"{table(results)}\n\n{goals_table(results)}\n\n"
+        f"{table(results)}\n\n{alerts_table(results)}{goals_table(results)}\n\n"
         f"{ceiling_text(results)}{frontier_text(results)}"
         f"S0 blocks, gateway / direct p50 per ABBA pair: {pairs}.\n\n"
         f"{host_costs_table(results)}"

@@ -14,6 +14,10 @@
   with them.
 - Gateway overhead: chat alone through the gateway against direct, in alternating blocks (S0 is the direct
   blocks pooled), and single requests one at a time in ABBA pairs.
+- A third class (#46), watch rules' questions of one to three frames at `verify_rate_per_s`: V-alone-priority and
+  V-alone, the questions alone, one at a time, on S2's and on the gateway's server (their latency alone); S2-alerts,
+  S2 with the questions at vLLM priority `alert_priority` (between chat's and the flood's); S3-alerts, S3 with the
+  questions on the gateway's alert key, on a gateway of its own (as cold as S3's).
 
 The machine is shared and noisy, so only ratios between set-ups measured in the same run are claims; the
 absolute numbers are context. vLLM is started twice (FCFS, then priority), or once with `fcfs_restart=False`
@@ -49,6 +53,7 @@ from visioncap.bench.common.workload import (
     chat_body,
     chat_schedule,
     filler_text,
+    verification_bodies,
 )
 from visioncap.bench.mixed.calibrate import calibrate, tokens_per_word
 from visioncap.bench.mixed.frontier import FrontierPoint, frontier
@@ -74,6 +79,12 @@ GOALS = {
     "ceiling_fraction_at_1_25": 0.6,  # S3 captions/s during chat / the deterministic cost-model ceiling
     "idle_throughput": 0.95,  # S3-idle captions/s / S1-idle (work-conserving)
     "frontier_dominance": 1.5,  # the gateway's captions/s / the best vLLM-only configuration at each level
+    # #46 item 3, with the third class: chat's objectives as without it, the questions at most twice as slow as
+    # alone on the same server, at least this share of the two-class run's captions/s, no question past its deadline.
+    "alerts_itl_p99_at_1_25": 1.25,  # S3-alerts chat inter-token p99 / S0
+    "alerts_ttft_p99_at_1_25": 1.5,  # S3-alerts chat TTFT p99 / S0
+    "verify_p99_over_alone": 2.0,  # S3-alerts question latency p99 / V-alone's
+    "alerts_captions_over_two_class": 0.6,  # S3-alerts captions/s / S3's
 }
 # #12 item 3: "every reported p99 rests on >= 200 chats (TTFT) and >= 5,000 gaps (ITL), or bootstrap 95 %
 # intervals with goals judged on the upper bound".
@@ -113,6 +124,17 @@ class MixedOptions:
     frames_per_caption: int = 1
     cameras: int = 4
     background_priority: int = 10
+    # Watch rules' questions (the third class; 0: no phase carries them): this many a second, the n-th of
+    # verify_frames[n % len] frames, its answer forced to a fixed one (guided decoding, as the product's verifier
+    # asks), within verify_deadline_s (the gateway's alert class's default); at vLLM priority alert_priority where no
+    # gateway sets it. An alerts engine waits for its questions: more than verify_max_outstanding at once are dropped.
+    verify_rate_per_s: float = 0.5
+    verify_frames: tuple[int, ...] = (1, 2, 3)
+    verify_max_tokens: int = 64
+    verify_deadline_s: float = 20.0
+    verify_max_outstanding: int = 4
+    alert_priority: int = 5
+    verify_alone_rate_per_s: float = 1.0  # V-alone: one question at a time, at most this many a second
     fcfs_restart: bool = True
     # S0 is the direct blocks pooled: the denominator of every judged ratio. Four ABBA pairs of 62 s give each arm
     # 222 chats at 1/s (the seeded arrivals), S3's 230 s 215: both past JUDGED_SAMPLES with some to spare.
@@ -259,6 +281,7 @@ class Run:
         self.timeline: list[tuple[str, float]] = []
         self._t0 = time.monotonic()
         self._text_seed = 0
+        self.alert_key = new_key()  # the gateways' alert-class key (S3-alerts' questions)
 
     def resize(self, resized: Resized) -> None:
         """New frame size, filler and chat prompt lengths for every set-up from here on (before any is measured)."""
@@ -345,6 +368,21 @@ class Run:
         )
         return [uris[at : at + per] for at in range(0, len(bodies) * per, per)], bodies, cameras
 
+    def questions(
+        self, duration_s: float, rate_per_s: float, priority: int | None
+    ) -> tuple[list[list[str]], PhaseSpec]:
+        """Watch rules' questions for a phase (their frames, one group a request) in a spec's verify fields."""
+        o = self.options
+        count = int(duration_s * rate_per_s) + 1
+        frames = list(o.verify_frames)
+        uris = self.frames.take(sum(frames[index % len(frames)] for index in range(count)))
+        bodies, cameras, counts, groups = verification_bodies(
+            uris, self.model, o.verify_max_tokens, o.cameras, priority, frames, self.filler
+        )
+        spec = PhaseSpec("", 0, 0, verify_rate_per_s=rate_per_s, verify_deadline_s=o.verify_deadline_s)
+        spec.verify_bodies, spec.verify_cameras, spec.verify_frames = bodies, cameras, counts
+        return groups, spec
+
     def phase(
         self,
         name: str,
@@ -357,7 +395,12 @@ class Run:
         schedule_seed: int | None = None,
         gateway: GatewayProcess | None = None,
         flood_rate_per_s: float | None = None,
+        verify: Target | None = None,
+        verify_priority: int | None = None,
+        verify_alone: bool = False,
     ) -> dict[str, Any]:
+        """One measured set-up. `verify`: where watch rules' questions go (at `verify_priority` in their bodies);
+        `verify_alone`: one at a time (their latency alone) at verify_alone_rate_per_s."""
         o = self.options
         duration = duration_s if duration_s is not None else o.duration_s
         warmup = warmup_s if warmup_s is not None else o.warmup_s
@@ -371,6 +414,17 @@ class Run:
             spec.flood = flood
             spec.flood_rate_per_s = flood_rate_per_s if flood_rate_per_s is not None else o.flood_rate_per_s
             uris, spec.flood_bodies, spec.flood_cameras = self.flood(duration + 30, flood_priority)
+        questions: list[list[str]] = []
+        if verify is not None:
+            rate = o.verify_alone_rate_per_s if verify_alone else o.verify_rate_per_s
+            questions, asked = self.questions(duration, rate, verify_priority)
+            spec.verify, spec.verify_rate_per_s, spec.verify_deadline_s = verify, rate, asked.verify_deadline_s
+            spec.verify_bodies, spec.verify_cameras, spec.verify_frames = (
+                asked.verify_bodies,
+                asked.verify_cameras,
+                asked.verify_frames,
+            )
+            spec.verify_max_outstanding = 1 if verify_alone else o.verify_max_outstanding
         # The same probes at the same pace in every phase, so that no set-up carries more of the benchmark's own
         # load than another: vLLM's two load gauges (its whole page costs its API server ~9 ms a read, the
         # gauges ~2 ms) and, where a gateway runs, its /healthz.
@@ -386,6 +440,8 @@ class Run:
             costs_before = cost_snapshot(client, root_url, vllm, others)
             result = run_phase_sync(spec)
             self.frames.give_back([uri for i in result.unsent_flood for uri in uris[i]])
+            sent = {question.index for question in result.verifications}
+            self.frames.give_back([uri for i, group in enumerate(questions) if i not in sent for uri in group])
             load_after = os.getloadavg()[0]
             drained = drain(root_url, gateway.root_url if gateway is not None else None)
             costs = phase_costs(costs_before, cost_snapshot(client, root_url, vllm, others))
@@ -414,6 +470,12 @@ def _line(summary: dict[str, Any]) -> str:
             f"captions {_f(captions['throughput_per_s'], 2)}/s, latency p50/p99 "
             f"{_f(captions['latency_ms']['p50'])}/{_f(captions['latency_ms']['p99'])} ms"
         )
+    questions = summary.get("verifications")
+    if questions:
+        parts.append(
+            f"questions n={questions['answered']}, latency p50/p99 {_f(questions['latency_ms']['p50'])}/"
+            f"{_f(questions['latency_ms']['p99'])} ms, {questions['late']} late"
+        )
     return "; ".join(parts)
 
 
@@ -430,9 +492,10 @@ def measure(options: MixedOptions) -> tuple[dict[str, Any], Run, MixedOptions]:
     started = time.monotonic()
     started_at = datetime.now(UTC)
     options, profile = as_stand_in(options, load_profile(options.profile, options.models_dir))
-    if options.frames_per_caption > 1:
+    images = max(options.frames_per_caption, max(options.verify_frames, default=1) if options.verify_rate_per_s else 1)
+    if images > 1:
         # The stand-in's own flags take one image a prompt.
-        limit = json.dumps({"image": options.frames_per_caption, "video": 0})
+        limit = json.dumps({"image": images, "video": 0})
         profile = with_vllm_flag(profile, "--limit-mm-per-prompt", limit)
     options.work_dir.mkdir(parents=True, exist_ok=True)
     run = Run(options, profile)
@@ -484,6 +547,8 @@ def _priority_setups(run: Run) -> tuple[str, str]:
         keys = new_key(), new_key()
         _overhead(run, server, *keys)
         run.phase("S2", server.root_url, chat=direct, flood=direct, flood_priority=o.background_priority)
+        if o.verify_rate_per_s > 0:
+            _alerts_direct(run, server, "V-alone-priority", "S2-alerts")
         _throttled(run, server, o.background_priority)
         run.extra["gateway_objectives"] = _objectives(run)
         run.extra["ceilings"] = _ceilings(run)
@@ -497,6 +562,8 @@ def _gateway_setups(run: Run, server: VllmServer, keys: tuple[str, str]) -> None
     o = run.options
     objectives = run.extra["gateway_objectives"]
     _gateway_s3(run, server, keys, objectives)
+    if o.verify_rate_per_s > 0:
+        _gateway_alerts(run, server, keys, objectives)
     _gateway_frontier(run, server, keys)
     if o.gw_active_max_image_tokens is not None:
         _gateway_downscale(run, server, keys, objectives, o.gw_active_max_image_tokens)
@@ -546,6 +613,53 @@ def _gateway_s3(run: Run, server: VllmServer, keys: tuple[str, str], objectives:
             flood_rate_per_s=max(0.1, o.steady_fraction * served),
         )
         run.phase("S3-idle", server.root_url, chat=None, flood=captions, duration_s=o.idle_duration_s, gateway=gateway)
+
+
+def _alerts_direct(run: Run, server: VllmServer, alone: str, name: str | None) -> None:
+    """The questions alone on `server`, one at a time (their latency alone), then, when `name` is given, S2's load
+    with the questions at the alert priority, straight to vLLM."""
+    o = run.options
+    direct = Target(server.base_url)
+    run.phase(
+        alone,
+        server.root_url,
+        chat=None,
+        flood=None,
+        duration_s=o.idle_duration_s,
+        verify=direct,
+        verify_priority=o.alert_priority,
+        verify_alone=True,
+    )
+    if name is not None:
+        run.phase(
+            name,
+            server.root_url,
+            chat=direct,
+            flood=direct,
+            flood_priority=o.background_priority,
+            verify=direct,
+            verify_priority=o.alert_priority,
+        )
+
+
+def _gateway_alerts(run: Run, server: VllmServer, keys: tuple[str, str], objectives: dict[str, Any]) -> None:
+    """S3 with the third class, on a gateway of its own (as cold as S3's), after the questions alone on its server."""
+    o = run.options
+    _alerts_direct(run, server, "V-alone", None)
+    config = _gateway_config(run, server.base_url, *keys, objectives)
+    with GatewayProcess(config, o.work_dir, name="gateway-s3-alerts") as gateway:
+        chat, captions = _through(gateway, keys)
+        questions = Target(gateway.base_url, {"authorization": f"Bearer {run.alert_key}"})
+        run.phase(
+            "S3-alerts",
+            server.root_url,
+            chat=chat,
+            flood=captions,
+            gateway=gateway,
+            duration_s=o.s3_duration_s,
+            verify=questions,
+        )
+        run.extra["gateway_metrics_after_s3_alerts"] = _gateway_metrics(gateway.metrics_text())
 
 
 def _gateway_frontier(run: Run, server: VllmServer, keys: tuple[str, str]) -> None:
@@ -786,6 +900,8 @@ def _gateway_config(
         max_tokens_per_image=max_model_pixels_tokens(run.profile),
         pacing=_pacing(run, level) if "ceilings" in run.extra else None,  # the overhead blocks: no background
         realtime_priority=o.gw_realtime_priority,
+        # Declared on every gateway (a class no request uses changes nothing); only S3-alerts sends on its key.
+        alert={"key": run.alert_key, "priority": o.alert_priority, "deadline_s": o.verify_deadline_s},
     )
 
 
@@ -801,6 +917,7 @@ def _gateway_metrics(text: str) -> dict[str, float]:
         "visioncap_gateway_upstream_errors_total",
         "visioncap_gateway_preemptions_total",
         "visioncap_gateway_downscaled_images_total",
+        "visioncap_gateway_queue_wait_seconds",
     )
     values: dict[str, float] = {}
     for line in text.splitlines():
@@ -824,7 +941,7 @@ def _p(summary: dict[str, Any] | None, section: str, metric: str, stat: str) -> 
 def compute_ratios(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, float]]) -> dict[str, Any]:
     s = summaries
     ratios: dict[str, Any] = {}
-    for setup in ("S1", "S2", "S3", "S3-steady", "S3-downscale", "S0-gateway"):
+    for setup in ("S1", "S2", "S3", "S3-steady", "S3-downscale", "S0-gateway", "S2-alerts", "S3-alerts"):
         for metric in ("ttft_ms", "itl_ms"):
             for stat in ("p50", "p99"):
                 key = f"{setup.lower().replace('-', '_')}_{metric.removesuffix('_ms')}_{stat}_over_s0"
@@ -840,6 +957,17 @@ def compute_ratios(summaries: dict[str, dict[str, Any]], pairs: list[dict[str, f
         ratios[f"{setup.lower().replace('-', '_')}_throughput_over_s1"] = ratio(
             _p(s.get(setup), "captions", tput, ""), _p(s.get("S1"), "captions", tput, "")
         )
+    # The third class against the same set-up without it, and its questions against themselves alone.
+    for setup, two_class, alone in (("S2-alerts", "S2", "V-alone-priority"), ("S3-alerts", "S3", "V-alone")):
+        key = setup.lower().replace("-", "_")
+        ratios[f"{key}_throughput_over_{two_class.lower()}"] = ratio(
+            _p(s.get(setup), "captions", tput, ""), _p(s.get(two_class), "captions", tput, "")
+        )
+        for stat in ("p50", "p99"):
+            ratios[f"{key}_verify_{stat}_over_alone"] = ratio(
+                _p(s.get(setup), "verifications", "latency_ms", stat),
+                _p(s.get(alone), "verifications", "latency_ms", stat),
+            )
     if pairs:
         ttft_ratios = [p["gateway_ttft_s"] / p["direct_ttft_s"] for p in pairs if p["direct_ttft_s"] > 0]
         itl_ratios = [p["gateway_itl_s"] / p["direct_itl_s"] for p in pairs if p["direct_itl_s"] > 0]
@@ -903,21 +1031,53 @@ def evaluate_goals(
         "ceiling_frames_per_s": top,
     }
     goals["no_expired_frames"] = _expired_goal(summaries.get("S3-steady"))
+    goals.update(_alert_goals(ratios, bounds, summaries))
     goals["idle_throughput"] = _at_least(ratios.get("s3_idle_throughput_over_s1_idle"), GOALS["idle_throughput"])
     for name in ("overhead_ttft_p50", "overhead_ttft_p99", "overhead_itl_p99"):
         goals[name] = _overhead_goal(overhead, name)
     return goals
 
 
-def _p99_goal(
-    name: str, metric: str, ratios: dict[str, Any], bounds: dict[str, Any], summaries: dict[str, dict[str, Any]]
+def _alert_goals(
+    ratios: dict[str, Any], bounds: dict[str, Any], summaries: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
-    """Goal `name` for S3's `metric` p99 over S0's: on its value where both rest on JUDGED_SAMPLES, else on its
+    """#46 item 3's goals on S3-alerts (none judged in a run without the third class)."""
+    three = summaries.get("S3-alerts")
+    questions = (three or {}).get("verifications") or {}
+    alone = (summaries.get("V-alone") or {}).get("verifications") or {}
+    late = questions.get("late")
+    verify = _at_most(ratios.get("s3_alerts_verify_p99_over_alone"), GOALS["verify_p99_over_alone"])
+    verify["samples"] = {"S3-alerts": questions.get("answered"), "V-alone": alone.get("answered")}
+    return {
+        "alerts_itl_p99_at_1_25": _p99_goal("alerts_itl_p99_at_1_25", "itl", ratios, bounds, summaries, "S3-alerts"),
+        "alerts_ttft_p99_at_1_25": _p99_goal("alerts_ttft_p99_at_1_25", "ttft", ratios, bounds, summaries, "S3-alerts"),
+        "verify_p99_over_alone": verify,
+        "alerts_captions_over_two_class": _at_least(
+            ratios.get("s3_alerts_throughput_over_s3"), GOALS["alerts_captions_over_two_class"]
+        ),
+        "no_late_verifications": {
+            "value": late,
+            "goal": "0 questions answered after their deadline or refused for it (S3-alerts, at the 1.25x objective)",
+            "met": None if late is None else late == 0,
+            "deadline_s": questions.get("deadline_s"),
+        },
+    }
+
+
+def _p99_goal(
+    name: str,
+    metric: str,
+    ratios: dict[str, Any],
+    bounds: dict[str, Any],
+    summaries: dict[str, dict[str, Any]],
+    phase: str = "S3",
+) -> dict[str, Any]:
+    """Goal `name` for `phase`'s `metric` p99 over S0's: on its value where both rest on JUDGED_SAMPLES, else on its
     95 % interval's upper bound (#12 item 3 allows either); the other judgement is kept beside it."""
-    key = f"s3_{metric}_p99_over_s0"
+    key = f"{phase.lower().replace('-', '_')}_{metric}_p99_over_s0"
     value, interval, limit, need = ratios.get(key), bounds.get(key), GOALS[name], JUDGED_SAMPLES[metric]
-    samples = {phase: _p(summaries.get(phase), "chat", f"{metric}_ms", "n") for phase in ("S3", "S0")}
-    enough = _enough_samples(metric, summaries.get("S3"), summaries.get("S0"))
+    samples = {each: _p(summaries.get(each), "chat", f"{metric}_ms", "n") for each in (phase, "S0")}
+    enough = _enough_samples(metric, summaries.get(phase), summaries.get("S0"))
     on_bound = None if interval is None else interval[1] <= limit
     on_value = None if value is None else value <= limit
     unit = "chats" if metric == "ttft" else "gaps"
@@ -927,7 +1087,7 @@ def _p99_goal(
         "samples": samples,
         "goal": f"<= {limit} (on the value: S3 and S0 each rest on >= {need} {unit})"
         if enough
-        else f"<= {limit} (upper bound: fewer than {need} {unit} in S3 or S0)",
+        else f"<= {limit} (upper bound: fewer than {need} {unit} in {phase} or S0)",
         "met": on_value if enough else on_bound,
         "met_on_upper_bound": on_bound,
     }
@@ -942,6 +1102,10 @@ def _enough_samples(metric: str, *summaries: dict[str, Any] | None) -> bool:
 
 def _at_least(value: float | None, limit: float) -> dict[str, Any]:
     return {"value": value, "goal": f">= {limit}", "met": None if value is None else value >= limit}
+
+
+def _at_most(value: float | None, limit: float) -> dict[str, Any]:
+    return {"value": value, "goal": f"<= {limit}", "met": None if value is None else value <= limit}
 
 
 def _dominance_goal(front: dict[str, Any] | None) -> dict[str, Any]:
@@ -1118,6 +1282,7 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
         "gateway_config": run.extra.get("gateway_config"),
         "gateway_metrics_after_s3": run.extra.get("gateway_metrics_after_s3"),
         "gateway_metrics_frontier": run.extra.get("gateway_metrics_frontier"),
+        "gateway_metrics_after_s3_alerts": run.extra.get("gateway_metrics_after_s3_alerts"),
         "setups": run.summaries,
         "overhead_pairs": run.extra.get("overhead_pairs"),
         "overhead_block_pairs": block_pair_ratios(run.summaries, run.extra.get("overhead_blocks")),
