@@ -368,20 +368,17 @@ class Run:
         )
         return [uris[at : at + per] for at in range(0, len(bodies) * per, per)], bodies, cameras
 
-    def questions(
-        self, duration_s: float, rate_per_s: float, priority: int | None
-    ) -> tuple[list[list[str]], PhaseSpec]:
-        """Watch rules' questions for a phase (their frames, one group a request) in a spec's verify fields."""
+    def questions(self, spec: PhaseSpec, target: Target, rate_per_s: float, priority: int | None) -> list[list[str]]:
+        """Watch rules' questions for `spec`'s phase into its verify fields; their frames, one group a request."""
         o = self.options
-        count = int(duration_s * rate_per_s) + 1
+        count = int(spec.duration_s * rate_per_s) + 1
         frames = list(o.verify_frames)
         uris = self.frames.take(sum(frames[index % len(frames)] for index in range(count)))
-        bodies, cameras, counts, groups = verification_bodies(
+        spec.verify_bodies, spec.verify_cameras, spec.verify_frames, groups = verification_bodies(
             uris, self.model, o.verify_max_tokens, o.cameras, priority, frames, self.filler
         )
-        spec = PhaseSpec("", 0, 0, verify_rate_per_s=rate_per_s, verify_deadline_s=o.verify_deadline_s)
-        spec.verify_bodies, spec.verify_cameras, spec.verify_frames = bodies, cameras, counts
-        return groups, spec
+        spec.verify, spec.verify_rate_per_s, spec.verify_deadline_s = target, rate_per_s, o.verify_deadline_s
+        return groups
 
     def phase(
         self,
@@ -417,13 +414,7 @@ class Run:
         questions: list[list[str]] = []
         if verify is not None:
             rate = o.verify_alone_rate_per_s if verify_alone else o.verify_rate_per_s
-            questions, asked = self.questions(duration, rate, verify_priority)
-            spec.verify, spec.verify_rate_per_s, spec.verify_deadline_s = verify, rate, asked.verify_deadline_s
-            spec.verify_bodies, spec.verify_cameras, spec.verify_frames = (
-                asked.verify_bodies,
-                asked.verify_cameras,
-                asked.verify_frames,
-            )
+            questions = self.questions(spec, verify, rate, verify_priority)
             spec.verify_max_outstanding = 1 if verify_alone else o.verify_max_outstanding
         # The same probes at the same pace in every phase, so that no set-up carries more of the benchmark's own
         # load than another: vLLM's two load gauges (its whole page costs its API server ~9 ms a read, the
