@@ -212,9 +212,12 @@ class Stack:
                 page.goto(f"http://127.0.0.1:{self.api_port}/#key={self.keys['VISIONCAP_API_KEY']}")
                 card = page.locator("article.card").first
                 expect(card).to_be_visible(timeout=60_000)
-                image = card.locator("img").first
-                expect(image).to_have_js_property("complete", True, timeout=60_000)
-                assert image.evaluate("img => img.naturalWidth") > 0, "the card's frame did not load"
+                # An <img> without a src yet is `complete` too (the page sets it once the keyed fetch is back).
+                page.wait_for_function(
+                    "() => { const i = document.querySelector('article.card img');"
+                    " return i && i.getAttribute('src') && i.complete && i.naturalWidth > 0; }",
+                    timeout=60_000,
+                )
                 page.screenshot(path=str(self.out / "web-page.png"))
             finally:
                 browser.close()

@@ -423,10 +423,13 @@ def test_an_event_description_shows_the_frames_it_was_written_from(tmp_path: Pat
                     "last seen · 18.0 s · 30 tokens",
                 ]
             )
-            images = shown.locator("img")
-            for number in range(3):
-                expect(images.nth(number)).to_have_js_property("complete", True)
-            widths = images.evaluate_all("(all) => all.map((img) => img.naturalWidth)")
+            # An <img> without a src yet is `complete` too (the page sets it once the keyed fetch is back): wait
+            # for each to have one and to have decoded it.
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('#detail-frames img')]"
+                ".every((img) => img.getAttribute('src') && img.complete && img.naturalWidth > 0)"
+            )
+            widths = shown.locator("img").evaluate_all("(all) => all.map((img) => img.naturalWidth)")
             assert widths == [160, 160, 160]
             # The courier's three captions and this description, oldest first.
             expect(page.locator("#detail-event li")).to_have_count(4)
