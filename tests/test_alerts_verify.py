@@ -22,6 +22,7 @@ from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.service import AlertService
 from visioncap.alerts.verify import Verifier, event_frames
 from visioncap.api import create_app
+from visioncap.caption.client import CAMERA_HEADER, camera_headers
 from visioncap.config.alerts import AlertsConfig
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
@@ -64,7 +65,12 @@ def add_framed(store: CaptionStore, data_dir: Path, camera: str, at: datetime, t
 
 
 def config(
-    base_url: str | None, hook_url: str, cooldown_s: float = 0, from_start: bool = True, **verify: Any
+    base_url: str | None,
+    hook_url: str,
+    cooldown_s: float = 0,
+    from_start: bool = True,
+    cameras: tuple[str, ...] = ("door",),
+    **verify: Any,
 ) -> AlertsConfig:
     return AlertsConfig.model_validate(
         {
@@ -74,7 +80,7 @@ def config(
             "rules": [
                 {
                     "name": "package",
-                    "cameras": ["door"],
+                    "cameras": list(cameras),
                     "min_people": 1,
                     "cooldown_s": cooldown_s,
                     "verify": {"question": "a person leaves a package at the front door", **verify},
@@ -322,6 +328,30 @@ def test_forced_non_match_fires_nothing(
     assert [(d["match"], d["reason"], d["alert_id"], d["error"]) for d in stored] == [
         (False, NO_MATCH["reason"], None, None)
     ] * 2
+
+
+@pytest.mark.vllm
+def test_a_stored_camera_no_header_can_carry_is_asked_about_without_one(
+    vllm_server: VllmServer, site: tuple[CaptionStore, Path], receiver: Receiver
+) -> None:
+    """A row's camera that is no camera id (non-ASCII, from a store written by something else) goes without the
+    camera header: the question is answered and fires, not stored as a failed request."""
+    store, data_dir = site
+    anywhere = config(vllm_server.base_url, receiver.url, cameras=(), force_answer=MATCH)
+    service = AlertService(store.engine, anywhere, data_dir=data_dir)
+    try:
+        row = add_framed(store, data_dir, "entrée", T0, "a person at the door")
+        drain(service)
+    finally:
+        service.stop()
+    assert [(d["caption_id"], d["match"], d["error"]) for d in decisions(store)] == [(row, True, None)]
+    assert [body["caption_id"] for body in receiver.bodies()] == [row]
+
+
+def test_only_camera_ids_go_as_the_camera_header() -> None:
+    assert camera_headers("door-1.a") == {CAMERA_HEADER: "door-1.a"}
+    for unfit in (None, "", "entrée", "door\n", "a b", "x" * 65, "-door"):
+        assert camera_headers(unfit) == {}, unfit
 
 
 @pytest.mark.vllm

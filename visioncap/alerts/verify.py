@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 from sqlalchemy import Connection, select
 
-from visioncap.caption.client import CAMERA_HEADER, DEADLINE_HEADER
+from visioncap.caption.client import DEADLINE_HEADER, camera_headers
 from visioncap.config.alerts import AlertRule
 from visioncap.config.verify import MAX_REASON_CHARS, VerifySpec, VlmEndpoint
 from visioncap.store.records import CaptionRecord
@@ -164,39 +164,42 @@ class Verifier:
         try:
             body["model"] = self._model_name(max(left(), 0.001))
             wait_s = wait_allowed_s(spec.deadline_s) - (spec.deadline_s - left())
-            headers = {**self._headers, DEADLINE_HEADER: str(int(max(0.0, wait_s) * 1000))}
-            if camera:
-                headers[CAMERA_HEADER] = camera
+            headers = {**self._headers, DEADLINE_HEADER: str(int(max(0.0, wait_s) * 1000)), **camera_headers(camera)}
             response = self._client.post(
                 f"{self._base_url}/chat/completions",
                 json=body,
                 headers=headers,
                 timeout=max(left(), 0.001),
             )
-            latency_ms = (time.monotonic() - started) * 1000
-            if response.status_code != 200:
-                return _failed(f"the VLM answered HTTP {response.status_code}: {response.text[:300]}", latency_ms)
-            data = response.json()
-            usage = data.get("usage") or {}
-            text = data["choices"][0]["message"]["content"] or ""
-            answer = json.loads(text)
-            match, why = answer.get("match"), answer.get("reason")
-            if not isinstance(match, bool):
-                return _failed(f"no boolean `match` in the answer: {text[:300]!r}", latency_ms)
-            return Verdict(
-                match,
-                str(why)[:MAX_REASON_CHARS] if why is not None else None,
-                latency_ms,
-                usage.get("prompt_tokens"),
-                usage.get("completion_tokens"),
-                None,
-            )
         except httpx.TimeoutException:
             return _failed(f"deadline: no answer within {spec.deadline_s:g} s", (time.monotonic() - started) * 1000)
         except httpx.HTTPError as exc:
             return _failed(f"the VLM is unreachable: {type(exc).__name__}: {exc}", None)
         except (ValueError, KeyError, IndexError, TypeError) as exc:
-            return _failed(f"an answer that is not the schema's: {exc}", (time.monotonic() - started) * 1000)
+            # The model list not as vLLM answers it, or a value httpx cannot send: the question was never asked.
+            return _failed(f"the question could not be sent: {type(exc).__name__}: {exc}", None)
+        latency_ms = (time.monotonic() - started) * 1000
+        if response.status_code != 200:
+            return _failed(f"the VLM answered HTTP {response.status_code}: {response.text[:300]}", latency_ms)
+        # Only the answer's parsing is the schema's business: an error building the request is not hidden as one.
+        try:
+            data = response.json()
+            usage = data.get("usage") or {}
+            text = data["choices"][0]["message"]["content"] or ""
+            answer = json.loads(text)
+            match, why = answer.get("match"), answer.get("reason")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            return _failed(f"an answer that is not the schema's: {exc}", latency_ms)
+        if not isinstance(match, bool):
+            return _failed(f"no boolean `match` in the answer: {text[:300]!r}", latency_ms)
+        return Verdict(
+            match,
+            str(why)[:MAX_REASON_CHARS] if why is not None else None,
+            latency_ms,
+            usage.get("prompt_tokens") if isinstance(usage, dict) else None,
+            usage.get("completion_tokens") if isinstance(usage, dict) else None,
+            None,
+        )
 
 
 def wait_allowed_s(deadline_s: float) -> float:

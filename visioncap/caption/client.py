@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -24,6 +25,7 @@ from pydantic import ValidationError
 from visioncap.caption.encode import jpeg_data_uri
 from visioncap.caption.structured import StructuredCaption, response_format
 from visioncap.config.caption import DEFAULT_EVENT_PROMPT, CaptionConfig
+from visioncap.config.sources import CAMERA_ID_PATTERN
 from visioncap.config.vlm import VlmConfig
 from visioncap.errors import ConfigError, VlmUnavailableError
 from visioncap.frames import Caption
@@ -42,8 +44,16 @@ TRANSIENT_ERRORS = (
 CAMERA_HEADER = "X-Visioncap-Camera"
 # How long a request may wait in the gateway before it is refused (408), in milliseconds.
 DEADLINE_HEADER = "X-Visioncap-Deadline-Ms"
+_CAMERA_ID = re.compile(CAMERA_ID_PATTERN)
 # What an event description asks of the frames of one person event.
 EVENT_PROMPT = DEFAULT_EVENT_PROMPT
+
+
+def camera_headers(camera: str | None) -> dict[str, str]:
+    """The camera header for a camera id the config could have named, else none: a stored row's camera from
+    elsewhere (non-ASCII, a path) cannot be a header value, and the gateway then takes turns by the key's camera
+    instead of refusing the request for a name that was never one of its cameras."""
+    return {CAMERA_HEADER: camera} if camera and _CAMERA_ID.fullmatch(camera) else {}
 
 
 class CaptionError(Exception):
@@ -176,7 +186,7 @@ class VlmCaptioner:
                 max_tokens=max_tokens,
                 temperature=self._caption.temperature,
                 extra_body=self._vlm.extra_body or None,
-                extra_headers={CAMERA_HEADER: camera} if camera else None,
+                extra_headers=camera_headers(camera) or None,
                 **extras,
             )
         except TRANSIENT_ERRORS as exc:

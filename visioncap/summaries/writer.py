@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 
 import httpx
 
-from visioncap.caption.client import CAMERA_HEADER
+from visioncap.caption.client import camera_headers
 from visioncap.config.summaries import SummariesConfig
 from visioncap.errors import VisioncapError
 from visioncap.summaries import chunking
@@ -72,7 +72,7 @@ class SummaryWriter:
             "temperature": self.config.temperature,
         }
         # The gateway takes turns between cameras by this header (and checks a camera-bound key against it).
-        headers = {CAMERA_HEADER: camera} if camera else None
+        headers = camera_headers(camera) or None
         try:
             response = self._client.post(self._url, json=body, headers=headers)
         except httpx.HTTPError as exc:
