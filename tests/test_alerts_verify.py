@@ -20,6 +20,7 @@ from visioncap.alerts.decisions import DECISIONS
 from visioncap.alerts.engine import AlertEngine
 from visioncap.alerts.metrics import AlertMetrics
 from visioncap.alerts.service import AlertService
+from visioncap.alerts.store import add_alert
 from visioncap.alerts.verify import Verifier, event_frames
 from visioncap.api import create_app
 from visioncap.caption.client import CAMERA_HEADER, camera_headers
@@ -431,4 +432,42 @@ def test_a_candidate_is_judged_once_a_page_not_again_in_its_transaction(site: tu
         ("a parcel", "two"),
         ("a person leaves a package", "two"),
     ]
+    assert decisions(store) == []
+
+
+def test_a_cooling_candidate_is_not_embedded_for_its_question(site: tuple[CaptionStore, Path]) -> None:
+    """The similarity pre-filter (an embedding, the costly part) runs only for candidates the cheap look-ups leave:
+    captions inside the rule's cooldown of an alert already fired are neither embedded for the question nor asked."""
+    store, data_dir = site
+    asked: list[str] = []
+
+    def similarity(rule_text: str, caption: str) -> float:
+        asked.append(caption)
+        return 0.1
+
+    alerts = AlertsConfig.model_validate(
+        {
+            "start_at_beginning": True,
+            "rules": [
+                {
+                    "name": "package",
+                    "cameras": ["door"],
+                    "cooldown_s": 60,
+                    "verify": {"question": "a person leaves a package", "min_similarity": 0.9},
+                }
+            ],
+        }
+    )
+    with store.engine.begin() as conn:
+        add_alert(
+            conn,
+            {"rule": "package", "camera": "door", "caption_id": 0, "captured_at": T0, "caption": "x"}
+            | {"people_count": 1},
+        )
+    engine = AlertEngine(store.engine, alerts, AlertMetrics(), similarity=lambda: similarity, data_dir=data_dir)
+    add_framed(store, data_dir, "door", T0 + timedelta(seconds=5), "cooling")
+    add_framed(store, data_dir, "door", T0 + timedelta(seconds=90), "past the cooldown")
+    while engine.run_once() > 0:
+        pass
+    assert asked == ["past the cooldown"]
     assert decisions(store) == []

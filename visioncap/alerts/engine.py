@@ -243,8 +243,8 @@ class AlertEngine:
         return fired
 
     def _ask_first(self, rules: list[AlertRule], rows: list[ChangeRow]) -> None:
-        """Ask the watch rules' questions about this page's candidates: each candidate's checks and frames read in
-        one short connection, the VLM asked with none open. A candidate the page's own earlier answers put in a
+        """Ask the watch rules' questions about this page's candidates: each candidate's checks, then its frames,
+        read in short connections, the VLM asked with none open. A candidate the page's own earlier answers put in a
         rule's cooldown is not asked (the page's transaction finds it cooling too)."""
         self._answers, self._matched = {}, {}
         watched = [rule for rule in rules if rule.verify is not None]
@@ -262,14 +262,16 @@ class AlertEngine:
                 earlier = matched.get((rule.name, facts.camera), [])
                 if rule.cooldown_s > 0 and any(abs(facts.captured_at - at) < window for at in earlier):
                     continue
-                if not self._similar_enough(rule, facts):
-                    self._answers[key] = None
-                    continue
                 with self._engine.connect() as conn:
                     if store.fired_before(conn, rule.name, facts.caption_id):
                         continue
                     if store.cooling(conn, rule, facts.camera, facts.captured_at):
                         continue
+                # The embedding only for a candidate the look-ups left, and with no connection held meanwhile.
+                if not self._similar_enough(rule, facts):
+                    self._answers[key] = None
+                    continue
+                with self._engine.connect() as conn:
                     frames = self._frames(conn, rule, row, facts)
                 answer = self._answers[key] = self._ask(rule, facts, frames)
                 if answer[0].match:
