@@ -810,6 +810,9 @@ def test_under_pacing_an_alert_starts_on_borrowed_credit_background_pays_it_back
         scheduler.dispatch()
         await _admitted([caption], 1)
         assert len(scheduler.recent_starts) == 5
+        # What each took before the pacer gave it (the gateway's borrowed-starts counter adds these up).
+        grants = [first, alert, second.result(), third.result(), caption.result()]
+        assert [grant.borrowed for grant in grants] == [0.0, 1.0, 2.0, 1.0, 0.0]
         for grant in [second.result(), third.result()]:
             grant.release()
         # A chat after idle asks the unpaced burst to give way: an alert admitted unpaced stays.

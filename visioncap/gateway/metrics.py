@@ -144,6 +144,13 @@ class GatewayMetrics:
             ["upstream"],
             registry=r,
         )
+        self.borrowed_starts = Counter(
+            "visioncap_gateway_borrowed_starts_total",
+            "Starts of pacer credit taken before the pacer gave them (a request of several frames spends one a frame; "
+            "an alert may start up to two ahead), paid back by the background starts after it.",
+            ["upstream", "traffic_class"],
+            registry=r,
+        )
         self.learnt_share = Gauge(
             "visioncap_gateway_learnt_gap_share",
             "The learnt model's share of interactive inter-token gaps above the objective: `base` among gaps near "

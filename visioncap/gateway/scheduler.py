@@ -90,6 +90,7 @@ class Grant:
     preempt: Callable[[], object] | None = field(default=None, repr=False)
     preempted: bool = False
     paced: bool = False  # admitted at the pacer's rate beside chat (not in an unpaced burst while chat was idle)
+    borrowed: float = 0.0  # starts of pacer credit not yet given that it took (an alert's; background pays them)
     _released: bool = False
 
     @property
@@ -369,7 +370,9 @@ class BackgroundScheduler:
         if caps.starts_per_s is not None:
             # Into debt for a request of several frames: the starts after it wait until the pacer's rate of frames
             # has paid for each.
-            self._credit -= max(1, grant.images)
+            spent = max(1, grant.images)
+            grant.borrowed = spent - min(float(spent), max(0.0, self._credit))
+            self._credit -= spent
         grant.admitted_at = self._clock()
         grant.paced = caps.starts_per_s is not None
         self._last_start = grant.admitted_at

@@ -492,6 +492,8 @@ class Gateway:
                 self.metrics.rejections.labels(class_name, RefusalReason.CLIENT_GONE).inc()
                 return Response(status_code=499)
             self.metrics.queue_wait.labels(class_name).observe(grant.waited_s)
+            if grant.borrowed:
+                self.metrics.borrowed_starts.labels(replica.name, class_name).inc(grant.borrowed)
             replica.controller.background_started(self.clock())
             self.metrics.in_flight.labels(class_name).inc()
             self.metrics.image_tokens.labels(class_name).inc(grant.tokens)
