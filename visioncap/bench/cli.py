@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Annotated, Any
@@ -135,6 +136,31 @@ def mixed_command(
     typer.echo("")
     typer.echo(goals_table(results))
     typer.echo(f"\nwrote {', '.join(results.get('files', {}).values())} in {results['wall_s']:.0f} s")
+
+
+@bench_app.command("mixed-series")
+def mixed_series_command(
+    runs: Annotated[list[Path], typer.Argument(help="Consecutive runs' mixed.json files, oldest first.")],
+    out: Annotated[
+        Path | None, typer.Option(help="Write the judgement here as JSON, and as Markdown beside it (.md).")
+    ] = None,
+) -> None:
+    """Judge consecutive `bench mixed` runs together (#46 item 4): every goal met in each of three, S3's captions/s
+    within 20 % of their mean. Exits 1 when not met."""
+    from visioncap.bench.mixed.consistency import judge_series, load_runs, series_report
+
+    try:
+        loaded = load_runs(runs)
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"a run's file could not be read: {exc}") from None
+    judged = judge_series(loaded, [path.name for path in runs])
+    report = series_report(judged)
+    typer.echo(report)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(judged, indent=2) + "\n")
+        out.with_suffix(".md").write_text(report)
+    raise typer.Exit(0 if judged["met"] else 1)
 
 
 @bench_app.command("fidelity")

@@ -114,7 +114,8 @@ def goals_table(results: dict[str, Any]) -> str:
     for name, goal in results["goals"].items():
         value = goal["value"]
         if isinstance(value, dict):
-            shown = ", ".join(f"{k.replace('_over_s0', '')} {_f(v, 2)}x" for k, v in value.items())
+            unit = goal.get("unit", "x")
+            shown = ", ".join(f"{k.replace('_over_s0', '')} {_f(v, 2)}{unit}" for k, v in value.items())
         else:
             shown = _f(value, 3)
         met = {True: "yes", False: "**no**", None: "-"}[goal["met"]]

@@ -55,6 +55,7 @@ from visioncap.bench.common.workload import (
     filler_text,
     verification_bodies,
 )
+from visioncap.bench.mixed import consistency
 from visioncap.bench.mixed.calibrate import calibrate, tokens_per_word
 from visioncap.bench.mixed.frontier import FrontierPoint, frontier
 from visioncap.bench.mixed.phase_costs import phase_costs, vllm_pids
@@ -1022,6 +1023,7 @@ def evaluate_goals(
         "ceiling_frames_per_s": top,
     }
     goals["no_expired_frames"] = _expired_goal(summaries.get("S3-steady"))
+    goals.update(consistency.run_goals(summaries, front))
     goals.update(_alert_goals(ratios, bounds, summaries))
     goals["idle_throughput"] = _at_least(ratios.get("s3_idle_throughput_over_s1_idle"), GOALS["idle_throughput"])
     for name in ("overhead_ttft_p50", "overhead_ttft_p99", "overhead_itl_p99"):
