@@ -1,11 +1,13 @@
 """Write the keys a docker-compose deployment needs: `python3 deploy/keys.py` (any Python 3.11, standard library).
 
 Makes .env from .env.example when there is none, and fills in, with new random values, every key that is empty
-there: vLLM's key, the pipeline's captions key, Ask's key, an API key for the web page (its sha256 in
-VISIONCAP_API_KEYS; the key itself is printed once), and with --postgres the PostgreSQL password and the database
-URL. The gateway file (a copy of pipelines/compose-gateway.yaml with the published demo keys' hashes replaced by
-those of the new captions and Ask keys) goes to data/compose/gateway.yaml, named by VISIONCAP_GATEWAY_FILE.
-Keys already set are kept: running it again changes nothing. --json prints every new key (for scripts, tests).
+there: vLLM's key, the pipeline's captions key, Ask's key, the alerts service's key, an API key for the web page
+(its sha256 in VISIONCAP_API_KEYS; the key itself is printed once), and with --postgres the PostgreSQL password
+and the database URL. The gateway file (a copy of pipelines/compose-gateway.yaml with the published demo keys'
+hashes replaced by those of the captions, Ask and alerts keys) goes to data/compose/gateway.yaml, named by
+VISIONCAP_GATEWAY_FILE. Keys already set are kept: running it again changes nothing but what a newer release
+added (after an upgrade: its new keys, and the gateway file made again from its template with the same keys).
+--json prints every new key (for scripts, tests).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 GATEWAY_HASHES = {
     "f1eefe40ea727c7199f969578bf94bbc10411d36d7c70e62d4af33ba17964972": "VISIONCAP_ASK_KEY",  # chat-ui
     "88c69c6d477631a08faa10a34e7848e791473a3855bd11684ef3ff59c8ba9a9b": "VISIONCAP_CAPTIONS_KEY",  # captions
+    "1f172170bcde18843f0a8fb2d066d5578f7d96f9357af642efe171b1cf4572cc": "VISIONCAP_ALERTS_KEY",  # alerts
 }
 _LINE = re.compile(r"^#?\s?([A-Z][A-Z0-9_]*)=(.*)$")
 
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ensure("VLLM_API_KEY", secrets.token_hex(32))
     ensure("VISIONCAP_CAPTIONS_KEY", "vc-" + secrets.token_urlsafe(24))
     ensure("VISIONCAP_ASK_KEY", "vc-" + secrets.token_urlsafe(24))
+    ensure("VISIONCAP_ALERTS_KEY", "vc-" + secrets.token_urlsafe(24))
     if not current.get("VISIONCAP_API_KEYS") or current["VISIONCAP_API_KEYS"] == "[]":
         api_key = "vca-" + secrets.token_urlsafe(24)
         entry = [{"name": "ui", "sha256": sha256(api_key), "scopes": ["read", "write"]}]

@@ -50,7 +50,8 @@ LEFT_OUT = {
     "VISIONCAP_DATA_DIR": "the compose file sets it (/data, the volume); a service's `environment` wins over .env",
     "VISIONCAP_DATABASE_URL": "set: deploy/keys.py --postgres writes it, and every service reaches PostgreSQL by it",
     "VISIONCAP_VLM_BASE_URL": "the compose file sets it (the gateway's address on the compose network)",
-    "VISIONCAP_VLM_API_KEY": "the compose file sets it from VISIONCAP_CAPTIONS_KEY, which keys.py writes",
+    "VISIONCAP_VLM_API_KEY": "the compose file sets it from VISIONCAP_CAPTIONS_KEY (the alerts service's from "
+    "VISIONCAP_ALERTS_KEY), which keys.py writes",
     "VISIONCAP_ASK_VLM_API_KEY": "the compose file sets it from VISIONCAP_ASK_KEY, which keys.py writes",
     "VISIONCAP_API_KEYS": "set: keys.py writes it, and the test's every API call uses its key",
     "VISIONCAP_SERVER_PYTHON": "the vLLM server runs in its own container, not from the app's image",

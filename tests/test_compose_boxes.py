@@ -31,6 +31,7 @@ TWO_BOXES = {
     "GATEWAY_BIND": "0.0.0.0",
     "VISIONCAP_GPU_GATEWAY_URL": "http://gpu-1.example.lan:8080/v1",
     "VISIONCAP_ASK_KEY": "vc-test-ask-key",
+    "VISIONCAP_ALERTS_KEY": "vc-test-alerts-key",
     "VISIONCAP_NFS_SERVER": "nas.example.lan",
     "VISIONCAP_NFS_EXPORT": "/srv/visioncap",
 }

@@ -44,6 +44,7 @@ KEYS = {
     "VLLM_API_KEY": "test-vllm-key-0123456789",
     "VISIONCAP_CAPTIONS_KEY": "vc-test-captions-key",
     "VISIONCAP_ASK_KEY": "vc-test-ask-key",
+    "VISIONCAP_ALERTS_KEY": "vc-test-alerts-key",
 }
 PROFILES = ("qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen3-vl-4b", "qwen3-vl-8b", "smolvlm")
 
@@ -447,6 +448,7 @@ ENV_SENTINELS = {
     "VISIONCAP_ALERTS_FILE": "./sentinel-alerts.yaml",
     "VISIONCAP_API_KEYS": '[{"name": "sentinel-ui", "sha256": "ab", "scopes": ["read"]}]',
     "VISIONCAP_ASK_KEY": "sentinel-ask-key",
+    "VISIONCAP_ALERTS_KEY": "sentinel-alerts-key",
     "VISIONCAP_CAPTIONS_KEY": "sentinel-captions-key",
     "VLLM_API_KEY": "sentinel-vllm-key",
     "VISIONCAP_CPU_PROFILE": "sentinel-cpu-profile",
@@ -482,6 +484,7 @@ ONE_BOX = {
     "VISIONCAP_ALERTS_FILE": {"alerts"},
     "VISIONCAP_API_KEYS": {"api"},
     "VISIONCAP_ASK_KEY": {"api"},
+    "VISIONCAP_ALERTS_KEY": {"alerts"},
     "VISIONCAP_CAPTIONS_KEY": {"api", "pipeline"},
     "VLLM_API_KEY": {"gateway", "vllm"},
     "VISIONCAP_DATABASE_URL": APPS,

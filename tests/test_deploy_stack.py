@@ -19,6 +19,7 @@ check (`podman healthcheck run`, the command compose gave it) and starts the ser
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -243,11 +244,40 @@ def require_tools() -> None:
     skip_unless_gstreamer()
 
 
-def write_env(workdir: Path, api_port: int, gateway_port: int) -> dict[str, str]:
-    """deploy/keys.py's .env (new keys, PostgreSQL), pointed at the local images and the test's files."""
+def make_keys(workdir: Path) -> dict[str, str]:
+    """deploy/keys.py, as a user runs it (again after an upgrade): the keys it added to .env; the gateway file."""
     made = run([sys.executable, str(REPO / "deploy" / "keys.py"), "--env-file", str(workdir / ".env"),
                 "--gateway-file", str(workdir / "gateway.yaml"), "--postgres", "--json"])  # fmt: skip
-    keys = json.loads(made.stdout)
+    return dict(json.loads(made.stdout))
+
+
+# Keys this checkout's compose file needs and the previous release's did not: its users' .env lacks them until
+# they run deploy/keys.py again.
+NEW_KEYS = ("VISIONCAP_ALERTS_KEY",)
+
+
+def previous_release_files(workdir: Path) -> None:
+    """The previous release's gateway file as its users had it (its template with their keys' hashes, no alert
+    class: that release refuses one) and their .env without the keys added since."""
+    env = workdir / ".env"
+    lines = [line for line in env.read_text().splitlines() if line.partition("=")[0] not in NEW_KEYS]
+    env.write_text("\n".join(lines) + "\n")
+    # deploy/keys.py's demo hashes and .env reader (a script, not a package: loaded from its file).
+    spec = importlib.util.spec_from_file_location("deploy_keys", REPO / "deploy" / "keys.py")
+    assert spec is not None and spec.loader is not None
+    keys_script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(keys_script)
+    values = keys_script.read_env(env.read_text())
+    template = run(["git", "-C", str(REPO), "show", f"{PREVIOUS_RELEASE}:pipelines/compose-gateway.yaml"]).stdout
+    for demo_hash, name in keys_script.GATEWAY_HASHES.items():
+        if name in values:
+            template = template.replace(demo_hash, keys_script.sha256(values[name]))
+    (workdir / "gateway.yaml").write_text(template)
+
+
+def write_env(workdir: Path, api_port: int, gateway_port: int) -> dict[str, str]:
+    """deploy/keys.py's .env (new keys, PostgreSQL), pointed at the local images and the test's files."""
+    keys = make_keys(workdir)
     extra = {
         **images(PREVIOUS_TAG),
         "VISIONCAP_PIPELINE_FILE": str(workdir / "pipeline.yaml"),
@@ -334,6 +364,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     make_event_video(video, [(None, 1), ("zidane-right", 3), (None, 1), ("bus-right", 3)])
     api_port, gateway_port = free_port(), free_port()
     keys = write_env(workdir, api_port, gateway_port)
+    previous_release_files(workdir)
     shutil.rmtree(OUT, ignore_errors=True)
     OUT.mkdir(parents=True)
     # The previous release as its users ran it: its own docker-compose.yml (with this checkout's CPU override, which
@@ -367,7 +398,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.before_upgrade = stack.rows()
         stack.measured["schema_before_upgrade"] = int(stack.sql("SELECT version FROM visioncap_schema")[0][0])
         stack.compose("down", timeout=300)
+        # The upgrade as docs/deploy.md says: this release's images, and deploy/keys.py again (its new keys, the
+        # gateway file from its template with the same keys).
         use_images(workdir, TAG)
+        added = make_keys(workdir)
+        assert set(added) == set(NEW_KEYS), added
+        stack.keys.update(added)
         stack.compose_file, stack.stages = REPO / "docker-compose.yml", STAGES
         started = time.monotonic()
         stack.up()
@@ -469,6 +505,28 @@ def test_the_stack_captions_a_camera_serves_the_page_answers_and_alerts(stack: S
         message = stack.exec("mosquitto", "mosquitto_sub", "-h", "127.0.0.1", "-t", "visioncap/alerts/#", "-C", "1",
                              "-W", "120", "-v", timeout=180)  # fmt: skip
         assert message.startswith("visioncap/alerts/person-seen"), message
+
+        # A watch rule made through the API: the alerts service asks its question through the gateway's alert class
+        # with its own key (VISIONCAP_ALERTS_KEY, added by the upgrade's keys.py run) and stores the decision.
+        def gateway_alerts() -> float:
+            with urllib.request.urlopen(f"http://127.0.0.1:{stack.gateway_port}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            return sum(
+                float(line.rpartition(" ")[2])
+                for line in text.splitlines()
+                if line.startswith("visioncap_gateway_requests_total{")
+                and 'traffic_class="alert"' in line
+                and 'status="200"' in line
+            )
+
+        question = {"question": "a person is at the door", "deadline_s": 120}
+        stack.api("/v1/alerts/rules", {"name": "door-watch", "cameras": ["door"], "min_people": 1, "verify": question})
+        wait_for(lambda: stack.api("/v1/alerts/decisions?rule=door-watch")["items"], CAPTION_S, "a watch decision")
+        decision = stack.api("/v1/alerts/decisions?rule=door-watch")["items"][-1]
+        # The random-weight model's answer may not parse; a refusal, an unreachable VLM or a timeout would show here.
+        assert decision["latency_ms"] is not None, decision
+        assert not (decision["error"] or "").startswith(("the VLM answered HTTP", "deadline")), decision
+        assert gateway_alerts() >= 1
 
         # Every service's /metrics.
         with urllib.request.urlopen(f"http://127.0.0.1:{stack.gateway_port}/metrics", timeout=10) as response:

@@ -33,7 +33,7 @@ from visioncap.serve import VllmServer, free_port
 
 TIMEOUT_S = 120  # a bound on a broken test only; a refusal comes in seconds
 FRESH_KEY = "vc-test-fresh-key-of-ones-own"
-DEMO_CHAT_KEY, DEMO_CAPTIONS_KEY = PUBLISHED_DEMO_KEYS
+DEMO_CHAT_KEY, DEMO_CAPTIONS_KEY, DEMO_ALERTS_KEY = PUBLISHED_DEMO_KEYS
 
 
 # --- the list of demo keys ----------------------------------------------------------------------------------
@@ -98,9 +98,8 @@ def test_compose_needs_keys_of_the_users_own() -> None:
             assert f"required variable {name} is missing a value: set it in .env" in result.stderr, result.stderr
     result = compose("config", "-q", env_file=ENV_EXAMPLE, keys=False)
     assert result.returncode != 0, "the example env file is accepted as it is"
-    assert re.search(
-        r"required variable (VLLM_API_KEY|VISIONCAP_CAPTIONS_KEY|VISIONCAP_ASK_KEY) is missing", result.stderr
-    ), result.stderr
+    required = "VLLM_API_KEY|VISIONCAP_CAPTIONS_KEY|VISIONCAP_ASK_KEY|VISIONCAP_ALERTS_KEY"
+    assert re.search(rf"required variable ({required}) is missing", result.stderr), result.stderr
     # No default of any variable is a demo key (the captions key had one).
     assert not any(key in COMPOSE_FILE.read_text() for key in PUBLISHED_DEMO_KEYS)
     settings = dict(re.findall(r"^([A-Z][A-Z0-9_]*)=(.*)$", ENV_EXAMPLE.read_text(), flags=re.MULTILINE))
@@ -217,7 +216,7 @@ def test_the_compose_gateway_file_as_shipped_is_refused(tmp_path: Path) -> None:
     """What compose runs until the user puts keys of their own into the gateway file."""
     config = REPO / "pipelines" / "compose-gateway.yaml"
     line = refusal(["gateway", "--config", str(config), "--host", "0.0.0.0"], child_env(VLLM_API_KEY="set"), tmp_path)
-    assert "keys 'chat-ui', 'captions' are published demo keys" in line, line
+    assert "keys 'chat-ui', 'captions', 'alerts' are published demo keys" in line, line
 
 
 def test_gateway_refuses_to_start_without_vllms_key(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from visioncap.errors import ConfigError
 
 # Every key whose text this repository publishes (in example configs, .env.example or the README), in one place:
 # tests/test_safe_defaults.py fails when a shipped file names a demo key that is missing here.
-PUBLISHED_DEMO_KEYS: tuple[str, ...] = ("demo-chat-key", "demo-captions-key")
+PUBLISHED_DEMO_KEYS: tuple[str, ...] = ("demo-chat-key", "demo-captions-key", "demo-alerts-key")
 # As the gateway and the API store them.
 DEMO_KEY_HASHES: frozenset[str] = frozenset(hash_key(key) for key in PUBLISHED_DEMO_KEYS)
 
