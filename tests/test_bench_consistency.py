@@ -122,3 +122,17 @@ def test_the_series_command_exits_by_the_judgement(tmp_path: Path) -> None:
     Path(files[1]).write_text("{not json")
     broken = CliRunner().invoke(bench_app, ["mixed-series", *files])
     assert broken.exit_code == 2 and "could not be read" in broken.output
+
+
+def test_a_runs_command_names_every_flag_off_its_default() -> None:
+    """Runs of different settings never pass for one command (the series compares them); the stand-in's refit
+    sizes are the run's own and are not flags."""
+    from dataclasses import replace
+
+    from visioncap.bench.mixed.run import MixedOptions, command_line
+
+    assert command_line(MixedOptions()) == "visioncap bench mixed"
+    assert command_line(replace(MixedOptions(), image_width=168, frame_filler_words=259)) == "visioncap bench mixed"
+    assert command_line(MixedOptions.quick()) == "visioncap bench mixed --quick"
+    changed = replace(MixedOptions(), gw_idle_after_s=1.0, gw_pacing=False, verify_frames=(2,), seed=3)
+    assert command_line(changed) == "visioncap bench mixed --gw-idle-after 1 --seed 3 --gw-no-pacing --verify-frames 2"

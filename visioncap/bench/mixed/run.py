@@ -1294,7 +1294,43 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
     }
 
 
+# MixedOptions fields a `bench mixed` flag sets, and the flag: a run's command line names those off their default,
+# so that runs of different settings never pass for the same command (`bench mixed-series` compares them).
+FLAGS = {
+    "profile": "--profile",
+    "duration_s": "--duration",
+    "chat_rate_per_s": "--chat-rate",
+    "flood_rate_per_s": "--flood-rate",
+    "flood_max_outstanding": "--flood-max-outstanding",
+    "gw_max_concurrency": "--gw-max-concurrency",
+    "gw_min_concurrency": "--gw-min-concurrency",
+    "gw_idle_after_s": "--gw-idle-after",
+    "gw_start_per_s": "--gw-start-per-s",
+    "gw_active_max_image_tokens": "--gw-active-max-image-tokens",
+    "ttft_objective_ms": "--ttft-objective-ms",
+    "itl_objective_ms": "--itl-objective-ms",
+    "seed": "--seed",
+    "frames_per_caption": "--frames-per-caption",
+    "verify_rate_per_s": "--verify-rate",
+}
+BOOLEAN_FLAGS = {
+    "gw_pacing": ("--gw-pacing", "--gw-no-pacing"),
+    "fcfs_restart": ("--fcfs-restart", "--no-fcfs-restart"),
+}
+
+
 def command_line(o: MixedOptions) -> str:
-    if o.name == "mixed-quick":
-        return "visioncap bench mixed --quick"
-    return "visioncap bench mixed"
+    """The `bench mixed` command that runs with these options (the stand-in's refit sizes are the run's own)."""
+    quick = o.name == "mixed-quick"
+    default = MixedOptions.quick() if quick else MixedOptions()
+    words = ["visioncap", "bench", "mixed", *(["--quick"] if quick else [])]
+    for name, flag in FLAGS.items():
+        value = getattr(o, name)
+        if value != getattr(default, name):
+            words += [flag, "0" if value is None else f"{value:g}" if isinstance(value, float) else str(value)]
+    for name, (on, off) in BOOLEAN_FLAGS.items():
+        if getattr(o, name) != getattr(default, name):
+            words.append(on if getattr(o, name) else off)
+    if tuple(o.verify_frames) != tuple(default.verify_frames):
+        words += ["--verify-frames", ",".join(str(count) for count in o.verify_frames)]
+    return " ".join(words)
