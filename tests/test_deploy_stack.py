@@ -19,9 +19,9 @@ check (`podman healthcheck run`, the command compose gave it) and starts the ser
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
+import runpy
 import shutil
 import signal
 import subprocess
@@ -262,16 +262,14 @@ def previous_release_files(workdir: Path) -> None:
     env = workdir / ".env"
     lines = [line for line in env.read_text().splitlines() if line.partition("=")[0] not in NEW_KEYS]
     env.write_text("\n".join(lines) + "\n")
-    # deploy/keys.py's demo hashes and .env reader (a script, not a package: loaded from its file).
-    spec = importlib.util.spec_from_file_location("deploy_keys", REPO / "deploy" / "keys.py")
-    assert spec is not None and spec.loader is not None
-    keys_script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(keys_script)
-    values = keys_script.read_env(env.read_text())
+    # deploy/keys.py's demo hashes and .env reader (a script, not a package: run from its source, which leaves no
+    # bytecode beside the shipped files).
+    script = runpy.run_path(str(REPO / "deploy" / "keys.py"), run_name="deploy_keys")
+    values = script["read_env"](env.read_text())
     template = run(["git", "-C", str(REPO), "show", f"{PREVIOUS_RELEASE}:pipelines/compose-gateway.yaml"]).stdout
-    for demo_hash, name in keys_script.GATEWAY_HASHES.items():
+    for demo_hash, name in script["GATEWAY_HASHES"].items():
         if name in values:
-            template = template.replace(demo_hash, keys_script.sha256(values[name]))
+            template = template.replace(demo_hash, script["sha256"](values[name]))
     (workdir / "gateway.yaml").write_text(template)
 
 
