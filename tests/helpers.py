@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from visioncap.bench.common.netns import Host
@@ -93,14 +94,21 @@ def invoke_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Comp
     return subprocess.CompletedProcess(["visioncap", *args], code, result.stdout, stderr)
 
 
-def scrape_metric(root_url: str, name: str) -> float:
-    """Sum of all samples of a Prometheus metric on a server's /metrics."""
-    text = httpx.get(f"{root_url}/metrics", timeout=10).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith((name + "{", name + " ")):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def metric(text: str, name: str, **labels: str) -> float:
+    """Sum of the samples of series `name` (as exposed: `..._total` for a counter) in Prometheus text whose labels
+    include `labels`; parsed by prometheus-client's own parser, so a label value with a space or an escaped quote
+    cannot fool it."""
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(key) == value for key, value in labels.items())
+    )
+
+
+def scrape_metric(root_url: str, name: str, **labels: str) -> float:
+    """Sum of a metric's samples on a server's /metrics whose labels include `labels`."""
+    return metric(httpx.get(f"{root_url}/metrics", timeout=10).text, name, **labels)
 
 
 def wait_for(

@@ -26,7 +26,7 @@ import httpx
 import openai
 import pytest
 from fastapi.testclient import TestClient
-from helpers import TINY_MODEL, wait_for
+from helpers import TINY_MODEL, scrape_metric, wait_for
 from PIL import Image
 from sqlalchemy import select
 from taps import AsgiThread
@@ -238,11 +238,7 @@ def api(seeded: Seeded, gateway: GatewayThread) -> Iterator[AsgiThread]:
 
 
 def gateway_metric(gw: GatewayThread, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text.splitlines():
-        if line.startswith(name + "{") and all(f'{key}="{value}"' in line for key, value in labels.items()):
-            total += float(line.rpartition(" ")[2])
-    return total
+    return scrape_metric(gw.root_url, name, **labels)
 
 
 def requests_by_class(gw: GatewayThread, traffic_class: str) -> float:

@@ -7,7 +7,7 @@ import json
 
 import httpx
 import pytest
-from test_gateway import metric
+from helpers import metric
 
 from visioncap.bench.common.gateway_proc import gateway_config
 from visioncap.bench.common.load import PhaseSpec, Target, run_phase_sync

@@ -37,7 +37,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers import ARTIFACTS, CHROMIUM_FLAGS, REPO, chromium, missing, wait_for
+from helpers import ARTIFACTS, CHROMIUM_FLAGS, REPO, chromium, metric, missing, wait_for
 from stack_settings import API_ONLY, SHARED
 from streams import RtspServer, skip_unless_gstreamer
 from videos import make_event_video
@@ -509,13 +509,7 @@ def test_the_stack_captions_a_camera_serves_the_page_answers_and_alerts(stack: S
         def gateway_alerts() -> float:
             with urllib.request.urlopen(f"http://127.0.0.1:{stack.gateway_port}/metrics", timeout=10) as response:
                 text = response.read().decode()
-            return sum(
-                float(line.rpartition(" ")[2])
-                for line in text.splitlines()
-                if line.startswith("visioncap_gateway_requests_total{")
-                and 'traffic_class="alert"' in line
-                and 'status="200"' in line
-            )
+            return metric(text, "visioncap_gateway_requests_total", traffic_class="alert", status="200")
 
         question = {"question": "a person is at the door", "deadline_s": 120}
         stack.api("/v1/alerts/rules", {"name": "door-watch", "cameras": ["door"], "min_people": 1, "verify": question})

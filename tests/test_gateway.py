@@ -27,7 +27,7 @@ import openai
 import pytest
 import yaml
 from gateway_calls import auth, chat_body, post_chat
-from helpers import REPO, TINY_MODEL
+from helpers import REPO, TINY_MODEL, metric
 from PIL import Image
 from taps import Tap, serving
 
@@ -91,21 +91,6 @@ def sse_events(response: httpx.Response) -> list[Any]:
             payload = line[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    """Sum of a Prometheus series' samples whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        series, _, label_text = head.partition("{")
-        if series != name:
-            continue
-        if all(f'{key}="{val}"' in label_text for key, val in labels.items()):
-            total += float(value)
-    return total
 
 
 # -- fixtures ------------------------------------------------------------------------------------------------

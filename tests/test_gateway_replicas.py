@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from gateway_calls import auth, chat_body, post_chat
+from helpers import scrape_metric
 from taps import AsgiThread, Tap, serving
 
 from visioncap import __version__
@@ -46,13 +47,7 @@ def config_for(upstreams: list[dict[str, Any]], frames_upstream: str | None = No
 
 def metric(gw: GatewayThread, name: str, **labels: str) -> float:
     """Sum of a series' samples whose labels include `labels`."""
-    total = 0.0
-    for line in httpx.get(f"{gw.root_url}/metrics", timeout=TIMEOUT).text.splitlines():
-        head, _, value = line.rpartition(" ")
-        series, _, label_text = head.partition("{")
-        if series == name and all(f'{key}="{val}"' in label_text for key, val in labels.items()):
-            total += float(value)
-    return total
+    return scrape_metric(gw.root_url, name, **labels)
 
 
 def wait_until(gw: GatewayThread, name: str, up: bool) -> float:

@@ -16,7 +16,7 @@ from visioncap.store import CaptionStore, create_db_engine
 
 def camera_state(metrics_url: str, state: str) -> float:
     try:
-        return scrape_metric(metrics_url, f'visioncap_camera_state{{camera="door",state="{state}"}}')
+        return scrape_metric(metrics_url, "visioncap_camera_state", camera="door", state=state)
     except OSError:
         return 0.0
 

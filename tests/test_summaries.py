@@ -19,7 +19,7 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 from alerts_support import Receiver, Subscriber, mosquitto
-from helpers import TINY_MODEL, wait_for
+from helpers import TINY_MODEL, scrape_metric, wait_for
 from sqlalchemy import Engine, insert, select
 
 from visioncap.alerts.delivery import DeliveryWorker
@@ -179,11 +179,7 @@ def gateway(vllm_server: VllmServer) -> Iterator[GatewayThread]:
 
 
 def background_requests(gw: GatewayThread) -> float:
-    total = 0.0
-    for line in httpx.get(f"{gw.root_url}/metrics", timeout=10).text.splitlines():
-        if line.startswith("visioncap_gateway_requests_total{") and 'traffic_class="background"' in line:
-            total += float(line.rpartition(" ")[2])
-    return total
+    return scrape_metric(gw.root_url, "visioncap_gateway_requests_total", traffic_class="background")
 
 
 def served_context(vllm_server: VllmServer) -> int:
