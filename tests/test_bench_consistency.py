@@ -136,3 +136,35 @@ def test_a_runs_command_names_every_flag_off_its_default() -> None:
     assert command_line(MixedOptions.quick()) == "visioncap bench mixed --quick"
     changed = replace(MixedOptions(), gw_idle_after_s=1.0, gw_pacing=False, verify_frames=(2,), seed=3)
     assert command_line(changed) == "visioncap bench mixed --gw-idle-after 1 --seed 3 --gw-no-pacing --verify-frames 2"
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_the_command_a_run_records_is_the_command_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every flag `bench mixed` takes reaches its options through the one table that writes the run's command line:
+    a flag the table lacks (or maps to the wrong field) would be missing from, or wrong in, the recorded command."""
+    import visioncap.bench.mixed.main as mixed_main
+    from visioncap.bench.mixed.run import command_line
+
+    received = []
+
+    def capture(options: Any) -> dict[str, Any]:
+        received.append(options)
+        raise _Stop
+
+    monkeypatch.setattr(mixed_main, "run_mixed", capture)
+    typed = [
+        ["--profile", "other", "--duration", "12.5", "--chat-rate", "2", "--flood-rate", "9",
+         "--flood-max-outstanding", "3", "--gw-max-concurrency", "4", "--gw-min-concurrency", "1",
+         "--gw-idle-after", "1", "--gw-start-per-s", "7", "--gw-active-max-image-tokens", "0",
+         "--ttft-objective-ms", "900", "--itl-objective-ms", "80", "--seed", "5", "--frames-per-caption", "2",
+         "--verify-rate", "0.25", "--gw-no-pacing", "--no-fcfs-restart", "--verify-frames", "2,3"],
+        ["--quick", "--gw-idle-after", "0"],
+        [],
+    ]  # fmt: skip
+    for words in typed:
+        result = CliRunner().invoke(bench_app, ["mixed", *words])
+        assert isinstance(result.exception, _Stop), result.output
+        assert command_line(received[-1]) == " ".join(["visioncap", "bench", "mixed", *words])

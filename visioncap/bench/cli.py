@@ -35,8 +35,14 @@ def _frame_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+# `bench mixed` options whose None is a setting of its own (the objective from S0, the ceiling's start rate), not
+# "the default".
+_NONE_IS_A_VALUE = {"gw_start_per_s", "gw_active_max_image_tokens", "ttft_objective_ms", "itl_objective_ms"}
+
+
 @bench_app.command("mixed")
 def mixed_command(
+    ctx: typer.Context,
     quick: Annotated[bool, typer.Option("--quick", help="Short phases and one vLLM start (~3 min).")] = False,
     profile: Annotated[str, typer.Option(help="Model profile (models/NAME.yaml).")] = "standin",
     out_dir: Annotated[Path, typer.Option(help="Where the results files go.")] = Path("benchmarks/mixed"),
@@ -103,33 +109,23 @@ def mixed_command(
     """Interactive chat beside a camera caption flood: S0-S3 in one run, written as JSON, Markdown and a PNG."""
     from visioncap.bench.mixed.main import run_mixed
     from visioncap.bench.mixed.report import goals_table, table
-    from visioncap.bench.mixed.run import MixedOptions
+    from visioncap.bench.mixed.run import BOOLEAN_FLAGS, FLAGS, MixedOptions
 
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     logging.getLogger("visioncap.bench").setLevel(logging.INFO)
-    overrides: dict[str, Any] = {
-        "profile": profile,
-        "out_dir": out_dir,
-        "chat_rate_per_s": chat_rate,
-        "flood_rate_per_s": flood_rate,
-        "flood_max_outstanding": flood_max_outstanding,
-        "gw_max_concurrency": gw_max_concurrency,
-        "gw_min_concurrency": gw_min_concurrency,
-        "gw_idle_after_s": gw_idle_after,
-        "gw_pacing": gw_pacing,
-        "gw_start_per_s": gw_start_per_s,
-        "gw_active_max_image_tokens": gw_active_max_image_tokens or None,
-        "ttft_objective_ms": ttft_objective_ms,
-        "itl_objective_ms": itl_objective_ms,
-        "seed": seed,
-        "frames_per_caption": frames_per_caption,
-        "verify_rate_per_s": verify_rate,
-        "verify_frames": _frame_counts(verify_frames),
-    }
-    if duration is not None:
-        overrides["duration_s"] = duration
-    if fcfs_restart is not None:
-        overrides["fcfs_restart"] = fcfs_restart
+
+    # The flags' values by the one table that also writes a run's command line (run.FLAGS), so that the command a
+    # run records is the command that made it.
+    def flag_value(flag: str) -> Any:
+        return ctx.params[flag.removeprefix("--").replace("-", "_")]
+
+    overrides: dict[str, Any] = {name: flag_value(flag) for name, flag in FLAGS.items()}
+    overrides |= {name: flag_value(on) for name, (on, _) in BOOLEAN_FLAGS.items()}
+    overrides["gw_active_max_image_tokens"] = gw_active_max_image_tokens or None
+    overrides["verify_frames"] = _frame_counts(verify_frames)
+    overrides["out_dir"] = out_dir
+    # Unset: the profile's own defaults (quick or full).
+    overrides = {name: value for name, value in overrides.items() if value is not None or name in _NONE_IS_A_VALUE}
     options = MixedOptions.quick(**overrides) if quick else MixedOptions(**overrides)
     results = run_mixed(options)
     typer.echo(table(results))

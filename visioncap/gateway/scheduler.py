@@ -90,7 +90,9 @@ class Grant:
     preempt: Callable[[], object] | None = field(default=None, repr=False)
     preempted: bool = False
     paced: bool = False  # admitted at the pacer's rate beside chat (not in an unpaced burst while chat was idle)
-    borrowed: float = 0.0  # starts of pacer credit not yet given that it took (an alert's; background pays them)
+    # Pacer credit not yet given that this start took (a multi-frame request's frames beyond its first, an alert
+    # ahead of its turn); the starts after it pay it back.
+    borrowed: float = 0.0
     _released: bool = False
 
     @property
