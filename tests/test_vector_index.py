@@ -1,6 +1,6 @@
-"""Search by meaning over the whole archive (store/vector_index.py): 20,000 rows on SQLite, ranked from the index
-against the exact ranking computed here, filters answered exactly, the oldest row found, Ask across a month, a
-row searchable within 5 s of being written, and each hit explained through the API."""
+"""Search by meaning over the whole archive (store/vector_index.py): 20,000 rows on SQLite and on PostgreSQL, ranked
+from the index against the exact ranking computed here, filters answered exactly, the oldest row found, Ask across
+a month, a row searchable within 5 s of being written, and each hit explained through the API."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from pg import fresh_database
 from sqlalchemy import Engine, insert, text
 
 from visioncap.api import create_app
@@ -59,11 +60,13 @@ def embedder() -> TextEmbedder:
     return TextEmbedder()
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory, embedder: TextEmbedder) -> Iterator[Archive]:
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def archive(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, embedder: TextEmbedder
+) -> Iterator[Archive]:
     """20,000 captioned rows over 20 cameras and 60 days, oldest first: the labelled captions cycled, each
     vector its caption's plus a little noise (so that copies are near, not tied); row 1, the oldest, the only
-    one about a giraffe."""
+    one about a giraffe. On SQLite and on PostgreSQL (whose exact ranking reads the vectors into Python)."""
     labelled = load_set()
     base = embedder.encode([ODD, *labelled.captions])
     rng = np.random.default_rng(44)
@@ -73,8 +76,10 @@ def archive(tmp_path_factory: pytest.TempPathFactory, embedder: TextEmbedder) ->
     captions = [ODD, *labelled.captions][0:1] + [
         labelled.captions[(n - 1) % len(labelled.captions)] for n in range(1, ROWS)
     ]
-    path = tmp_path_factory.mktemp("vector-index") / "captions.db"
-    engine = create_db_engine(f"sqlite:///{path}")
+    if request.param == "sqlite":
+        engine = create_db_engine(f"sqlite:///{tmp_path_factory.mktemp('vector-index') / 'captions.db'}")
+    else:
+        engine = create_db_engine(fresh_database(request.getfixturevalue("postgres")))
     ensure_schema(engine)
     rows = [_row(n, captions[n], CAMERAS, SPAN, ROWS) for n in range(ROWS)]
     with engine.begin() as conn:
