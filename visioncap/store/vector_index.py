@@ -7,6 +7,15 @@ semantic search is one of those columns), takes the `k` rows nearest by Hamming 
 those candidates exactly (cosine of the float vectors, read from `caption_vectors` with every
 filter checked again in SQL). A mask that keeps few rows needs no first pass: the caller ranks all of them exactly.
 
+From LISTS_MIN_ROWS rows (2M) the build also makes inverted lists: spherical k-means on a sample of the vectors
+(LISTS = 256 centroids), each row's list the centroid nearest its vector, and the columns ordered by list, so that
+a list is a slice. A search then reads the rows its filters keep in the lists whose centroids are nearest the query,
+enough of them to hold PROBE_SHARE (4 %) of the rows kept and PROBE_ROWS_PER_CANDIDATE rows per candidate asked
+for, plus every row appended since the build and every row whose vector changed since (its list is its old
+vector's); the caller's candidates grow (x4) until the page fills, and with them the lists read. At 10M rows the
+whole scan is 120 ms, the lists' share of it a few (benchmarks/results/search_quality-10m-postgres.md); a stale
+share of rows outside the lists (new or changed since) makes `maintain` rebuild.
+
 Why not sqlite-vec's `vec0`: its k-NN is a brute-force scan whose cost grows with k as well as with the rows
 (measured here at 200,000 rows: bit[384] 40 ms at k = 50, 120 ms at k = 200, 630 ms at k = 1000; float[384]
 300-450 ms at any k), and it exists on SQLite only. One index in the process serves both databases; PostgreSQL has
@@ -37,6 +46,7 @@ import numpy as np
 from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.exc import SQLAlchemyError
 
+from visioncap.store.binary_rows import binary_rows
 from visioncap.store.embeddings import DIMENSIONS
 from visioncap.store.records import CaptionStatus
 from visioncap.store.schema import VECTORS_TABLE
@@ -47,13 +57,30 @@ _BYTES = DIMENSIONS // 8
 _LOAD_BATCH = 20_000
 # Rebuilt when this share of the index is gone from the table (retention) or missing from it.
 _STALE_SHARE = 0.05
+# Inverted lists from this many rows: below it the first pass reads every row kept (15 ms at a million), above it
+# the rows of the lists whose centroids are nearest the query (120 ms at 10M read whole, measured).
+LISTS_MIN_ROWS = 2_000_000
+# Lists: few and big, so that a caption's neighbours mostly share its list, and cheap to assign at the build
+# (a row's list is the nearest of these centroids: 256 x 384 multiply-adds a row).
+LISTS = 256
+_TRAIN_ROWS_PER_LIST = 64  # k-means on a sample of this many rows a list
+_KMEANS_ROUNDS = 8
+# A search reads at least this share of the rows its filters keep, and at least this many rows per candidate
+# asked for, from its nearest lists (then rows written since the build and rows changed since, whole).
+PROBE_SHARE = 0.04
+PROBE_ROWS_PER_CANDIDATE = 256
 _STATUSES = {status: code for code, status in enumerate(CaptionStatus)}
 
-_NEW_VECTORS = text(
+# `c.id >` too: without it PostgreSQL merge-joins each batch against the captions from the first id up (1.4 s a
+# batch at 5M rows: a 10M-row build ran for minutes, its cost growing with the square of the rows).
+_NEW_VECTORS_SQL = (
     f"SELECT v.caption_id, c.camera, c.captured_at, c.people_count, c.status, v.embedding, v.written_at "
-    f"FROM {VECTORS_TABLE} v JOIN captions c ON c.id = v.caption_id WHERE v.caption_id > :after "
-    "ORDER BY v.caption_id LIMIT :batch"
+    f"FROM {VECTORS_TABLE} v JOIN captions c ON c.id = v.caption_id WHERE v.caption_id > {{after}} "
+    "AND c.id > {after} ORDER BY v.caption_id LIMIT {batch}"
 )
+_NEW_VECTORS = text(_NEW_VECTORS_SQL.format(after=":after", batch=":batch"))
+# PostgreSQL: the same in binary format (store/binary_rows.py), psycopg's placeholders.
+_NEW_VECTORS_PG = _NEW_VECTORS_SQL.format(after="%(after)s", batch="%(batch)s")
 # Vectors written below the highest id held, since a moment: their ids and write times first (few, and mostly
 # already read), the rows of those not read yet after.
 _LATE_WRITES = text(
@@ -64,6 +91,10 @@ _LATE_VECTORS = text(
     f"FROM {VECTORS_TABLE} v JOIN captions c ON c.id = v.caption_id WHERE v.caption_id IN :ids"
 ).bindparams(bindparam("ids", expanding=True))
 _LAST_WRITE = text(f"SELECT max(written_at) FROM {VECTORS_TABLE}")
+_ID_RANGE = text(f"SELECT count(*), min(caption_id), max(caption_id) FROM {VECTORS_TABLE}")
+_SAMPLE = text(f"SELECT embedding FROM {VECTORS_TABLE} WHERE caption_id IN :ids").bindparams(
+    bindparam("ids", expanding=True)
+)
 # How far before the latest write time seen the next look starts: a writer's transaction that stamped its rows
 # and committed up to this much later is still read. Its cost: the ids and times of this many seconds of writes
 # (one index range) on each refresh.
@@ -98,11 +129,50 @@ class IndexFilter:
     top: tuple[datetime, int] | None = None  # rows at or below this (captured_at, id)
 
 
+@dataclass(slots=True)
+class _Lists:
+    """Inverted lists over the rows held at the build: list c is the rows at positions starts[c]:starts[c + 1]
+    (the build orders the columns by list). Rows appended since (positions from `covered`) and rows whose vector
+    changed since (`moved`: a list is its old vector's) are read whole by every search until the next build."""
+
+    centroids: np.ndarray  # (LISTS, DIMENSIONS) float32, unit length
+    starts: np.ndarray  # (LISTS + 1,) int64
+    covered: int
+    moved: list[int]
+
+    def stale(self, size: int) -> bool:
+        return (size - self.covered) + len(self.moved) > _STALE_SHARE * max(self.covered, 1)
+
+
+def train_centroids(sample: np.ndarray, lists: int, rng: np.random.Generator) -> np.ndarray:
+    """Spherical k-means: `lists` unit centroids of the sample's rows (a list left empty restarts at a random row)."""
+    unit = sample / np.maximum(np.linalg.norm(sample, axis=1, keepdims=True), 1e-12)
+    centroids = unit[rng.choice(len(unit), lists, replace=len(unit) < lists)].copy()
+    for _ in range(_KMEANS_ROUNDS):
+        labels = np.argmax(unit @ centroids.T, axis=1)
+        sums = np.zeros_like(centroids)
+        np.add.at(sums, labels, unit)
+        empty = np.bincount(labels, minlength=lists) == 0
+        sums[empty] = unit[rng.choice(len(unit), int(empty.sum()))]
+        centroids = sums / np.maximum(np.linalg.norm(sums, axis=1, keepdims=True), 1e-12)
+    trained: np.ndarray = centroids.astype(np.float32)
+    return trained
+
+
+def nearest_lists(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """Each vector's list: the centroid of greatest inner product."""
+    labels: np.ndarray = np.argmax(vectors @ centroids.T, axis=1).astype(np.int16)
+    return labels
+
+
 class _Columns:
     """Growable arrays (doubling), so that appending a few new rows does not copy the index."""
 
     def __init__(self, capacity: int = 1024) -> None:
         self.size = 0
+        # The latest capture time held (microseconds): a search whose top is at or past it keeps every row
+        # without comparing 10M times.
+        self.latest = -(2**63)
         self.ids = np.zeros(capacity, np.int64)
         self.bits = np.zeros((capacity, _BYTES), np.uint8)
         self.cameras = np.zeros(capacity, np.int32)
@@ -115,7 +185,7 @@ class _Columns:
         end = self.size + len(ids)
         if end > len(self.ids):
             capacity = max(end, 2 * len(self.ids))
-            for name in ("ids", "bits", "cameras", "times", "people", "statuses"):
+            for name in _COLUMN_NAMES:
                 old = getattr(self, name)
                 grown = np.zeros((capacity, *old.shape[1:]), old.dtype)
                 grown[: self.size] = old[: self.size]
@@ -127,6 +197,19 @@ class _Columns:
         self.people[self.size : end] = people
         self.statuses[self.size : end] = statuses
         self.size = end
+        if len(times):
+            self.latest = max(self.latest, int(np.max(times)))
+
+    def ordered(self, order: np.ndarray) -> _Columns:
+        """The rows in `order` (positions), at capacity for them."""
+        columns = _Columns(max(1, len(order)))
+        for name in _COLUMN_NAMES:
+            getattr(columns, name)[: len(order)] = getattr(self, name)[order]
+        columns.size, columns.latest = len(order), self.latest
+        return columns
+
+
+_COLUMN_NAMES = ("ids", "bits", "cameras", "times", "people", "statuses")
 
 
 class VectorIndex:
@@ -137,6 +220,7 @@ class VectorIndex:
         self._lock = threading.Lock()  # the arrays and the camera codes
         self._loading = threading.Lock()  # one reader of new vectors at a time
         self._columns = _Columns()
+        self._lists: _Lists | None = None  # from LISTS_MIN_ROWS rows at the build
         self._camera_codes: dict[str, int] = {}
         self._max_id = 0
         # The latest `written_at` read (None: no vector carries one yet), and the (id, written_at) read within
@@ -161,16 +245,20 @@ class VectorIndex:
     def nbytes(self) -> int:
         """Memory the arrays hold (their capacity)."""
         columns = self._columns
-        return sum(getattr(columns, name).nbytes for name in ("ids", "bits", "cameras", "times", "people", "statuses"))
+        lists = self._lists
+        extra = 0 if lists is None else int(lists.centroids.nbytes + lists.starts.nbytes)
+        return extra + sum(int(getattr(columns, name).nbytes) for name in _COLUMN_NAMES)
 
     def describe(self) -> str:
         """One line for /readyz."""
         if not self.ready:
             state = f"building ({self.error})" if self.error else "building"
             return f"vector index {state}: until it is ready, the newest rows under the filters are ranked exactly"
+        lists = "" if self._lists is None else f" in {LISTS} lists"
         return (
-            f"vector index over {self.size} vectors (sign bits, {self.nbytes() // 1_000_000} MB in memory, built in "
-            f"{self.built_s or 0:.1f} s), candidates re-ranked exactly; filters keeping few rows ranked exactly"
+            f"vector index over {self.size} vectors (sign bits{lists}, {self.nbytes() // 1_000_000} MB in memory, "
+            f"built in {self.built_s or 0:.1f} s), candidates re-ranked exactly; filters keeping few rows ranked "
+            "exactly"
         )
 
     def start(self) -> None:
@@ -204,14 +292,33 @@ class VectorIndex:
         with self._loading:
             with self.engine.connect() as conn:
                 written = conn.scalar(_LAST_WRITE)  # before the rows: what is written meanwhile is read after
+                count, low, high = conn.execute(_ID_RANGE).one()
+                centroids = self._centroids(conn, low, high) if (count or 0) >= LISTS_MIN_ROWS else None
             # Only refresh (which waits for _loading) reads these two; the build's rows move them on.
             self._written, self._seen = (None if written is None else float(written)), {}
-            max_id = self._read(columns, codes, 0)
+            labels: list[np.ndarray] = []
+            max_id = self._read(columns, codes, 0, centroids, labels)
+            lists = None
+            if centroids is not None and columns.size:
+                columns, lists = group(columns, centroids, np.concatenate(labels))
             with self._lock:
-                self._columns, self._camera_codes, self._max_id = columns, codes, max_id
+                self._columns, self._lists, self._camera_codes, self._max_id = columns, lists, codes, max_id
         self.built_s = time.monotonic() - started
         self.error = None
         self._ready.set()
+
+    def _centroids(self, conn: Any, low: int, high: int) -> np.ndarray:
+        """Centroids trained on the vectors of ids drawn at random between the lowest and the highest (ids
+        deleted by retention are simply missing from the sample)."""
+        rng = np.random.default_rng(high)
+        drawn = np.unique(rng.integers(low, high + 1, LISTS * _TRAIN_ROWS_PER_LIST)).tolist()
+        blobs = [
+            bytes(row[0])
+            for start in range(0, len(drawn), 2000)
+            for row in conn.execute(_SAMPLE, {"ids": drawn[start : start + 2000]})
+        ]
+        sample = np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), DIMENSIONS)
+        return train_centroids(sample, LISTS, rng)
 
     def refresh(self) -> None:
         """The vectors written since the last read: above the highest id held, and below it (captioned late or
@@ -246,18 +353,36 @@ class VectorIndex:
             return False
         with self.engine.connect() as conn:
             stored = int(conn.scalar(text(f"SELECT count(*) FROM {VECTORS_TABLE}")) or 0)
-        if abs(self.size - stored) <= max(100, _STALE_SHARE * max(stored, 1)):
+        lists = self._lists
+        lists_stale = lists is not None and lists.stale(self.size)
+        grown_into_lists = lists is None and self.size >= LISTS_MIN_ROWS
+        if abs(self.size - stored) <= max(100, _STALE_SHARE * max(stored, 1)) and not (lists_stale or grown_into_lists):
             return False
         self.rebuild()
         return True
 
-    def _read(self, columns: _Columns, codes: dict[str, int], after: int) -> int:
+    def _read(
+        self,
+        columns: _Columns,
+        codes: dict[str, int],
+        after: int,
+        centroids: np.ndarray | None = None,
+        labels: list[np.ndarray] | None = None,
+    ) -> int:
+        """The vectors above id `after` appended to `columns`; with `centroids`, each row's list into `labels`."""
         with self.engine.connect() as conn:
             while True:
-                rows = conn.execute(_NEW_VECTORS, {"after": after, "batch": _LOAD_BATCH}).all()
+                bounds = {"after": after, "batch": _LOAD_BATCH}
+                rows: Sequence[Any] = (
+                    binary_rows(conn, _NEW_VECTORS_PG, bounds)
+                    if conn.dialect.name == "postgresql"
+                    else conn.execute(_NEW_VECTORS, bounds).all()
+                )
                 if not rows:
                     return after
-                _append_rows(columns, codes, rows)
+                vectors = _append_rows(columns, codes, rows)
+                if centroids is not None and labels is not None:
+                    labels.append(nearest_lists(centroids, vectors))
                 self._note_written(rows)
                 after = int(rows[-1][0])
                 if len(rows) < _LOAD_BATCH:
@@ -304,7 +429,10 @@ class VectorIndex:
                 continue
             columns.bits[at], columns.cameras[at] = added.bits[n], added.cameras[n]
             columns.times[at], columns.people[at] = added.times[n], added.people[n]
+            columns.latest = max(columns.latest, int(added.times[n]))
             columns.statuses[at] = added.statuses[n]
+            if self._lists is not None and at < self._lists.covered:
+                self._lists.moved.append(int(at))  # its list is its old vector's
         if fresh:
             picks = np.asarray(fresh)
             columns.append(
@@ -313,6 +441,16 @@ class VectorIndex:
             )  # fmt: skip
 
     # -- searching ---------------------------------------------------------------------------------
+
+    def _keeps_every_row(self, columns: _Columns, where: IndexFilter) -> bool:
+        """Whether the filters keep every row held, known without a pass over the rows: no filter but the top, and
+        the top at or past the latest row (a first page's top is the newest row)."""
+        if where.cameras or where.since or where.until or where.min_people or where.statuses:
+            return False
+        if where.top is None:
+            return True
+        at = _micros(where.top[0])
+        return columns.latest < at or (columns.latest == at and self._max_id <= where.top[1])
 
     def _mask(self, columns: _Columns, where: IndexFilter) -> np.ndarray:
         size = columns.size
@@ -344,6 +482,8 @@ class VectorIndex:
 
     def count(self, where: IndexFilter) -> int:
         with self._lock:
+            if self._keeps_every_row(self._columns, where):
+                return self._columns.size
             return int(self._mask(self._columns, where).sum())
 
     def nearest(
@@ -360,12 +500,27 @@ class VectorIndex:
         with self._lock:
             columns = self._columns
             size = columns.size
-            mask = self._mask(columns, where)
-            # Unfiltered: views, not a copy of the whole index (48 MB at a million rows). Rows past `size` may be
-            # appended meanwhile; these views never reach them, and a rebuild makes new arrays.
-            every_row = bool(mask.all())
-            ids = columns.ids[:size] if every_row else columns.ids[:size][mask]
-            bits = _words(columns.bits[:size] if every_row else columns.bits[:size][mask])
+            # Every row kept: no mask at all (each pass over 10M rows' columns costs milliseconds).
+            mask = None if self._keeps_every_row(columns, where) else self._mask(columns, where)
+            lists = self._lists
+            if lists is not None:
+                ids, bits, probed_all = _probe(columns, lists, mask, vector, k)
+                bits = _words(bits)
+            else:
+                probed_all = True
+                # Unfiltered: views, not a copy of the whole index (48 MB at a million rows). Rows past `size` may
+                # be appended meanwhile; these views never reach them, and a rebuild makes new arrays.
+                every_row = mask is None or bool(mask.all())
+                ids = columns.ids[:size] if every_row or mask is None else columns.ids[:size][mask]
+                bits = _words(columns.bits[:size] if every_row or mask is None else columns.bits[:size][mask])
+        if not probed_all:
+            return self._nearest_of(ids, bits, query, k, per_code)[0], False
+        return self._nearest_of(ids, bits, query, k, per_code)
+
+    @staticmethod
+    def _nearest_of(
+        ids: np.ndarray, bits: np.ndarray, query: np.ndarray, k: int, per_code: int | None
+    ) -> tuple[np.ndarray, bool]:
         distances = _distances(bits, query)
         if len(ids) <= k and per_code is None:
             return ids[np.argsort(distances, kind="stable")], True
@@ -374,6 +529,51 @@ class VectorIndex:
             return ids[nearest[np.argsort(distances[nearest], kind="stable")]], False
         chosen, every = _nearest_per_code(distances, bits, k, per_code)
         return ids[chosen], every
+
+
+def group(columns: _Columns, centroids: np.ndarray, labels: np.ndarray) -> tuple[_Columns, _Lists]:
+    """The columns ordered by list (then by position: id order within a list) and the lists over them."""
+    order = np.argsort(labels[: columns.size], kind="stable")
+    starts = np.searchsorted(labels[: columns.size][order], np.arange(len(centroids) + 1)).astype(np.int64)
+    return columns.ordered(order), _Lists(centroids, starts, columns.size, [])
+
+
+def _probe(
+    columns: _Columns, lists: _Lists, mask: np.ndarray | None, vector: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray, bool]:
+    """The ids and bits of the rows `mask` keeps in the lists nearest `vector` (enough lists to hold
+    PROBE_SHARE of the rows kept and PROBE_ROWS_PER_CANDIDATE per candidate), with every row appended or changed
+    since the build; and whether that is every list. Lists are contiguous: slices, not a gather."""
+    covered = lists.covered
+    sizes = np.diff(lists.starts)
+    if mask is None or not covered:
+        kept_per_list = sizes
+    else:
+        # Rows kept per list (reduceat wants starts inside the array, and gives an empty list its next row's value).
+        kept_per_list = np.add.reduceat(mask[:covered], np.minimum(lists.starts[:-1], covered - 1), dtype=np.int64)
+        kept_per_list[sizes == 0] = 0
+    order = np.argsort(-(lists.centroids @ vector), kind="stable")
+    need = max(PROBE_SHARE * float(kept_per_list.sum()), float(PROBE_ROWS_PER_CANDIDATE * k))
+    reach = int(np.searchsorted(np.cumsum(kept_per_list[order]), need)) + 1
+    chosen = np.sort(order[:reach])
+    spans = [(int(lists.starts[c]), int(lists.starts[c + 1])) for c in chosen if kept_per_list[c]]
+    spans.append((covered, columns.size))
+    moved = np.asarray(lists.moved, np.int64)
+    if mask is None:
+        parts_ids, parts_bits = [columns.ids[a:b] for a, b in spans], [columns.bits[a:b] for a, b in spans]
+    else:
+        parts_ids = [columns.ids[a:b][mask[a:b]] for a, b in spans]
+        parts_bits = [columns.bits[a:b][mask[a:b]] for a, b in spans]
+    if len(moved):
+        moved = moved if mask is None else moved[mask[moved]]
+        parts_ids.append(columns.ids[moved])
+        parts_bits.append(columns.bits[moved])
+    ids = np.concatenate(parts_ids)
+    bits = np.concatenate(parts_bits)
+    if len(moved):  # a moved row may also sit in a chosen list: once
+        ids, first = np.unique(ids, return_index=True)
+        bits = bits[first]
+    return ids, np.ascontiguousarray(bits), reach >= len(order)
 
 
 def _words(bits: np.ndarray) -> np.ndarray:
@@ -438,7 +638,8 @@ def _nearest_per_code(distances: np.ndarray, bits: np.ndarray, k: int, per_code:
         pool_size = min(rows, pool_size * 4)
 
 
-def _append_rows(columns: _Columns, codes: dict[str, int], rows: Sequence[tuple]) -> None:  # type: ignore[type-arg]
+def _append_rows(columns: _Columns, codes: dict[str, int], rows: Sequence[tuple]) -> np.ndarray:  # type: ignore[type-arg]
+    """The rows appended; their vectors returned."""
     vectors = np.frombuffer(b"".join(bytes(row[5]) for row in rows), np.float32).reshape(len(rows), DIMENSIONS)
     cameras = np.fromiter((codes.setdefault(row[1], len(codes)) for row in rows), np.int32, len(rows))
     columns.append(
@@ -449,6 +650,7 @@ def _append_rows(columns: _Columns, codes: dict[str, int], rows: Sequence[tuple]
         np.fromiter((row[3] or 0 for row in rows), np.int32, len(rows)),
         np.fromiter((_STATUSES[CaptionStatus(row[4])] for row in rows), np.int8, len(rows)),
     )
+    return vectors
 
 
 _INDEXES: weakref.WeakKeyDictionary[Engine, VectorIndex] = weakref.WeakKeyDictionary()
