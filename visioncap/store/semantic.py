@@ -50,7 +50,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from visioncap.store.binary_rows import binary_rows
+from visioncap.store.binary_rows import postgres_vectors
 from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import PG_TS_CONFIG, PG_TSVECTOR_COLUMN, VECTORS_TABLE
@@ -128,7 +128,7 @@ def _similarities(conn: Connection, window: Select[Any], vector: np.ndarray) -> 
         return {row_id: 1.0 - float(distance) for row_id, distance in distances}
     found: Sequence[Any]
     if conn.dialect.name == "postgresql":
-        found = _postgres_vectors(conn, list(conn.execute(window).scalars()))
+        found = postgres_vectors(conn, list(conn.execute(window).scalars()))
     else:
         found = conn.execute(select(_VECTORS.c.caption_id, _VECTORS.c.embedding).where(in_window)).all()
     if not found:
@@ -136,14 +136,6 @@ def _similarities(conn: Connection, window: Select[Any], vector: np.ndarray) -> 
     matrix = np.frombuffer(b"".join(bytes(blob) for _, blob in found), dtype=np.float32).reshape(len(found), -1)
     scores = matrix @ vector
     return {row_id: float(score) for (row_id, _), score in zip(found, scores, strict=True)}
-
-
-def _postgres_vectors(conn: Connection, ids: list[int]) -> list[tuple[Any, ...]]:
-    """The vectors of `ids`, in binary format (store/binary_rows.py: 5,000 vectors in 25 ms, not 50)."""
-    if not ids:
-        return []
-    sql = f"SELECT caption_id, embedding FROM {VECTORS_TABLE} WHERE caption_id = ANY(%(ids)s)"
-    return binary_rows(conn, sql, {"ids": ids})
 
 
 def _sqlite_alike(

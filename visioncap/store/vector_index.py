@@ -34,6 +34,7 @@ rank the bounded window they always did (`ready` is False, /readyz says so).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import weakref
@@ -46,7 +47,7 @@ import numpy as np
 from sqlalchemy import Engine, bindparam, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from visioncap.store.binary_rows import binary_rows
+from visioncap.store.binary_rows import binary_rows, postgres_vectors
 from visioncap.store.embeddings import DIMENSIONS
 from visioncap.store.records import CaptionStatus
 from visioncap.store.schema import VECTORS_TABLE
@@ -65,6 +66,8 @@ LISTS_MIN_ROWS = 2_000_000
 LISTS = 256
 _TRAIN_ROWS_PER_LIST = 64  # k-means on a sample of this many rows a list
 _KMEANS_ROUNDS = 8
+_TRAIN_ROWS_MIN_PER_LIST = 8  # fewer found in the sample (ids very sparse): no lists
+_SAMPLE_DRAWS_MAX = 2_000_000  # ids drawn for the sample at most (a table at 1 % density yields 20,000 rows)
 # A search reads at least this share of the rows its filters keep, and at least this many rows per candidate
 # asked for, from its nearest lists (then rows written since the build and rows changed since, whole).
 PROBE_SHARE = 0.04
@@ -92,7 +95,7 @@ _LATE_VECTORS = text(
 ).bindparams(bindparam("ids", expanding=True))
 _LAST_WRITE = text(f"SELECT max(written_at) FROM {VECTORS_TABLE}")
 _ID_RANGE = text(f"SELECT count(*), min(caption_id), max(caption_id) FROM {VECTORS_TABLE}")
-_SAMPLE = text(f"SELECT embedding FROM {VECTORS_TABLE} WHERE caption_id IN :ids").bindparams(
+_SAMPLE = text(f"SELECT caption_id, embedding FROM {VECTORS_TABLE} WHERE caption_id IN :ids").bindparams(
     bindparam("ids", expanding=True)
 )
 # How far before the latest write time seen the next look starts: a writer's transaction that stamped its rows
@@ -138,7 +141,7 @@ class _Lists:
     centroids: np.ndarray  # (LISTS, DIMENSIONS) float32, unit length
     starts: np.ndarray  # (LISTS + 1,) int64
     covered: int
-    moved: list[int]
+    moved: set[int]
 
     def stale(self, size: int) -> bool:
         return (size - self.covered) + len(self.moved) > _STALE_SHARE * max(self.covered, 1)
@@ -170,9 +173,10 @@ class _Columns:
 
     def __init__(self, capacity: int = 1024) -> None:
         self.size = 0
-        # The latest capture time held (microseconds): a search whose top is at or past it keeps every row
-        # without comparing 10M times.
-        self.latest = -(2**63)
+        # The newest row held by (capture time in microseconds, id), the order of a first page: a search whose top
+        # is at or past it keeps every row without comparing 10M times. Only ever raised (a row captioned again
+        # with an earlier time leaves it above the newest row): a bound that is too high costs a mask, never a row.
+        self.latest = (-(2**63), 0)
         self.ids = np.zeros(capacity, np.int64)
         self.bits = np.zeros((capacity, _BYTES), np.uint8)
         self.cameras = np.zeros(capacity, np.int32)
@@ -197,16 +201,18 @@ class _Columns:
         self.people[self.size : end] = people
         self.statuses[self.size : end] = statuses
         self.size = end
-        if len(times):
-            self.latest = max(self.latest, int(np.max(times)))
+        self.note_latest(times, ids)
 
-    def ordered(self, order: np.ndarray) -> _Columns:
-        """The rows in `order` (positions), at capacity for them."""
-        columns = _Columns(max(1, len(order)))
+    def note_latest(self, times: np.ndarray, ids: np.ndarray) -> None:
+        if len(times):
+            at = int(np.max(times))
+            self.latest = max(self.latest, (at, int(np.max(ids[times == at]))))
+
+    def reorder(self, order: np.ndarray) -> None:
+        """The rows put in `order` (positions of every row), a column at a time, so that a build at 10M rows holds
+        one column twice at most rather than the whole index (730 MB)."""
         for name in _COLUMN_NAMES:
-            getattr(columns, name)[: len(order)] = getattr(self, name)[order]
-        columns.size, columns.latest = len(order), self.latest
-        return columns
+            setattr(self, name, getattr(self, name)[order])
 
 
 _COLUMN_NAMES = ("ids", "bits", "cameras", "times", "people", "statuses")
@@ -254,7 +260,7 @@ class VectorIndex:
         if not self.ready:
             state = f"building ({self.error})" if self.error else "building"
             return f"vector index {state}: until it is ready, the newest rows under the filters are ranked exactly"
-        lists = "" if self._lists is None else f" in {LISTS} lists"
+        lists = "" if self._lists is None else f" in {len(self._lists.centroids)} lists"
         return (
             f"vector index over {self.size} vectors (sign bits{lists}, {self.nbytes() // 1_000_000} MB in memory, "
             f"built in {self.built_s or 0:.1f} s), candidates re-ranked exactly; filters keeping few rows ranked "
@@ -293,7 +299,7 @@ class VectorIndex:
             with self.engine.connect() as conn:
                 written = conn.scalar(_LAST_WRITE)  # before the rows: what is written meanwhile is read after
                 count, low, high = conn.execute(_ID_RANGE).one()
-                centroids = self._centroids(conn, low, high) if (count or 0) >= LISTS_MIN_ROWS else None
+                centroids = self._centroids(conn, count, low, high) if (count or 0) >= LISTS_MIN_ROWS else None
             # Only refresh (which waits for _loading) reads these two; the build's rows move them on.
             self._written, self._seen = (None if written is None else float(written)), {}
             labels: list[np.ndarray] = []
@@ -307,17 +313,20 @@ class VectorIndex:
         self.error = None
         self._ready.set()
 
-    def _centroids(self, conn: Any, low: int, high: int) -> np.ndarray:
-        """Centroids trained on the vectors of ids drawn at random between the lowest and the highest (ids
-        deleted by retention are simply missing from the sample)."""
+    def _centroids(self, conn: Any, count: int, low: int, high: int) -> np.ndarray | None:
+        """Centroids trained on the vectors of ids drawn at random between the lowest and the highest, or None
+        (no lists) when too few are found. Retention leaves gaps in the ids: as many are drawn as the ids' density
+        says the sample needs, so a table of sparse ids still yields one."""
         rng = np.random.default_rng(high)
-        drawn = np.unique(rng.integers(low, high + 1, LISTS * _TRAIN_ROWS_PER_LIST)).tolist()
-        blobs = [
-            bytes(row[0])
-            for start in range(0, len(drawn), 2000)
-            for row in conn.execute(_SAMPLE, {"ids": drawn[start : start + 2000]})
-        ]
-        sample = np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), DIMENSIONS)
+        wanted = LISTS * _TRAIN_ROWS_PER_LIST
+        span = high - low + 1
+        draws = min(span, _SAMPLE_DRAWS_MAX, math.ceil(1.25 * wanted * span / max(count, 1)))
+        drawn = np.unique(rng.integers(low, high + 1, draws)).tolist()
+        found = [blob for _, blob in _vectors_of(conn, drawn)][:wanted]
+        if len(found) < LISTS * _TRAIN_ROWS_MIN_PER_LIST:
+            log.warning("vector index: %d vectors sampled for %d lists: no lists", len(found), LISTS)
+            return None
+        sample = np.frombuffer(b"".join(bytes(blob) for blob in found), np.float32).reshape(len(found), DIMENSIONS)
         return train_centroids(sample, LISTS, rng)
 
     def refresh(self) -> None:
@@ -429,10 +438,10 @@ class VectorIndex:
                 continue
             columns.bits[at], columns.cameras[at] = added.bits[n], added.cameras[n]
             columns.times[at], columns.people[at] = added.times[n], added.people[n]
-            columns.latest = max(columns.latest, int(added.times[n]))
+            columns.note_latest(added.times[n : n + 1], added.ids[n : n + 1])
             columns.statuses[at] = added.statuses[n]
             if self._lists is not None and at < self._lists.covered:
-                self._lists.moved.append(int(at))  # its list is its old vector's
+                self._lists.moved.add(int(at))  # its list is its old vector's
         if fresh:
             picks = np.asarray(fresh)
             columns.append(
@@ -449,8 +458,7 @@ class VectorIndex:
             return False
         if where.top is None:
             return True
-        at = _micros(where.top[0])
-        return columns.latest < at or (columns.latest == at and self._max_id <= where.top[1])
+        return columns.latest <= (_micros(where.top[0]), where.top[1])
 
     def _mask(self, columns: _Columns, where: IndexFilter) -> np.ndarray:
         size = columns.size
@@ -502,20 +510,18 @@ class VectorIndex:
             size = columns.size
             # Every row kept: no mask at all (each pass over 10M rows' columns costs milliseconds).
             mask = None if self._keeps_every_row(columns, where) else self._mask(columns, where)
-            lists = self._lists
-            if lists is not None:
-                ids, bits, probed_all = _probe(columns, lists, mask, vector, k)
-                bits = _words(bits)
+            # Views where no mask applies, not a copy of the whole index (48 MB at a million rows), joined outside
+            # the lock. Rows past `size` may be appended meanwhile; these views never reach them, and a rebuild or
+            # a reorder makes new arrays.
+            if self._lists is not None:
+                ids_parts, bits_parts, probed_all = _probe(columns, self._lists, mask, vector, k)
+            elif mask is None:
+                ids_parts, bits_parts, probed_all = [columns.ids[:size]], [columns.bits[:size]], True
             else:
-                probed_all = True
-                # Unfiltered: views, not a copy of the whole index (48 MB at a million rows). Rows past `size` may
-                # be appended meanwhile; these views never reach them, and a rebuild makes new arrays.
-                every_row = mask is None or bool(mask.all())
-                ids = columns.ids[:size] if every_row or mask is None else columns.ids[:size][mask]
-                bits = _words(columns.bits[:size] if every_row or mask is None else columns.bits[:size][mask])
-        if not probed_all:
-            return self._nearest_of(ids, bits, query, k, per_code)[0], False
-        return self._nearest_of(ids, bits, query, k, per_code)
+                ids_parts, bits_parts, probed_all = [columns.ids[:size][mask]], [columns.bits[:size][mask]], True
+        ids, bits = _joined(ids_parts, bits_parts)
+        chosen, every = self._nearest_of(ids, _words(bits), query, k, per_code)
+        return chosen, every and probed_all
 
     @staticmethod
     def _nearest_of(
@@ -535,15 +541,16 @@ def group(columns: _Columns, centroids: np.ndarray, labels: np.ndarray) -> tuple
     """The columns ordered by list (then by position: id order within a list) and the lists over them."""
     order = np.argsort(labels[: columns.size], kind="stable")
     starts = np.searchsorted(labels[: columns.size][order], np.arange(len(centroids) + 1)).astype(np.int64)
-    return columns.ordered(order), _Lists(centroids, starts, columns.size, [])
+    columns.reorder(order)
+    return columns, _Lists(centroids, starts, columns.size, set())
 
 
 def _probe(
     columns: _Columns, lists: _Lists, mask: np.ndarray | None, vector: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray, bool]:
-    """The ids and bits of the rows `mask` keeps in the lists nearest `vector` (enough lists to hold
-    PROBE_SHARE of the rows kept and PROBE_ROWS_PER_CANDIDATE per candidate), with every row appended or changed
-    since the build; and whether that is every list. Lists are contiguous: slices, not a gather."""
+) -> tuple[list[np.ndarray], list[np.ndarray], bool]:
+    """The ids and bits (in parts, for `_joined`) of the rows `mask` keeps in the lists nearest `vector` (enough
+    lists to hold PROBE_SHARE of the rows kept and PROBE_ROWS_PER_CANDIDATE per candidate), with every row appended
+    or changed since the build; and whether that is every list. Lists are contiguous: slices, not a gather."""
     covered = lists.covered
     sizes = np.diff(lists.starts)
     if mask is None or not covered:
@@ -558,7 +565,9 @@ def _probe(
     chosen = np.sort(order[:reach])
     spans = [(int(lists.starts[c]), int(lists.starts[c + 1])) for c in chosen if kept_per_list[c]]
     spans.append((covered, columns.size))
-    moved = np.asarray(lists.moved, np.int64)
+    moved = np.fromiter(lists.moved, np.int64, len(lists.moved))
+    # A moved row in a probed list is read with it: once.
+    moved = moved[~np.isin(np.searchsorted(lists.starts, moved, side="right") - 1, chosen)]
     if mask is None:
         parts_ids, parts_bits = [columns.ids[a:b] for a, b in spans], [columns.bits[a:b] for a, b in spans]
     else:
@@ -568,12 +577,23 @@ def _probe(
         moved = moved if mask is None else moved[mask[moved]]
         parts_ids.append(columns.ids[moved])
         parts_bits.append(columns.bits[moved])
-    ids = np.concatenate(parts_ids)
-    bits = np.concatenate(parts_bits)
-    if len(moved):  # a moved row may also sit in a chosen list: once
-        ids, first = np.unique(ids, return_index=True)
-        bits = bits[first]
-    return ids, np.ascontiguousarray(bits), reach >= len(order)
+    return parts_ids, parts_bits, reach >= len(order)
+
+
+def _joined(ids_parts: list[np.ndarray], bits_parts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The parts as one array each."""
+    if len(ids_parts) == 1:
+        return ids_parts[0], np.ascontiguousarray(bits_parts[0])
+    return np.concatenate(ids_parts), np.concatenate(bits_parts)
+
+
+def _vectors_of(conn: Any, ids: list[int]) -> list[Any]:
+    """(caption_id, embedding) of those of `ids` that have a vector."""
+    if conn.dialect.name == "postgresql":
+        return postgres_vectors(conn, ids)
+    # Within SQLite's limit on a statement's variables.
+    batches = (ids[start : start + 2000] for start in range(0, len(ids), 2000))
+    return [row for batch in batches for row in conn.execute(_SAMPLE, {"ids": batch})]
 
 
 def _words(bits: np.ndarray) -> np.ndarray:

@@ -266,8 +266,7 @@ def _seed_many_postgres(engine: Engine, labelled: LabelledSet, vectors: np.ndarr
             log.info("seeded %d of %d rows", last + 1, rows)
     finally:
         with engine.begin() as conn:
-            conn.execute(text(f"ALTER TABLE captions ENABLE TRIGGER {PG_COUNT_TRIGGER}"))
-            recount(conn)
+            recount(conn)  # which makes the triggers again, on
     with engine.begin() as conn:
         # Ids were given, not drawn: later inserts (the backfill and freshness rows) draw past them.
         conn.execute(text("SELECT setval(pg_get_serial_sequence('captions', 'id'), (SELECT max(id) FROM captions))"))
