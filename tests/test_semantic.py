@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, Select, func, select, text
 
 from visioncap.api import create_app
 from visioncap.bench.common.machine import machine_facts
@@ -36,9 +36,17 @@ from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
 from visioncap.store.schema import VECTORS_TABLE
 from visioncap.store.search import WORD, CaptionFilter, SearchLimits, camera_check, row_checks, walk_conditions
-from visioncap.store.semantic import STOP_WORDS, _similarities, _sqlite_word_ranks, _word_ranks, semantic_search
+from visioncap.store.semantic import (
+    STOP_WORDS,
+    _best_first,
+    _similarities,
+    _sqlite_word_ranks,
+    _word_ranks,
+    _word_scores,
+    semantic_search,
+)
 from visioncap.store.vector_index import IndexFilter, index_for
-from visioncap.store.vectors import BackgroundEmbedder, backfill, embed_rows
+from visioncap.store.vectors import BackgroundEmbedder, Batch, backfill, embed_batch, embed_rows
 
 # The sentence model costs seconds of PyTorch to load and to embed the labelled set: CI and `make test` run these,
 # the fast tier leaves them out (as it does the YOLO runs).
@@ -89,6 +97,8 @@ def test_backfill_embeds_every_captioned_row_once(engine: Engine, embedder: Text
     assert backfill(engine, embedder, batch_size=64) == 320
     assert vector_count(engine) == 320
     assert backfill(engine, embedder) == 0  # idempotent: nothing left to do
+    # Nothing left: the next pass starts past the highest id, not again from the first row.
+    assert embed_batch(engine, embedder) == Batch(0, 320, False)
 
 
 def all_pages(engine: Engine, embedder: TextEmbedder, query: CaptionFilter, hybrid: bool, limit: int) -> list[int]:
@@ -131,14 +141,17 @@ def test_pages_follow_the_ranking_within_the_filters(
     assert paged[0] in relevant and paged != sorted(paged, reverse=True)  # by meaning, not by time
 
 
-def oracle(engine: Engine, query: CaptionFilter, search: str, vector: np.ndarray, hybrid: bool, rows: int) -> list[int]:
-    """The ranking by its definition (module docstring of store/semantic.py), computed here in Python: the rows
-    (the newest `rows` rows of the walk, those of them that meet the other filters; with the vector index, every
-    row that meets them), its rows with a vector by
+def oracle(
+    engine: Engine, query: CaptionFilter, search: str, vector: np.ndarray, hybrid: bool, scan_rows: int
+) -> list[int]:
+    """The ranking by its definition (module docstring of store/semantic.py), computed here in Python: every row
+    that meets the filters with a vector (the vector index's, or the window's when it holds them all) by
     similarity, then id, both descending, fused by reciprocal rank with the full-text list of the search text's
-    words but stop words. The similarities and the words list are the database's own (`_similarities`,
+    words but stop words among the window's rows (the newest `scan_rows` rows of the walk, those of them that meet
+    the other filters). The similarities and the words list are the database's own (`_similarities`,
     `_word_ranks`, the functions the PostgreSQL path uses): the same floats, so near-ties fall alike."""
-    with engine.connect() as conn:
+
+    def window(rows: int | None) -> Select[Any]:
         walked = (
             select(CaptionRecord.id)
             .where(*walk_conditions(query))
@@ -146,11 +159,15 @@ def oracle(engine: Engine, query: CaptionFilter, search: str, vector: np.ndarray
             .limit(rows)
         )
         checks = [*row_checks(engine, query), *camera_check(engine, query)]
-        window = list(conn.scalars(select(CaptionRecord.id).where(CaptionRecord.id.in_(walked), *checks)))
-        in_window = select(CaptionRecord.id).where(CaptionRecord.id.in_(window))
+        return select(CaptionRecord.id).where(CaptionRecord.id.in_(walked), *checks)
+
+    with engine.connect() as conn:
         words = [word for word in WORD.findall(search) if word.lower() not in STOP_WORDS]
-        listed = _word_ranks(conn, in_window, words)
-        similar = _similarities(conn, in_window, vector)
+        listed = _word_ranks(
+            conn, select(CaptionRecord.id).where(CaptionRecord.id.in_(list(conn.scalars(window(scan_rows))))), words
+        )
+        every = list(conn.scalars(window(None)))
+        similar = _similarities(conn, select(CaptionRecord.id).where(CaptionRecord.id.in_(every)), vector)
     semantic = sorted(similar, key=lambda row_id: (similar[row_id], row_id), reverse=True)
     if not hybrid:
         return semantic
@@ -184,7 +201,7 @@ def test_pages_are_the_ranking_by_its_definition(
     assert index_for(engine).wait_ready(30)
     for query, search, rows in cases:
         vector = embedder.encode([search])[0]
-        expected = oracle(engine, query, search, vector, hybrid, len(labelled_vectors))
+        expected = oracle(engine, query, search, vector, hybrid, rows)
         assert len(expected) > 30, (search, len(expected))  # several pages
         paged: list[int] = []
         after = None
@@ -340,25 +357,27 @@ def test_latency_bench_times_every_case_idle_and_busy(tmp_path: Path) -> None:
     assert "Searchable after: a new caption" in report
 
 
-def test_a_words_list_over_a_broad_scope_ranks_its_newest_matches(engine: Engine) -> None:
-    """Over the index (a broad scope) a word's list is the full-text ranking of its newest `newest` matches only:
-    ranking every match would cost what the archive holds. The same order as the full ranking, restricted."""
+def test_a_words_list_over_the_index_ranks_the_matches_of_its_window(engine: Engine) -> None:
+    """Over the index (a broad scope) a words list is the full-text matches of the window (the rows found first,
+    then matched: its cost does not grow with the matches). Each row scores what the full ranking gives it, so the
+    list is that ranking, restricted to the window."""
     word = "man"
     with engine.connect() as conn:
-        if conn.dialect.name == "sqlite":
-
-            def ranks(limit: int | None = None, newest: int | None = None) -> list[int]:
-                return _sqlite_word_ranks(conn, [], [word], limit=limit, newest=newest)
-        else:
-
-            def ranks(limit: int | None = None, newest: int | None = None) -> list[int]:
-                return _word_ranks(conn, select(CaptionRecord.id), [word], limit=limit, newest=newest)
-
-        every = ranks()
+        every = (
+            _sqlite_word_ranks(conn, [], [word])
+            if conn.dialect.name == "sqlite"
+            else _word_ranks(conn, select(CaptionRecord.id), [word])
+        )
         assert len(every) > 30, "the labelled set has this word in many captions"
-        newest_ids = set(sorted(every, reverse=True)[:20])
-        assert ranks(limit=8, newest=20) == [row_id for row_id in every if row_id in newest_ids][:8]
-        assert ranks(newest=10_000) == every
+        window = [CaptionRecord.id > 200, CaptionRecord.id <= 300]
+        scores = _word_scores(conn, window, [[word], ["nothing", "matches", "this"], []])
+        assert _best_first(scores[0]) == [row_id for row_id in every if 200 < row_id <= 300]
+        assert scores[1] == scores[2] == {}
+        one_camera = _word_scores(conn, [*window, CaptionRecord.camera == "cam-01"], [[word]])[0]
+        assert one_camera and set(one_camera) < set(scores[0])
+        assert set(conn.scalars(select(CaptionRecord.camera).where(CaptionRecord.id.in_(list(one_camera))))) == {
+            "cam-01"
+        }
 
 
 def test_the_index_reads_vectors_written_below_its_highest_id(

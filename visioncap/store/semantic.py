@@ -83,12 +83,12 @@ CANDIDATE_GROWTH = 4
 # Copies of one code are as near as each other, so the cap costs a page nothing it would have had unless the page
 # holds more than k / 16 of them; then the growth (x4) raises the cap too.
 CODE_SHARE = 16
-# The words list of a search over the index: the best this many full-text matches (all of them in a window),
-# ranked among the newest WORDS_SCAN matches under the filters. Ranking every match costs what the archive holds
-# (a word such as "person" is in most captions: a million matches at a million rows); the newest ones are what a
-# question over a broad scope asks about, and older captions still come by meaning, from the index.
+# The words list: the best this many full-text matches of the window (the newest `scan_rows` rows under the
+# filters), also over the index, whose meaning ranks the whole archive. Ranking every match costs what the archive
+# holds: the newest 4,000 matches of three words took 0.6-0.9 s at 10M rows on PostgreSQL (a bitmap of 94,000
+# matches read across the table), where the window's rows are read by the walk's index and then matched (20-30 ms).
+# Older captions come by meaning; every match of a word in the whole archive is `q`'s, newest first.
 WORDS_LIMIT = 1000
-WORDS_SCAN = 4 * WORDS_LIMIT
 # Words that say nothing about a scene: the words list needs every word, and captions seldom have "someone".
 STOP_WORDS = (
     frozenset({"a", "an", "the", "and", "or", "of", "in", "on", "at", "to", "by", "for", "with", "from", "into"})
@@ -149,11 +149,9 @@ def _sqlite_alike(
     return {int(row_id): float(score) for row_id, score in conn.execute(statement)}
 
 
-def _word_ranks(
-    conn: Connection, window: Select[Any], words: list[str], limit: int | None = None, newest: int | None = None
-) -> list[int]:
+def _word_ranks(conn: Connection, window: Select[Any], words: list[str], limit: int | None = None) -> list[int]:
     """The window's rows with every one of `words` (the last also as a prefix, as `q`), best first (the first
-    `limit`); `newest`: ranked among the newest that many matches only (a broad scope, over the index)."""
+    `limit`)."""
     if not words:
         return []
     if conn.dialect.name == "sqlite":
@@ -166,19 +164,67 @@ def _word_ranks(
         statement = select(_FTS.c.rowid).where(match, _FTS.c.rowid.between(min(in_window), max(in_window)))
         statement = statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc())
         return [row_id for row_id in conn.scalars(statement) if row_id in in_window][:limit]
-    # Only word characters reach to_tsquery (see search.py), so its syntax cannot be injected.
-    tsquery = func.to_tsquery(
-        literal_column(f"'{PG_TS_CONFIG}'::regconfig"), " & ".join([*words[:-1], f"{words[-1]}:*"])
-    )
+    tsquery = _pg_tsquery(words)
     tsvector: ColumnElement[Any] = literal_column(PG_TSVECTOR_COLUMN)
     rank = func.ts_rank(tsvector, tsquery)
     matches = select(CaptionRecord.id.label("id"), rank.label("rank"))
-    matches = matches.where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery))
-    if newest is not None:
-        matches = matches.order_by(CaptionRecord.id.desc()).limit(newest)
-    ranked = matches.subquery()
+    ranked = matches.where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery)).subquery()
     statement = select(ranked.c.id).order_by(ranked.c.rank.desc(), ranked.c.id.desc())
     return list(conn.scalars(statement.limit(limit)))
+
+
+def _pg_tsquery(words: list[str]) -> ColumnElement[Any]:
+    """Every one of `words`, the last also as a prefix. Only word characters reach to_tsquery (see search.py), so
+    its syntax cannot be injected."""
+    return func.to_tsquery(literal_column(f"'{PG_TS_CONFIG}'::regconfig"), " & ".join([*words[:-1], f"{words[-1]}:*"]))
+
+
+def _word_scores(
+    conn: Connection, window: list[ColumnElement[bool]], groups: list[list[str]]
+) -> list[dict[int, float]]:
+    """For each group of words, the full-text score (higher: better; ts_rank, or BM25 negated) of each row of
+    `window` (a bounded window: `_in_window`'s terms) with every word of the group: the window's rows found first,
+    then matched, however common the words."""
+    found: list[dict[int, float]] = [{} for _ in groups]
+    if not any(groups):
+        return found
+    if conn.dialect.name == "sqlite":
+        span = _id_range(conn, window)
+        if span is None:
+            return found
+        # FTS5 bounded by the window's id range (its own rowid bound: fast), the window's rows picked by its terms.
+        matches = _FTS.join(CaptionRecord.__table__, CaptionRecord.id == _FTS.c.rowid + 0)
+        for place, words in enumerate(groups):
+            if not words:
+                continue
+            match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
+            statement = select(_FTS.c.rowid, literal_column("bm25(captions_fts)")).select_from(matches)
+            statement = statement.where(match, _FTS.c.rowid.between(*span), *window)
+            found[place] = {int(row_id): -float(bm25) for row_id, bm25 in conn.execute(statement)}
+        return found
+    tsvector: ColumnElement[Any] = literal_column(PG_TSVECTOR_COLUMN)
+    # Materialized: left to itself the planner ANDs the window's rows with the words index's bitmap (the index
+    # scan alone 80 ms for a prefix at 10M rows, and the matches then read across the table) instead of testing
+    # the window's few rows.
+    rows = select(CaptionRecord.id.label("id"), tsvector.label("tsv")).where(*window)
+    scope = rows.cte("words_window").prefix_with("MATERIALIZED")
+    columns: list[ColumnElement[Any]] = []
+    for words in groups:
+        if words:
+            tsquery = _pg_tsquery(words)
+            columns += [scope.c.tsv.op("@@")(tsquery), func.ts_rank(scope.c.tsv, tsquery)]
+        else:
+            columns += [literal(False), literal(0.0)]
+    for row_id, *cells in conn.execute(select(scope.c.id, *columns)):
+        for place in range(len(groups)):
+            if cells[2 * place]:
+                found[place][int(row_id)] = float(cells[2 * place + 1])
+    return found
+
+
+def _best_first(scores: dict[int, float], limit: int = WORDS_LIMIT) -> list[int]:
+    """The ids by score, then the newer first, the first `limit`."""
+    return sorted(scores, key=lambda row_id: (scores[row_id], row_id), reverse=True)[:limit]
 
 
 def _id_range(conn: Connection, window: list[ColumnElement[bool]]) -> tuple[int, int] | None:
@@ -193,24 +239,15 @@ def _sqlite_word_ranks(
     words: list[str],
     ids: tuple[int, int] | None = None,
     limit: int | None = None,
-    newest: int | None = None,
 ) -> list[int]:
     """`_word_ranks` on SQLite from the window's terms, without reading the window's ids into Python. `ids`: the
-    window's `_id_range` when the caller has it (one read for several lists). `newest`: ranked among the newest
-    that many matches only, found newest first and with no id range (a broad scope, over the index: the range's
-    min and max read every row the filters keep, 0.3 s at a million rows)."""
+    window's `_id_range` when the caller has it (one read for several lists)."""
     if not words:
         return []
     match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
     # FTS5 walks its matches and each is looked up in captions by id. `+ 0` keeps the join term from reaching FTS5
     # as a rowid constraint: it would then run the whole match once per window row.
     matches = _FTS.join(CaptionRecord.__table__, CaptionRecord.id == _FTS.c.rowid + 0)
-    if newest is not None:
-        scored = select(_FTS.c.rowid.label("id"), literal_column("bm25(captions_fts)").label("rank"))
-        scored = scored.select_from(matches).where(match, *window).order_by(_FTS.c.rowid.desc()).limit(newest)
-        newest_first = scored.subquery()
-        statement = select(newest_first.c.id).order_by(newest_first.c.rank, newest_first.c.id.desc())
-        return list(conn.scalars(statement.limit(limit)))
     ids = ids or _id_range(conn, window)
     if ids is None:
         return []
@@ -422,17 +459,8 @@ def explained_search(
             if index is not None:
                 listed = None
                 if hybrid:
-                    listed = (
-                        _sqlite_word_ranks(conn, in_scope, words, limit=WORDS_LIMIT, newest=WORDS_SCAN)
-                        if sqlite
-                        else _word_ranks(
-                            conn,
-                            select(CaptionRecord.id).where(*in_scope),
-                            words,
-                            limit=WORDS_LIMIT,
-                            newest=WORDS_SCAN,
-                        )
-                    )
+                    window = _in_window(conn, engine, query, top, limits.scan_rows)
+                    listed = _best_first(_word_scores(conn, window, [words])[0])
                 vector = encoded.result()[0]
                 if listed is None:
                     below = after
@@ -535,23 +563,7 @@ def any_word_search(
         if top is None:
             return []
         in_scope, index = _scope(conn, engine, query, top, limits, words=True)
-        # Over the index (a broad filter: a month of many cameras) each list is its best WORDS_LIMIT rows among its
-        # newest WORDS_SCAN matches.
-        cap, scan = (WORDS_LIMIT, WORDS_SCAN) if index is not None else (None, None)
-        if conn.dialect.name == "sqlite":
-            # The rows' ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
-            # more than the full-text matches themselves.
-            span = None
-            if index is None:
-                span = _id_range(conn, in_scope)
-                if span is None:
-                    return []
-            rankings = [
-                _fused({}, _sqlite_word_ranks(conn, in_scope, [word], span, limit=cap, newest=scan)) for word in words
-            ]
-        else:
-            window = select(CaptionRecord.id).where(*in_scope)
-            rankings = [_fused({}, _word_ranks(conn, window, [word], limit=cap, newest=scan)) for word in words]
+        alike: dict[int, float] | None = None
         if meaning is not None and vector is not None:
             floor = meaning.min_similarity
             if index is not None:
@@ -566,6 +578,22 @@ def any_word_search(
             else:
                 similar = _similarities(conn, select(CaptionRecord.id).where(*in_scope), vector)
                 alike = {row_id: score for row_id, score in similar.items() if score >= floor}
+        if index is not None:
+            # Over the index (a broad filter: a month of many cameras) each word's list is its matches in the
+            # window, as hybrid search's words list; the meaning's ranking covers the whole scope.
+            window = _in_window(conn, engine, query, top, limits.scan_rows)
+            rankings = [_fused({}, _best_first(found)) for found in _word_scores(conn, window, [[w] for w in words])]
+        elif conn.dialect.name == "sqlite":
+            # The rows' ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
+            # more than the full-text matches themselves.
+            span = _id_range(conn, in_scope)
+            if span is None:
+                return []
+            rankings = [_fused({}, _sqlite_word_ranks(conn, in_scope, [word], span)) for word in words]
+        else:
+            window = select(CaptionRecord.id).where(*in_scope)
+            rankings = [_fused({}, _word_ranks(conn, window, [word])) for word in words]
+        if alike is not None:
             rankings.append(_fused(alike, []))
         scores: dict[int, float] = {}
         for ranking in rankings:
