@@ -99,6 +99,12 @@ def test_backfill_embeds_every_captioned_row_once(engine: Engine, embedder: Text
     assert backfill(engine, embedder) == 0  # idempotent: nothing left to do
     # Nothing left: the next pass starts past the highest id, not again from the first row.
     assert embed_batch(engine, embedder) == Batch(0, 320, False)
+    # A look spans a bounded range of ids, and says when ids remain above it.
+    with engine.begin() as conn:
+        conn.execute(text(f"DELETE FROM {VECTORS_TABLE} WHERE caption_id = 250"))
+    walked = [embed_batch(engine, embedder, after, span=100) for after in (0, 100, 200)]
+    assert walked == [Batch(0, 100, True), Batch(0, 200, True), Batch(1, 250, True)]
+    assert embed_batch(engine, embedder, 250, span=100) == Batch(0, 320, False)
 
 
 def all_pages(engine: Engine, embedder: TextEmbedder, query: CaptionFilter, hybrid: bool, limit: int) -> list[int]:

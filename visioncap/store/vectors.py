@@ -34,8 +34,13 @@ DEFAULT_BATCH = 64
 # How often an embedder with nothing to do asks the index whether it should be rebuilt (rows deleted).
 MAINTAIN_S = 60.0
 
+# Ids one look spans at most: the look is an anti-join of the captions against the vectors, and over a whole
+# table of 10M rows it took 6-7 s on PostgreSQL, during which the change walk (new captions) waited; a span of
+# 100,000 ids takes tens of milliseconds, and the walk of a large table goes on span after span.
+WALK_SPAN = 100_000
+
 _MISSING = text(
-    f"SELECT c.id, c.caption FROM captions c WHERE c.id > :after AND c.status = :captioned "
+    f"SELECT c.id, c.caption FROM captions c WHERE c.id > :after AND c.id <= :upto AND c.status = :captioned "
     f"AND c.caption IS NOT NULL AND NOT EXISTS (SELECT 1 FROM {VECTORS_TABLE} v WHERE v.caption_id = c.id) "
     "ORDER BY c.id LIMIT :batch"
 )
@@ -59,22 +64,27 @@ class Batch:
 
     embedded: int  # vectors written
     last_id: int  # the highest caption id looked at (the next pass starts above it)
-    full: bool  # the batch was full: more rows may be waiting
+    full: bool  # the batch was full, or ids above the span looked at remain: more rows may be waiting
 
 
-def embed_batch(engine: Engine, embedder: TextEmbedder, after: int = 0, batch_size: int = DEFAULT_BATCH) -> Batch:
-    """Vectors for up to `batch_size` captioned rows above id `after` that have none."""
+def embed_batch(
+    engine: Engine, embedder: TextEmbedder, after: int = 0, batch_size: int = DEFAULT_BATCH, span: int = WALK_SPAN
+) -> Batch:
+    """Vectors for up to `batch_size` captioned rows that have none, among ids above `after` and at most `span`
+    past it."""
     with engine.connect() as conn:
-        rows = conn.execute(
-            _MISSING, {"after": after, "captioned": CaptionStatus.CAPTIONED.value, "batch": batch_size}
-        ).all()
-        if not rows:
-            # Every row up to the highest id has its vector: the next pass starts there. Staying put re-read the
-            # whole table each poll to find nothing (6.4 s of the server's CPU at 10M rows on PostgreSQL, every
-            # 2 s). A row below that id captioned after this look is the change walk's (BackgroundEmbedder).
-            return Batch(0, max(after, int(conn.scalar(_HIGHEST) or 0)), False)
+        highest = int(conn.scalar(_HIGHEST) or 0)
+        upto = min(highest, after + span)
+        bounds = {"after": after, "upto": upto, "captioned": CaptionStatus.CAPTIONED.value, "batch": batch_size}
+        rows = conn.execute(_MISSING, bounds).all()
+    if not rows:
+        # Every row of the span has its vector: the next pass starts past it, and past the highest id once there.
+        # Staying put re-read the table each poll to find nothing (6.4 s of the server's CPU at 10M rows on
+        # PostgreSQL, every 2 s). A row below that id captioned after this look is the change walk's
+        # (BackgroundEmbedder).
+        return Batch(0, max(after, upto), upto < highest)
     written = _write_vectors(engine, embedder, [(row_id, caption) for row_id, caption in rows])
-    return Batch(written, rows[-1][0], len(rows) == batch_size)
+    return Batch(written, rows[-1][0], len(rows) == batch_size or upto < highest)
 
 
 def _write_vectors(engine: Engine, embedder: TextEmbedder, rows: Sequence[tuple[int, str]]) -> int:
