@@ -10,9 +10,10 @@ the newest-first walk (one camera, the time range) that meet the other filters. 
   embedder has not written yet are not ranked);
 - hybrid: reciprocal rank fusion (k = 60) of the semantic list and a words list: the window's rows that the
   full-text search of `q` finds for the search text without its stop words (a, the, on, someone, ...), by BM25
-  (SQLite FTS5) or ts_rank (PostgreSQL). A list of rows with any one word was tried: on the labelled set it
-  ranked captions sharing only "man" or "car" with the query above the paraphrases (recall@5 0.80 against
-  semantic's 0.95; benchmarks/results/search_quality.md).
+  (SQLite FTS5) or ts_rank (PostgreSQL). The words list is the window's also when the index ranks every row by
+  meaning (the newest `scan_rows` rows under the filters: every match in the archive is `q`'s). A list of rows
+  with any one word was tried: on the labelled set it ranked captions sharing only "man" or "car" with the query
+  above the paraphrases (recall@5 0.80 against semantic's 0.95; benchmarks/results/search_quality.md).
 
 Cursor rules: a page ends at a (score, id) and the next page takes the rows ranked below it (score, then id,
 descending), in the same window: the cursor carries the window's top row, so rows stored after the first page
@@ -459,8 +460,8 @@ def explained_search(
             if index is not None:
                 listed = None
                 if hybrid:
-                    window = _in_window(conn, engine, query, top, limits.scan_rows)
-                    listed = _best_first(_word_scores(conn, window, [words])[0])
+                    words_window = _in_window(conn, engine, query, top, limits.scan_rows)
+                    listed = _best_first(_word_scores(conn, words_window, [words])[0])
                 vector = encoded.result()[0]
                 if listed is None:
                     below = after
@@ -581,8 +582,9 @@ def any_word_search(
         if index is not None:
             # Over the index (a broad filter: a month of many cameras) each word's list is its matches in the
             # window, as hybrid search's words list; the meaning's ranking covers the whole scope.
-            window = _in_window(conn, engine, query, top, limits.scan_rows)
-            rankings = [_fused({}, _best_first(found)) for found in _word_scores(conn, window, [[w] for w in words])]
+            words_window = _in_window(conn, engine, query, top, limits.scan_rows)
+            scored = _word_scores(conn, words_window, [[word] for word in words])
+            rankings = [_fused({}, _best_first(found)) for found in scored]
         elif conn.dialect.name == "sqlite":
             # The rows' ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
             # more than the full-text matches themselves.

