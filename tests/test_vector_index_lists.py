@@ -99,3 +99,20 @@ def test_a_change_in_place_makes_the_mask_again() -> None:
         index._replace(late)
     assert index.count(where) == before + 1
     assert index._lists is not None and position in index._lists.moved and index._lists.runs[position] < 0
+
+
+def test_the_lists_leave_room_for_the_rows_before_the_next_build() -> None:
+    """Columns built at capacity doubled on the first new caption (770 MB more at 10M rows): the build leaves room
+    for as many rows as the lists take before they are stale, so appending them moves no column."""
+    index, _ = _index()
+    columns, lists = index._columns, index._lists
+    assert lists is not None
+    room = int(vector_index._STALE_SHARE * lists.covered)
+    before = [id(getattr(columns, name)) for name in vector_index._COLUMN_NAMES]
+    rows = np.arange(room, dtype=np.int64)
+    columns.append(
+        10**9 + rows, np.zeros((room, DIMENSIONS // 8), np.uint8), np.zeros(room, np.int32), rows,
+        np.zeros(room, np.int32), np.zeros(room, np.int8),
+    )  # fmt: skip
+    assert [id(getattr(columns, name)) for name in vector_index._COLUMN_NAMES] == before
+    assert not lists.stale(columns.size) and lists.stale(columns.size + 1)

@@ -82,7 +82,9 @@ class ApiSettings(Settings):
         description="Most rows one GET /v1/captions examines for filters no index serves (people, status, text "
         "with other filters): when the page is not full by then, it comes back partial (`partial: true`, fewer "
         "items, maybe none) with a `next_cursor` that carries on from where the search stopped. The default costs "
-        "such a page about what a text search costs (~10-15 ms on SQLite, a million rows).",
+        "such a page about what a text search costs (~10-15 ms on SQLite, a million rows). Semantic search ranks "
+        "filters keeping at most this many rows exactly (broader ones from the vector index), and hybrid search "
+        "and Ask match their words among this many newest rows under the filters.",
     )
     api_search_timeout_s: float = Field(
         default=2.0,
