@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, Select, func, select, text
+from sqlalchemy import ColumnElement, Connection, Engine, Select, func, literal_column, select, text
 
 from visioncap.api import create_app
 from visioncap.bench.common.machine import machine_facts
@@ -34,14 +34,20 @@ from visioncap.config.keys import hash_key
 from visioncap.store import create_db_engine
 from visioncap.store.embeddings import TextEmbedder
 from visioncap.store.records import CaptionRecord
-from visioncap.store.schema import VECTORS_TABLE
-from visioncap.store.search import WORD, CaptionFilter, SearchLimits, camera_check, row_checks, walk_conditions
+from visioncap.store.schema import PG_TS_CONFIG, PG_TSVECTOR_COLUMN, VECTORS_TABLE
+from visioncap.store.search import (
+    WORD,
+    CaptionFilter,
+    SearchLimits,
+    camera_check,
+    fts5_query,
+    row_checks,
+    walk_conditions,
+)
 from visioncap.store.semantic import (
     STOP_WORDS,
     _best_first,
     _similarities,
-    _sqlite_word_ranks,
-    _word_ranks,
     _word_scores,
     semantic_search,
 )
@@ -147,6 +153,32 @@ def test_pages_follow_the_ranking_within_the_filters(
     assert paged[0] in relevant and paged != sorted(paged, reverse=True)  # by meaning, not by time
 
 
+def full_text_ranking(conn: Connection, window: Select[Any], words: list[str]) -> list[int]:
+    """The rows of `window` with every one of `words` (the last also as a prefix), best first: the database's own
+    full-text rank (BM25 ascending on SQLite, ts_rank descending on PostgreSQL), then the newer first. A reference
+    written apart from the module's (`_word_scores`), so that the oracle is not the code it checks."""
+    if not words:
+        return []
+    ids = list(conn.scalars(window))
+    if not ids:
+        return []
+    if conn.dialect.name == "sqlite":
+        matches = text(
+            "SELECT rowid FROM captions_fts WHERE captions_fts MATCH :match ORDER BY bm25(captions_fts), rowid DESC"
+        ).bindparams(match=fts5_query(" ".join(words)))
+        wanted = set(ids)
+        return [row_id for row_id in conn.scalars(matches) if row_id in wanted]
+    query = func.to_tsquery(literal_column(f"'{PG_TS_CONFIG}'::regconfig"), " & ".join([*words[:-1], f"{words[-1]}:*"]))
+    tsvector: ColumnElement[Any] = literal_column(PG_TSVECTOR_COLUMN)
+    rank = func.ts_rank(tsvector, query)
+    statement = (
+        select(CaptionRecord.id)
+        .where(CaptionRecord.id.in_(ids), tsvector.op("@@")(query))
+        .order_by(rank.desc(), CaptionRecord.id.desc())
+    )
+    return list(conn.scalars(statement))
+
+
 def oracle(
     engine: Engine, query: CaptionFilter, search: str, vector: np.ndarray, hybrid: bool, scan_rows: int
 ) -> list[int]:
@@ -154,8 +186,8 @@ def oracle(
     that meets the filters with a vector (the vector index's, or the window's when it holds them all) by
     similarity, then id, both descending, fused by reciprocal rank with the full-text list of the search text's
     words but stop words among the window's rows (the newest `scan_rows` rows of the walk, those of them that meet
-    the other filters). The similarities and the words list are the database's own (`_similarities`,
-    `_word_ranks`, the functions the PostgreSQL path uses): the same floats, so near-ties fall alike."""
+    the other filters). The similarities and the words list are the database's own (`_similarities`, the
+    function the PostgreSQL path uses, and `full_text_ranking`): the same floats, so near-ties fall alike."""
 
     def window(rows: int | None) -> Select[Any]:
         walked = (
@@ -169,9 +201,7 @@ def oracle(
 
     with engine.connect() as conn:
         words = [word for word in WORD.findall(search) if word.lower() not in STOP_WORDS]
-        listed = _word_ranks(
-            conn, select(CaptionRecord.id).where(CaptionRecord.id.in_(list(conn.scalars(window(scan_rows))))), words
-        )
+        listed = full_text_ranking(conn, window(scan_rows), words)
         every = list(conn.scalars(window(None)))
         similar = _similarities(conn, select(CaptionRecord.id).where(CaptionRecord.id.in_(every)), vector)
     semantic = sorted(similar, key=lambda row_id: (similar[row_id], row_id), reverse=True)
@@ -369,11 +399,7 @@ def test_a_words_list_over_the_index_ranks_the_matches_of_its_window(engine: Eng
     list is that ranking, restricted to the window."""
     word = "man"
     with engine.connect() as conn:
-        every = (
-            _sqlite_word_ranks(conn, [], [word])
-            if conn.dialect.name == "sqlite"
-            else _word_ranks(conn, select(CaptionRecord.id), [word])
-        )
+        every = full_text_ranking(conn, select(CaptionRecord.id), [word])
         assert len(every) > 30, "the labelled set has this word in many captions"
         window = [CaptionRecord.id > 200, CaptionRecord.id <= 300]
         scores = _word_scores(conn, window, [[word], ["nothing", "matches", "this"], []])

@@ -150,30 +150,6 @@ def _sqlite_alike(
     return {int(row_id): float(score) for row_id, score in conn.execute(statement)}
 
 
-def _word_ranks(conn: Connection, window: Select[Any], words: list[str], limit: int | None = None) -> list[int]:
-    """The window's rows with every one of `words` (the last also as a prefix, as `q`), best first (the first
-    `limit`)."""
-    if not words:
-        return []
-    if conn.dialect.name == "sqlite":
-        # Not `rowid IN (window)`: FTS5 then runs the whole match once per rowid of the window (seconds at
-        # 10,000). The window's id range instead, and its rows picked from those matches here.
-        in_window = set(conn.scalars(window))
-        if not in_window:
-            return []
-        match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
-        statement = select(_FTS.c.rowid).where(match, _FTS.c.rowid.between(min(in_window), max(in_window)))
-        statement = statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc())
-        return [row_id for row_id in conn.scalars(statement) if row_id in in_window][:limit]
-    tsquery = _pg_tsquery(words)
-    tsvector: ColumnElement[Any] = literal_column(PG_TSVECTOR_COLUMN)
-    rank = func.ts_rank(tsvector, tsquery)
-    matches = select(CaptionRecord.id.label("id"), rank.label("rank"))
-    ranked = matches.where(CaptionRecord.id.in_(window), tsvector.op("@@")(tsquery)).subquery()
-    statement = select(ranked.c.id).order_by(ranked.c.rank.desc(), ranked.c.id.desc())
-    return list(conn.scalars(statement.limit(limit)))
-
-
 def _pg_tsquery(words: list[str]) -> ColumnElement[Any]:
     """Every one of `words`, the last also as a prefix. Only word characters reach to_tsquery (see search.py), so
     its syntax cannot be injected."""
@@ -194,6 +170,8 @@ def _word_scores(
         if span is None:
             return found
         # FTS5 bounded by the window's id range (its own rowid bound: fast), the window's rows picked by its terms.
+        # `+ 0` keeps the join term from reaching FTS5 as a rowid constraint: it would then run the whole match
+        # once per window row.
         matches = _FTS.join(CaptionRecord.__table__, CaptionRecord.id == _FTS.c.rowid + 0)
         for place, words in enumerate(groups):
             if not words:
@@ -216,7 +194,9 @@ def _word_scores(
             columns += [scope.c.tsv.op("@@")(tsquery), func.ts_rank(scope.c.tsv, tsquery)]
         else:
             columns += [literal(False), literal(0.0)]
-    for row_id, *cells in conn.execute(select(scope.c.id, *columns)):
+    matched = [scope.c.tsv.op("@@")(_pg_tsquery(words)) for words in groups if words]
+    # Only the matches are ranked: most of the window's rows have none of the words, and ts_rank reads a whole vector.
+    for row_id, *cells in conn.execute(select(scope.c.id, *columns).where(or_(*matched))):
         for place in range(len(groups)):
             if cells[2 * place]:
                 found[place][int(row_id)] = float(cells[2 * place + 1])
@@ -228,33 +208,15 @@ def _best_first(scores: dict[int, float], limit: int = WORDS_LIMIT) -> list[int]
     return sorted(scores, key=lambda row_id: (scores[row_id], row_id), reverse=True)[:limit]
 
 
+def _words_list(conn: Connection, window: list[ColumnElement[bool]], words: list[str]) -> list[int]:
+    """The words list of `window` (a bounded window's terms): its rows with every one of `words`, best first."""
+    return _best_first(_word_scores(conn, window, [words])[0])
+
+
 def _id_range(conn: Connection, window: list[ColumnElement[bool]]) -> tuple[int, int] | None:
     """The lowest and highest id of the window's rows (None: no rows)."""
     low, high = conn.execute(select(func.min(CaptionRecord.id), func.max(CaptionRecord.id)).where(*window)).one()
     return None if low is None else (int(low), int(high))
-
-
-def _sqlite_word_ranks(
-    conn: Connection,
-    window: list[ColumnElement[bool]],
-    words: list[str],
-    ids: tuple[int, int] | None = None,
-    limit: int | None = None,
-) -> list[int]:
-    """`_word_ranks` on SQLite from the window's terms, without reading the window's ids into Python. `ids`: the
-    window's `_id_range` when the caller has it (one read for several lists)."""
-    if not words:
-        return []
-    match = text("captions_fts MATCH :match").bindparams(match=fts5_query(" ".join(words)))
-    # FTS5 walks its matches and each is looked up in captions by id. `+ 0` keeps the join term from reaching FTS5
-    # as a rowid constraint: it would then run the whole match once per window row.
-    matches = _FTS.join(CaptionRecord.__table__, CaptionRecord.id == _FTS.c.rowid + 0)
-    ids = ids or _id_range(conn, window)
-    if ids is None:
-        return []
-    low, high = ids
-    statement = select(_FTS.c.rowid).select_from(matches).where(match, _FTS.c.rowid.between(low, high), *window)
-    return list(conn.scalars(statement.order_by(text("bm25(captions_fts)"), _FTS.c.rowid.desc()).limit(limit)))
 
 
 def _sqlite_page(
@@ -269,7 +231,7 @@ def _sqlite_page(
     """The first `size` (score, id) entries below `after`, best first, ranked inside SQLite: the same scores and
     order as `_similarities` and `_fused` give, but the window's rows never cross into Python (10,000 rows of ids,
     distances or vectors cost more there than the ranking itself; benchmarks/results/search_quality-1m.md).
-    `word_ids` None: semantic; a list (`_sqlite_word_ranks`): hybrid with that words list."""
+    `word_ids` None: semantic; a list (`_words_list`): hybrid with that words list."""
     vectors = CaptionRecord.__table__.join(_VECTORS, _VECTORS.c.caption_id == CaptionRecord.id)
     similarity = literal(1.0) - func.vec_distance_cosine(_VECTORS.c.embedding, vector.tobytes())
     if word_ids is None:
@@ -460,8 +422,7 @@ def explained_search(
             if index is not None:
                 listed = None
                 if hybrid:
-                    words_window = _in_window(conn, engine, query, top, limits.scan_rows)
-                    listed = _best_first(_word_scores(conn, words_window, [words])[0])
+                    listed = _words_list(conn, _in_window(conn, engine, query, top, limits.scan_rows), words)
                 vector = encoded.result()[0]
                 if listed is None:
                     below = after
@@ -479,12 +440,12 @@ def explained_search(
                     semantic = {row_id: rank for rank, (_, row_id) in enumerate(ranked, start=1)}
                     page = _below(_fused_ranks(semantic, listed), after, size)
             elif sqlite:
-                listed = _sqlite_word_ranks(conn, in_scope, words) if hybrid else None
+                listed = _words_list(conn, in_scope, words) if hybrid else None
                 vector = encoded.result()[0]
                 page = _sqlite_page(conn, in_scope, vector, listed, after, size, limits.scan_rows)
             else:
                 window = select(CaptionRecord.id).where(*in_scope)
-                listed = _word_ranks(conn, window, words) if hybrid else None
+                listed = _words_list(conn, in_scope, words) if hybrid else None
                 vector = encoded.result()[0]
                 scores = _similarities(conn, window, vector)
                 if listed is not None:
@@ -579,22 +540,12 @@ def any_word_search(
             else:
                 similar = _similarities(conn, select(CaptionRecord.id).where(*in_scope), vector)
                 alike = {row_id: score for row_id, score in similar.items() if score >= floor}
-        if index is not None:
-            # Over the index (a broad filter: a month of many cameras) each word's list is its matches in the
-            # window, as hybrid search's words list; the meaning's ranking covers the whole scope.
-            words_window = _in_window(conn, engine, query, top, limits.scan_rows)
-            scored = _word_scores(conn, words_window, [[word] for word in words])
-            rankings = [_fused({}, _best_first(found)) for found in scored]
-        elif conn.dialect.name == "sqlite":
-            # The rows' ids stay in SQLite (semantic_search's way): read into Python once per word, they cost
-            # more than the full-text matches themselves.
-            span = _id_range(conn, in_scope)
-            if span is None:
-                return []
-            rankings = [_fused({}, _sqlite_word_ranks(conn, in_scope, [word], span)) for word in words]
-        else:
-            window = select(CaptionRecord.id).where(*in_scope)
-            rankings = [_fused({}, _word_ranks(conn, window, [word])) for word in words]
+        # Each word's list is its matches in the window, as hybrid search's words list. Over the index (a broad
+        # filter: a month of many cameras) the window is the newest `scan_rows` rows; the meaning's ranking covers
+        # the whole scope.
+        words_window = in_scope if index is None else _in_window(conn, engine, query, top, limits.scan_rows)
+        scored = _word_scores(conn, words_window, [[word] for word in words])
+        rankings = [_fused({}, _best_first(found)) for found in scored]
         if alike is not None:
             rankings.append(_fused(alike, []))
         scores: dict[int, float] = {}

@@ -481,19 +481,23 @@ class VectorIndex:
 
     def _mask(self, columns: _Columns, where: IndexFilter) -> np.ndarray:
         """The rows `where` keeps (under the lock), made once for a run of calls with the same filters."""
-        return self._masked_rows(columns, where)[0]
-
-    def _masked_rows(self, columns: _Columns, where: IndexFilter) -> tuple[np.ndarray, np.ndarray | None]:
-        """The mask and, with lists, the rows it keeps in each list (made once with it)."""
         key = (
             columns, columns.size, self._changes, tuple(where.cameras), where.since, where.until, where.min_people,
             tuple(where.statuses), where.top,
         )  # fmt: skip
-        if self._masked is not None and self._masked[0] == key:
-            return self._masked[1], self._masked[2]
-        mask = self._new_mask(columns, where)
-        kept = None if self._lists is None else _kept_per_list(self._lists, mask)
-        self._masked = (key, mask, kept)
+        if self._masked is None or self._masked[0] != key:
+            self._masked = (key, self._new_mask(columns, where), None)
+        return self._masked[1]
+
+    def _masked_rows(self, columns: _Columns, where: IndexFilter) -> tuple[np.ndarray, np.ndarray | None]:
+        """The mask and, with lists, the rows it keeps in each list: counted on the first search that probes the
+        lists, not for `count` (which an exact search's scope stops at)."""
+        mask = self._mask(columns, where)
+        assert self._masked is not None  # `_mask` just made it
+        key, _, kept = self._masked
+        if kept is None and self._lists is not None:
+            kept = _kept_per_list(self._lists, mask)
+            self._masked = (key, mask, kept)
         return mask, kept
 
     def _new_mask(self, columns: _Columns, where: IndexFilter) -> np.ndarray:
