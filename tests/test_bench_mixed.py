@@ -32,6 +32,7 @@ from visioncap.bench.common.workload import (
     verification_bodies,
 )
 from visioncap.bench.mixed.frontier import FrontierPoint, frontier
+from visioncap.bench.mixed.report import goals_table
 from visioncap.bench.mixed.run import GOALS, compute_ratios, evaluate_goals, with_policy
 from visioncap.config.gateway import ImagesConfig
 from visioncap.config.profiles import load_profile
@@ -324,6 +325,27 @@ def test_frontier_takes_each_configurations_best_point_meeting_the_level_and_jud
     assert table["2.0"]["gateway_over_vllm"] == pytest.approx(3.5 / 4.0) and table["2.0"]["met"] is False
     alone = frontier([FrontierPoint("S3", "gateway", "objective 1.25x", 0.5, 1.2, 1.0)], (1.25,))
     assert alone["1.25"]["met"] is True  # vLLM alone meets nothing, the gateway delivers > 0
+
+
+def test_dominance_says_where_the_offer_leaves_no_room_for_1_5x_and_still_judges_it_missed() -> None:
+    """vLLM alone serving 15.97 of 16 offered frames/s within 3x: 1.5x of it (24/s) is more than the cameras
+    offer, so no gateway can meet the level. The table says so and keeps the level missed (a goal no run can meet
+    is the workload's to fix, not a pass); where 1.5x fits under the offer it is reachable, met or not."""
+    points = [
+        FrontierPoint("S1", "vllm-fcfs", "offered 16/s", 15.97, 2.1, 1.3),
+        FrontierPoint("S3", "gateway", "objective 1.25x", 7.0, 1.2, 1.1),
+        FrontierPoint("F-fcfs-4", "vllm-fcfs", "offered 4/s", 4.0, 1.4, 1.0),
+    ]
+    table = frontier(points, (1.5, 3.0), offered_per_s=16.0)
+    assert table["3.0"]["best"]["vllm-fcfs"]["captions_per_s"] == 15.97
+    assert table["3.0"]["reachable"] is False and table["3.0"]["met"] is False
+    assert table["1.5"]["reachable"] is True and table["1.5"]["met"] is True  # 7.0 >= 1.5 x 4.0, 6 <= 16
+    assert frontier(points, (3.0,))["3.0"]["reachable"] is None  # no offer given: not said
+    goals = evaluate_goals({}, {}, {}, None, None, table)
+    assert goals["frontier_dominance"]["met"] is False
+    assert goals["frontier_dominance"]["unreachable_levels"] == ["3.0"]
+    text = goals_table({"goals": goals, "options": {"flood_rate_per_s": 16.0}})
+    assert "frontier_dominance cannot be met at 3.0x by any configuration" in text and "16.0/s offered" in text
 
 
 def test_a_frontier_point_on_few_samples_is_judged_on_its_upper_bounds_and_the_point_estimates_are_kept() -> None:

@@ -55,9 +55,11 @@ def _judged(value: float | None, interval: tuple[float, float] | None, on_value:
     return value if on_value or interval is None else interval[1]
 
 
-def frontier(points: Iterable[FrontierPoint], levels: Iterable[float]) -> dict[str, Any]:
-    """Per level: each configuration's best captions/s meeting it (and which phase), and the gateway's dominance;
-    `on_values`: the same on point estimates."""
+def frontier(
+    points: Iterable[FrontierPoint], levels: Iterable[float], offered_per_s: float | None = None
+) -> dict[str, Any]:
+    """Per level: each configuration's best captions/s meeting it (and which phase), and the gateway's dominance
+    (`dominance`; `offered_per_s`: the flood's rate); `on_values`: the same on point estimates."""
     points = list(points)
     configs = sorted({p.config for p in points})
 
@@ -74,20 +76,27 @@ def frontier(points: Iterable[FrontierPoint], levels: Iterable[float]) -> dict[s
     table: dict[str, Any] = {}
     for level in levels:
         best, on_values = best_at(level, False), best_at(level, True)
-        table[str(level)] = {"best": best, **dominance(best), "on_values": {"best": on_values, **dominance(on_values)}}
+        table[str(level)] = {
+            "best": best,
+            **dominance(best, offered_per_s),
+            "on_values": {"best": on_values, **dominance(on_values, offered_per_s)},
+        }
     return table
 
 
-def dominance(best: Mapping[str, Any]) -> dict[str, Any]:
+def dominance(best: Mapping[str, Any], offered_per_s: float | None = None) -> dict[str, Any]:
     """The gateway against the best vLLM-only configuration at one level: the ratio and whether it is >= 1.5x
-    (or vLLM alone meets nothing and the gateway delivers > 0)."""
+    (or vLLM alone meets nothing and the gateway delivers > 0). With the cameras' `offered_per_s`, also whether
+    1.5x is `reachable` at all: no gateway serves more than is offered, so where vLLM alone already serves more
+    than two thirds of the offer the goal cannot be met by any configuration, only by a larger offer."""
     gateway = max(
         (v["captions_per_s"] for k, v in best.items() if k.startswith("gateway") and v is not None), default=None
     )
     alone = max((v["captions_per_s"] for k, v in best.items() if k.startswith("vllm") and v is not None), default=None)
+    reachable = None if offered_per_s is None else alone is None or DOMINANCE * alone <= offered_per_s
     if gateway is None:
-        return {"gateway_over_vllm": None, "met": False}
+        return {"gateway_over_vllm": None, "met": False, "reachable": reachable}
     if alone is None or alone <= 0:
-        return {"gateway_over_vllm": None, "met": gateway > 0}
+        return {"gateway_over_vllm": None, "met": gateway > 0, "reachable": reachable}
     value = gateway / alone
-    return {"gateway_over_vllm": round(value, 3), "met": value >= DOMINANCE}
+    return {"gateway_over_vllm": round(value, 3), "met": value >= DOMINANCE, "reachable": reachable}
