@@ -86,6 +86,28 @@ def test_rows_kept_per_list_under_a_mask() -> None:
     assert int(kept.sum()) == index.count(where) == (CODES * COPIES + DISTINCT) // 4
 
 
+def test_the_rows_kept_per_list_are_counted_only_for_a_search_that_probes_the_lists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`count` (all an exact search's scope asks) makes the mask alone; the first search that probes the lists
+    counts their kept rows once, and the next one under the same filter reuses them."""
+    index, distinct = _index()
+    counted: list[int] = []
+    real = vector_index._kept_per_list
+
+    def counting(lists: vector_index._Lists, mask: np.ndarray) -> np.ndarray:
+        counted.append(int(mask.sum()))
+        return real(lists, mask)
+
+    monkeypatch.setattr(vector_index, "_kept_per_list", counting)
+    where = IndexFilter(cameras=["cam-2"])
+    assert index.count(where) == (CODES * COPIES + DISTINCT) // 4
+    assert counted == []
+    index.nearest(distinct[CODES], where, 50)
+    index.nearest(distinct[CODES + 1], where, 50)
+    assert counted == [(CODES * COPIES + DISTINCT) // 4]
+
+
 def test_a_change_in_place_makes_the_mask_again() -> None:
     """A row captioned again with another camera: the next count under the same filter sees it (the mask kept
     from the call before is not reused)."""
