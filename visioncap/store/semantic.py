@@ -39,6 +39,7 @@ from sqlalchemy import (
     LargeBinary,
     Select,
     any_,
+    case,
     column,
     func,
     literal,
@@ -184,22 +185,26 @@ def _word_scores(
     tsvector: ColumnElement[Any] = literal_column(PG_TSVECTOR_COLUMN)
     # Materialized: left to itself the planner ANDs the window's rows with the words index's bitmap (the index
     # scan alone 80 ms for a prefix at 10M rows, and the matches then read across the table) instead of testing
-    # the window's few rows.
-    rows = select(CaptionRecord.id.label("id"), tsvector.label("tsv")).where(*window)
+    # the window's few rows. Each group's match is tested once per window row, in it; the WHERE and the ranks
+    # read its column.
+    queries = [_pg_tsquery(words) if words else None for words in groups]
+    flags = [
+        (tsvector.op("@@")(query) if query is not None else literal(False)).label(f"m{place}")
+        for place, query in enumerate(queries)
+    ]
+    rows = select(CaptionRecord.id.label("id"), tsvector.label("tsv"), *flags).where(*window)
     scope = rows.cte("words_window").prefix_with("MATERIALIZED")
-    columns: list[ColumnElement[Any]] = []
-    for words in groups:
-        if words:
-            tsquery = _pg_tsquery(words)
-            columns += [scope.c.tsv.op("@@")(tsquery), func.ts_rank(scope.c.tsv, tsquery)]
-        else:
-            columns += [literal(False), literal(0.0)]
-    matched = [scope.c.tsv.op("@@")(_pg_tsquery(words)) for words in groups if words]
-    # Only the matches are ranked: most of the window's rows have none of the words, and ts_rank reads a whole vector.
-    for row_id, *cells in conn.execute(select(scope.c.id, *columns).where(or_(*matched))):
-        for place in range(len(groups)):
-            if cells[2 * place]:
-                found[place][int(row_id)] = float(cells[2 * place + 1])
+    matched = [scope.c[f"m{place}"] for place in range(len(groups))]
+    # Only a group's matches are ranked: most of the window's rows have none of the words, and ts_rank reads a
+    # whole vector.
+    ranks = [
+        case((flag, func.ts_rank(scope.c.tsv, query)), else_=None) if query is not None else literal(None)
+        for flag, query in zip(matched, queries, strict=True)
+    ]
+    for row_id, *cells in conn.execute(select(scope.c.id, *ranks).where(or_(*matched))):
+        for place, rank in enumerate(cells):
+            if rank is not None:
+                found[place][int(row_id)] = float(rank)
     return found
 
 
