@@ -94,9 +94,14 @@ def dominance(best: Mapping[str, Any], offered_per_s: float | None = None) -> di
     )
     alone = max((v["captions_per_s"] for k, v in best.items() if k.startswith("vllm") and v is not None), default=None)
     reachable = None if offered_per_s is None else alone is None or DOMINANCE * alone <= offered_per_s
+    return {**_gateway_over(gateway, alone), "reachable": reachable}
+
+
+def _gateway_over(gateway: float | None, alone: float | None) -> dict[str, Any]:
+    """The ratio of the gateway's best to vLLM alone's, and whether it meets the dominance factor."""
     if gateway is None:
-        return {"gateway_over_vllm": None, "met": False, "reachable": reachable}
+        return {"gateway_over_vllm": None, "met": False}
     if alone is None or alone <= 0:
-        return {"gateway_over_vllm": None, "met": gateway > 0, "reachable": reachable}
+        return {"gateway_over_vllm": None, "met": gateway > 0}
     value = gateway / alone
-    return {"gateway_over_vllm": round(value, 3), "met": value >= DOMINANCE, "reachable": reachable}
+    return {"gateway_over_vllm": round(value, 3), "met": value >= DOMINANCE}
