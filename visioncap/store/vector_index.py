@@ -58,6 +58,9 @@ _BYTES = DIMENSIONS // 8
 _LOAD_BATCH = 20_000
 # Rebuilt when this share of the index is gone from the table (retention) or missing from it.
 _STALE_SHARE = 0.05
+# Rows of room at least, at creation and past a build: a small index would otherwise double its columns at the
+# first few captions it takes (5 % of a few hundred rows is a handful).
+_MIN_ROOM = 1024
 # Inverted lists from this many rows: below it the first pass reads every row kept (15 ms at a million), above it
 # the rows of the lists whose centroids are nearest the query (120 ms at 10M read whole, measured).
 LISTS_MIN_ROWS = 2_000_000
@@ -176,7 +179,7 @@ def nearest_lists(centroids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 class _Columns:
     """Growable arrays (doubling), so that appending a few new rows does not copy the index."""
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = _MIN_ROOM) -> None:
         self.size = 0
         # The newest row held by (capture time in microseconds, id), the order of a first page: a search whose top
         # is at or past it keeps every row without comparing 10M times. Only ever raised (a row captioned again
@@ -218,7 +221,7 @@ class _Columns:
         one column twice at most rather than the whole index (730 MB). Room is left for the rows the index takes
         before the lists go stale and it is built again: at capacity, the first new caption doubled every column
         (770 MB more at 10M rows)."""
-        capacity = len(order) + int(_STALE_SHARE * len(order)) + 1024
+        capacity = len(order) + int(_STALE_SHARE * len(order)) + _MIN_ROOM
         for name in _COLUMN_NAMES:
             old = getattr(self, name)
             ordered = np.zeros((capacity, *old.shape[1:]), old.dtype)
