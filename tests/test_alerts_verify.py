@@ -235,6 +235,19 @@ def test_forced_match_fires_one_alert_and_non_candidates_are_not_asked(
     )
     assert decision["alert_id"] == bodies[0]["alert_id"] and decision["frames"] == 1
     assert decision["prompt_tokens"] > 0 and decision["completion_tokens"] > 0 and decision["latency_ms"] > 0
+    # The API's alert carries the question and the reason of the decision that fired it.
+    settings = ApiSettings(
+        data_dir=data_dir,
+        database_url=str(store.engine.url),
+        api_keys=[ApiKey(name="admin", sha256=hash_key(ADMIN_KEY), scopes={"read"})],
+    )
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as client:
+        [alert] = client.get("/v1/alerts").json()["items"]
+    assert alert["verification"] == {
+        "decision_id": decision["id"],
+        "question": "a person leaves a package at the front door",
+        "reason": MATCH["reason"],
+    }
 
 
 class WritesWhileAsking:

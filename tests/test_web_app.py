@@ -19,11 +19,13 @@ from web_app_support import (
     DOCK_DAY,
     DOCK_FPS,
     FAILED_ERROR,
+    HANDOVER_REASON,
     LOBBY_KEY,
     READ_KEY,
     SHOTS,
     T0,
     TIMEOUT_MS,
+    VLM_ERROR,
     WRITE_KEY,
     Site,
     launched_browser,
@@ -48,6 +50,7 @@ DASH = "\u2013"  # between the ends of the range the timeline shows
 DECLARED = {
     "/v1/captions": {"camera", "since", "until", "q", "min_people", "status", "limit", "cursor", "semantic", "hybrid"},
     "/v1/alerts": {"rule", "camera", "since", "until", "state", "limit", "cursor"},
+    "/v1/alerts/decisions": {"rule", "camera", "limit", "before"},
     "/v1/stream": {"camera", "min_people"},
 }
 
@@ -281,20 +284,25 @@ def test_cameras_page_shows_state_rate_people_and_last_caption(site: Site, brows
 
 def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site, browser: Browser) -> None:
     fired = sum(len(ids) for ids in site.alerts.values())
-    assert set(site.alerts) == {"courier", "crowd", "forklift"}
+    assert set(site.alerts) == {"courier", "crowd", "handover", "forklift"}
     seen = signed_in(browser, site.url, READ_KEY)
     page = seen.page
     try:
         page.click('nav a[data-nav="alerts"]')
         rules = page.locator("#alert-rules tr")
-        expect(rules).to_have_count(3)
-        expect(rules.locator("th")).to_have_text(["courier", "crowd", "forklift"])  # the file's first
-        courier, crowd, forklift = (
-            page.locator(f'#alert-rules tr[data-rule="{name}"]') for name in ("courier", "crowd", "forklift")
+        expect(rules).to_have_count(4)
+        expect(rules.locator("th")).to_have_text(["courier", "crowd", "handover", "forklift"])  # the file's first
+        courier, crowd, handover, forklift = (
+            page.locator(f'#alert-rules tr[data-rule="{name}"]')
+            for name in ("courier", "crowd", "handover", "forklift")
         )
         expect(courier).to_contain_text("any of “courier”")
         expect(courier.locator(".badge")).to_have_text("alerts file")
         expect(crowd).to_contain_text("at least 2 people")
+        expect(handover.locator(".rule-question")).to_have_text(
+            "and the VLM answers yes to “a parcel changes hands” (up to 2 frames)"
+        )
+        expect(courier.locator(".rule-question")).to_have_count(0)
         expect(forklift.locator("td").first).to_have_text("dock")
         expect(forklift.locator(".badge")).to_have_text("API")
 
@@ -306,6 +314,19 @@ def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site,
         expect(failed).to_contain_text(FAILED_ERROR)
         expect(failed).to_contain_text("20 attempts")
         expect(page.locator("#alert-list li.delivery-delivered")).to_have_count(1)
+        # Only the watch rule's alert carries the VLM's reason.
+        reasons = page.locator("#alert-list .alert-reason")
+        expect(reasons).to_have_text([f"VLM: “a parcel changes hands”: {HANDOVER_REASON}"])
+
+        # Every question the watch rule asked, newest first: the error in words, the match marked as fired.
+        answers = page.locator("#alert-answers tr")
+        expect(answers).to_have_count(3)
+        expect(answers.locator(".badge")).to_have_text(["no answer", "match", "no match"])
+        expect(answers.nth(0)).to_contain_text(VLM_ERROR)
+        expect(answers.nth(1)).to_contain_text(HANDOVER_REASON)
+        expect(answers.nth(1)).to_contain_text("fired")
+        expect(answers.nth(1)).to_contain_text("905 ms")
+        expect(answers.nth(2)).not_to_contain_text("fired")
         screenshot(page, "web-alerts.png")
 
         page.select_option("#alerts-state", "failed")
@@ -314,6 +335,8 @@ def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site,
         page.select_option("#alerts-state", "")
         page.select_option("#alerts-rule", "forklift")
         expect(items).to_have_count(1)
+        expect(answers).to_have_count(0)  # the rule filter applies to the answers too
+        expect(page.locator("#alert-answers-note")).to_have_text("No question asked yet (with this rule filter).")
         items.first.locator("a.alert-caption").click()
         expect(page).to_have_url(f"{site.url}/#/captions/{site.alerts['forklift'][0]}")
         expect(page.locator("#detail-text")).to_have_text(SHOTS[-1].text or "")
@@ -323,6 +346,7 @@ def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site,
     assert seen.refused == []
     only_declared(seen.requests)
     assert any("state=failed" in url for url in seen.requests)
+    assert any("/v1/alerts/decisions?" in url and "rule=forklift" in url for url in seen.requests)
 
 
 def test_semantic_switch_is_hidden_where_the_server_has_semantic_search_off(site: Site, browser: Browser) -> None:
@@ -362,6 +386,7 @@ def test_a_key_limited_to_one_camera_gets_readable_answers(site: Site, browser: 
         expect(page.locator("#timeline-status")).to_have_text("No camera named dock (or this key may not see it).")
         page.goto(f"{site.url}/#/alerts")
         expect(page.locator("#alert-rules tr")).to_have_count(0)  # every rule watches a camera not its own
+        expect(page.locator("#alert-answers-note")).to_have_text("No question asked yet (with this rule filter).")
         page.goto(f"{site.url}/#/nowhere/at/all")
         expect(page.locator("#missing-heading")).to_be_visible()
         page.goto(f"{site.url}/#/cameras")

@@ -53,6 +53,21 @@ class AlertDecisionPage(BaseModel):
     next_cursor: int | None = Field(description="Pass as `before` for the next page; null: no more.")
 
 
+def firing_decisions(engine: Engine, alerts: Sequence[tuple[int, str, int]]) -> dict[int, AlertDecision]:
+    """The decision that fired each of `alerts` (id, rule, caption id), by alert id; alerts of rules that ask no
+    question are absent. The rule and caption narrow the search through their index."""
+    if not alerts:
+        return {}
+    query = select(DECISIONS).where(
+        DECISIONS.c.rule.in_(sorted({rule for _, rule, _ in alerts})),
+        DECISIONS.c.caption_id.in_(sorted({caption for _, _, caption in alerts})),
+        DECISIONS.c.alert_id.in_([alert for alert, _, _ in alerts]),
+    )
+    with engine.connect() as conn:
+        found = [AlertDecision.model_validate(dict(row._mapping)) for row in conn.execute(query)]
+    return {decision.alert_id: decision for decision in found if decision.alert_id is not None}
+
+
 def list_decisions(
     engine: Engine, rules: Sequence[str], cameras: Sequence[str], before: int | None, limit: int
 ) -> AlertDecisionPage:

@@ -408,6 +408,14 @@ class AlertDelivery(_Model):
     finished_at: datetime | None = Field(description="When it was delivered or given up (UTC).")
 
 
+class AlertVerification(_Model):
+    """What a watch rule asked the VLM about the caption, and the reason of its `match` answer."""
+
+    decision_id: int = Field(description="The decision that fired the alert (/v1/alerts/decisions).")
+    question: str = Field(description="The rule's question when it was asked.")
+    reason: str | None = Field(description="The model's reason for its match.")
+
+
 class Alert(_Model):
     """A rule that fired on a caption."""
 
@@ -420,6 +428,9 @@ class Alert(_Model):
     caption: str = Field(description="The caption text.")
     people_count: int = Field(description="People in the frame.")
     deliveries: list[AlertDelivery] = Field(description="Its messages, one per destination.")
+    verification: AlertVerification | None = Field(
+        default=None, description="A watch rule's alert: the question and the VLM's reason; null for other rules."
+    )
 
 
 class AlertPage(_Model):

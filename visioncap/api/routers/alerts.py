@@ -9,11 +9,19 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import Response
 
 from visioncap.alerts import store
-from visioncap.alerts.decisions import AlertDecisionPage, list_decisions
+from visioncap.alerts.decisions import AlertDecision, AlertDecisionPage, firing_decisions, list_decisions
 from visioncap.api.auth import EVERY_CAMERA, CameraScope, camera_scope
 from visioncap.api.cursors import decode_alert_cursor, encode_alert_cursor
 from visioncap.api.errors import ApiError, bad_param
-from visioncap.api.protocol import Alert, AlertDelivery, AlertPage, AlertRuleList, AlertRuleView, ErrorResponse
+from visioncap.api.protocol import (
+    Alert,
+    AlertDelivery,
+    AlertPage,
+    AlertRuleList,
+    AlertRuleView,
+    AlertVerification,
+    ErrorResponse,
+)
 from visioncap.api.routers.captions import Time
 from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, Responses, SharedPathRoute, service
 from visioncap.api.serving import ApiService
@@ -56,6 +64,12 @@ def _next_cursor(alert_id: int) -> str:
     return encode_alert_cursor(alert_id)
 
 
+def _verification(decision: AlertDecision | None) -> AlertVerification | None:
+    if decision is None:
+        return None
+    return AlertVerification(decision_id=decision.id, question=decision.question, reason=decision.reason)
+
+
 @router.get("", response_model=AlertPage, summary="Alerts that fired, newest first")
 def list_alerts(
     api: Annotated[ApiService, Depends(service)],
@@ -76,6 +90,7 @@ def list_alerts(
         return AlertPage(items=[], next_cursor=None)
     where = store.AlertFilter(rule, visible, _utc(since), _utc(until), state, after)
     found = store.list_alerts(api.engine, where, limit)
+    fired_by = firing_decisions(api.engine, [(alert.id, alert.rule, alert.caption_id) for alert, _ in found])
     items = [
         Alert(
             id=alert.id,
@@ -97,6 +112,7 @@ def list_alerts(
                 )
                 for d in deliveries
             ],
+            verification=_verification(fired_by.get(alert.id)),
         )
         for alert, deliveries in found
     ]

@@ -1,5 +1,5 @@
-// Alerts (#/alerts): the rules (the alerts file's and the API's), and what fired, newest first, with where each
-// message went (pending, delivered, failed and why).
+// Alerts (#/alerts): the rules (the alerts file's and the API's), what fired, newest first, with where each
+// message went (pending, delivered, failed and why), and the watch rules' answers (each question the VLM was asked).
 
 import { apiJson } from "./api.js";
 import { badge, h, people, setStatus, timeEl } from "./ui.js";
@@ -9,6 +9,8 @@ const PAGE = 50;
 
 let cursor = null;
 let loading = null;
+let answersBefore = null;
+let answersLoading = null;
 
 function status(text, kind = "") {
   setStatus($("alerts-status"), text, kind);
@@ -25,7 +27,16 @@ function conditions(rule) {
   const dwell = rule.min_dwell_s !== null && rule.min_dwell_s !== undefined ? ` for ≥ ${rule.min_dwell_s} s` : "";
   if (rule.zones?.length) parts.push(`in ${rule.zones.join(" or ")}${dwell}`);
   else if (dwell) parts.push(`in any zone${dwell}`);
-  return parts.length ? parts.join("; ") : "every caption";
+  const asks = rule.verify ? question(rule.verify) : null;
+  const filter = parts.length ? parts.join("; ") : "every caption";
+  return asks ? [filter, h("div", { class: "rule-question" }, asks)] : filter;
+}
+
+function question(verify) {
+  const frames = `${verify.max_frames} frame${verify.max_frames === 1 ? "" : "s"}`;
+  const similar = verify.min_similarity !== null && verify.min_similarity !== undefined
+    ? `, if the caption is about it (similarity ≥ ${verify.min_similarity})` : "";
+  return `and the VLM answers yes to “${verify.question}” (up to ${frames}${similar})`;
 }
 
 function ruleRow(view) {
@@ -53,9 +64,58 @@ function alertItem(alert) {
       h("span", { class: "rule-name" }, alert.rule), " · ", alert.camera, " · ", people(alert.people_count),
       h("span", { class: "muted small" }, " · captured ", timeEl(alert.captured_at), " · fired ", timeEl(alert.fired_at))),
     h("a", { href: `#/captions/${alert.caption_id}`, class: "alert-caption" }, alert.caption),
+    alert.verification
+      ? h("p", { class: "alert-reason small" }, "VLM: “", alert.verification.question, "”: ",
+        alert.verification.reason || "(no reason given)")
+      : null,
     alert.deliveries.length
       ? h("ul", { class: "deliveries", "aria-label": "Deliveries" }, alert.deliveries.map(delivery))
       : h("p", { class: "muted small" }, "No destination was configured for it."));
+}
+
+function answer(decision) {
+  if (decision.match === true) return badge("match", "match");
+  if (decision.match === false) return badge("no match", "no-match");
+  return badge("no answer", "no-answer");
+}
+
+function answerRow(decision) {
+  const said = decision.match === null ? decision.error : decision.reason;
+  const tokens = decision.prompt_tokens === null ? "" : ` · ${decision.prompt_tokens} + ${decision.completion_tokens} tokens`;
+  return h("tr", { dataset: { id: decision.id } },
+    h("td", {}, timeEl(decision.decided_at)),
+    h("th", { scope: "row" }, decision.rule),
+    h("td", {}, decision.camera),
+    h("td", {}, answer(decision),
+      decision.alert_id !== null ? h("span", { class: "muted small" }, " fired") : null),
+    h("td", { class: decision.match === null ? "error-text" : "" }, said || ""),
+    h("td", { class: "num" }, decision.latency_ms === null ? "—" : `${Math.round(decision.latency_ms)} ms`,
+      h("span", { class: "muted small" }, tokens)),
+    h("td", {}, h("a", { href: `#/captions/${decision.caption_id}` }, `caption ${decision.caption_id}`)));
+}
+
+async function loadAnswers(more) {
+  const controller = new AbortController();
+  if (answersLoading) answersLoading.abort();
+  answersLoading = controller;
+  const params = [["limit", String(PAGE)]];
+  const rule = $("alerts-rule").value;
+  if (rule) params.push(["rule", rule]);
+  if (more) params.push(["before", String(answersBefore)]);
+  try {
+    const page = await apiJson("/v1/alerts/decisions", { params, signal: controller.signal });
+    const rows = page.items.map(answerRow);
+    if (more) $("alert-answers").append(...rows);
+    else $("alert-answers").replaceChildren(...rows);
+    answersBefore = page.next_cursor;
+    $("alert-answers-more").hidden = answersBefore === null;
+    const count = $("alert-answers").children.length;
+    $("alert-answers-table").hidden = !count;
+    $("alert-answers-note").textContent = count ? "" : "No question asked yet (with this rule filter).";
+  } catch (error) {
+    if (error.name === "AbortError") return;
+    $("alert-answers-note").textContent = error.message;
+  }
 }
 
 async function loadRules() {
@@ -102,16 +162,22 @@ export const alertsView = {
       status(error.message, "error");
       return;
     }
-    await loadAlerts(false);
+    await Promise.all([loadAlerts(false), loadAnswers(false)]);
   },
   leave() {
     if (loading) loading.abort();
+    if (answersLoading) answersLoading.abort();
   },
 };
 
 export function setUp() {
-  $("alerts-filters").addEventListener("submit", (event) => { event.preventDefault(); loadAlerts(false); });
-  $("alerts-rule").addEventListener("change", () => loadAlerts(false));
+  $("alerts-filters").addEventListener("submit", (event) => {
+    event.preventDefault();
+    loadAlerts(false);
+    loadAnswers(false);
+  });
+  $("alerts-rule").addEventListener("change", () => { loadAlerts(false); loadAnswers(false); });
   $("alerts-state").addEventListener("change", () => loadAlerts(false));
   $("alerts-more").addEventListener("click", () => loadAlerts(true));
+  $("alert-answers-more").addEventListener("click", () => loadAnswers(true));
 }
