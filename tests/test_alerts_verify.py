@@ -97,6 +97,17 @@ def decisions(store: CaptionStore) -> list[dict[str, Any]]:
         return [dict(row._mapping) for row in conn.execute(select(DECISIONS).order_by(DECISIONS.c.id))]
 
 
+def questions(service: AlertService, rule: str = "package") -> dict[str, float]:
+    """`visioncap_alert_questions_total` of one rule, by answer (those counted)."""
+    counts = {
+        answer: service.metrics.registry.get_sample_value(
+            "visioncap_alert_questions_total", {"rule": rule, "answer": answer}
+        )
+        for answer in ("match", "no_match", "error")
+    }
+    return {answer: count for answer, count in counts.items() if count}
+
+
 @pytest.fixture
 def site(tmp_path: Path) -> tuple[CaptionStore, Path]:
     data_dir = tmp_path / "data"
@@ -183,6 +194,11 @@ def test_outage_is_a_stored_decision_listed_by_camera_scope(
             ("watch", "dock", None, None),
         ]
         assert all("unreachable" in d["error"] for d in stored)
+        assert questions(service, "watch") == {"error": 2}
+        assert (
+            service.metrics.registry.get_sample_value("visioncap_alert_question_seconds_count", {"rule": "watch"})
+            is None
+        )
         assert client.get("/v1/alerts").json()["items"] == []
 
         everything = client.get("/v1/alerts/decisions").json()
@@ -234,6 +250,9 @@ def test_forced_match_fires_one_alert_and_non_candidates_are_not_asked(
         None,
     )
     assert decision["alert_id"] == bodies[0]["alert_id"] and decision["frames"] == 1
+    assert questions(service) == {"match": 1}
+    answered = service.metrics.registry.get_sample_value("visioncap_alert_question_seconds_count", {"rule": "package"})
+    assert answered == 1
     assert decision["prompt_tokens"] > 0 and decision["completion_tokens"] > 0 and decision["latency_ms"] > 0
     # The API's alert carries the question and the reason of the decision that fired it.
     settings = ApiSettings(
@@ -342,6 +361,7 @@ def test_forced_non_match_fires_nothing(
     assert [(d["match"], d["reason"], d["alert_id"], d["error"]) for d in stored] == [
         (False, NO_MATCH["reason"], None, None)
     ] * 2
+    assert questions(service) == {"no_match": 2}
 
 
 @pytest.mark.vllm

@@ -302,7 +302,9 @@ class AlertEngine:
             self.verifier = watch.Verifier(
                 self._config.vlm, settings.vlm_base_url, settings.vlm_api_key.get_secret_value()
             )
-        return self.verifier.ask(spec, facts.text, frames, facts.camera), len(frames)
+        verdict = self.verifier.ask(spec, facts.text, frames, facts.camera)
+        self._metrics.question(rule.name, verdict.match, verdict.latency_ms)
+        return verdict, len(frames)
 
     def _verified(
         self, conn: Connection, rule: AlertRule, row: ChangeRow, facts: CaptionFacts, refused: list[str]
