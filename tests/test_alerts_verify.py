@@ -210,6 +210,14 @@ def test_outage_is_a_stored_decision_listed_by_camera_scope(
         rest = client.get(f"/v1/alerts/decisions?limit=1&before={first['next_cursor']}").json()
         assert [item["camera"] for item in first["items"] + rest["items"]] == ["dock", "door"]
         assert client.get("/v1/alerts/decisions?limit=0").status_code == 422
+        assert len(client.get("/v1/alerts/decisions?answer=error").json()["items"]) == 2
+        assert client.get("/v1/alerts/decisions?answer=match&answer=no_match").json()["items"] == []
+        door = stored[0]["caption_id"]
+        [about] = client.get(f"/v1/alerts/decisions?caption_id={door}").json()["items"]
+        assert about["camera"] == "door"
+        # Refused before the database: an id past PostgreSQL's INTEGER failed there (500) as `before`.
+        for bad in ("answer=yes", "caption_id=2147483648", "before=2147483648", "caption_id=0"):
+            assert client.get(f"/v1/alerts/decisions?{bad}").status_code == 422, bad
 
 
 @pytest.fixture

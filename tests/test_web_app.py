@@ -50,7 +50,7 @@ DASH = "\u2013"  # between the ends of the range the timeline shows
 DECLARED = {
     "/v1/captions": {"camera", "since", "until", "q", "min_people", "status", "limit", "cursor", "semantic", "hybrid"},
     "/v1/alerts": {"rule", "camera", "since", "until", "state", "limit", "cursor"},
-    "/v1/alerts/decisions": {"rule", "camera", "limit", "before"},
+    "/v1/alerts/decisions": {"rule", "camera", "answer", "caption_id", "limit", "before"},
     "/v1/stream": {"camera", "min_people"},
 }
 
@@ -328,6 +328,22 @@ def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site,
         expect(answers.nth(1)).to_contain_text("905 ms")
         expect(answers.nth(2)).not_to_contain_text("fired")
         screenshot(page, "web-alerts.png")
+        page.select_option("#answers-answer", "error")
+        expect(answers).to_have_count(1)
+        expect(answers.locator(".badge")).to_have_text(["no answer"])
+        page.select_option("#answers-answer", "")
+        expect(answers).to_have_count(3)
+        # From an answer to its caption, whose page lists what the watch rules said about it.
+        answers.nth(1).locator("a").click()
+        handed = site.id_of(SHOTS[2].text or "")
+        expect(page).to_have_url(f"{site.url}/#/captions/{handed}")
+        asked = page.locator("#detail-asked li")
+        expect(page.locator("#detail-asked-panel")).to_be_visible()
+        expect(asked).to_have_count(1)
+        expect(asked).to_contain_text(HANDOVER_REASON)
+        expect(asked.locator(".badge")).to_have_text("match")
+        page.go_back()
+        expect(page.locator("#alert-answers tr")).to_have_count(3)
 
         page.select_option("#alerts-state", "failed")
         expect(items).to_have_count(1)
@@ -336,7 +352,7 @@ def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site,
         page.select_option("#alerts-rule", "forklift")
         expect(items).to_have_count(1)
         expect(answers).to_have_count(0)  # the rule filter applies to the answers too
-        expect(page.locator("#alert-answers-note")).to_have_text("No question asked yet (with this rule filter).")
+        expect(page.locator("#alert-answers-note")).to_have_text("No question asked yet (with these filters).")
         items.first.locator("a.alert-caption").click()
         expect(page).to_have_url(f"{site.url}/#/captions/{site.alerts['forklift'][0]}")
         expect(page.locator("#detail-text")).to_have_text(SHOTS[-1].text or "")
@@ -347,6 +363,36 @@ def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site,
     only_declared(seen.requests)
     assert any("state=failed" in url for url in seen.requests)
     assert any("/v1/alerts/decisions?" in url and "rule=forklift" in url for url in seen.requests)
+
+
+def test_a_caption_no_watch_rule_asked_about_has_no_answers_panel(site: Site, browser: Browser) -> None:
+    seen = signed_in(browser, site.url, READ_KEY, path=f"/#/captions/{site.id_of(SHOTS[-1].text or '')}")
+    page = seen.page
+    try:
+        expect(page.locator("#detail-text")).to_have_text(SHOTS[-1].text or "")
+        panel = page.locator("#detail-asked-panel")
+        expect(panel).to_have_attribute("data-answers", "0")  # asked, and none came back
+        expect(panel).to_be_hidden()
+    finally:
+        seen.context.close()
+    assert any("/v1/alerts/decisions?caption_id=" in url for url in seen.requests)
+    assert seen.errors == []
+
+
+def test_watch_rules_answers_filter_by_answer_and_caption(site: Site) -> None:
+    def answers(query: str, key: str = READ_KEY) -> list[tuple[bool | None, str | None]]:
+        page = api_get(site, f"/v1/alerts/decisions?{query}", key)
+        assert page.status_code == 200, page.text
+        return [(item["match"], item["reason"] or item["error"]) for item in page.json()["items"]]
+
+    assert answers("answer=match") == [(True, HANDOVER_REASON)]
+    assert answers("answer=no_match&answer=error") == [(None, VLM_ERROR), (False, "no parcel yet")]
+    assert answers(f"caption_id={site.id_of(SHOTS[1].text or '')}") == [(False, "no parcel yet")]
+    assert answers("rule=handover&answer=match&camera=dock") == [(True, HANDOVER_REASON)]
+    assert answers("answer=match", LOBBY_KEY) == []  # the dock's answers are not the lobby key's
+    [alert] = [item for item in api_get(site, "/v1/alerts?rule=handover").json()["items"]]
+    assert alert["verification"]["reason"] == HANDOVER_REASON
+    assert all(item["verification"] is None for item in api_get(site, "/v1/alerts?rule=courier").json()["items"])
 
 
 def test_semantic_switch_is_hidden_where_the_server_has_semantic_search_off(site: Site, browser: Browser) -> None:
@@ -386,7 +432,7 @@ def test_a_key_limited_to_one_camera_gets_readable_answers(site: Site, browser: 
         expect(page.locator("#timeline-status")).to_have_text("No camera named dock (or this key may not see it).")
         page.goto(f"{site.url}/#/alerts")
         expect(page.locator("#alert-rules tr")).to_have_count(0)  # every rule watches a camera not its own
-        expect(page.locator("#alert-answers-note")).to_have_text("No question asked yet (with this rule filter).")
+        expect(page.locator("#alert-answers-note")).to_have_text("No question asked yet (with these filters).")
         page.goto(f"{site.url}/#/nowhere/at/all")
         expect(page.locator("#missing-heading")).to_be_visible()
         page.goto(f"{site.url}/#/cameras")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 
 from pydantic import BaseModel, Field
-from sqlalchemy import Connection, Engine, insert, select
+from sqlalchemy import ColumnElement, Connection, Engine, insert, or_, select
 
 from visioncap.store.records import AlertDecisionRecord, table_of
 from visioncap.store.safety import MAX_ERROR_CHARS, clean_text
@@ -68,17 +70,44 @@ def firing_decisions(engine: Engine, alerts: Sequence[tuple[int, str, int]]) -> 
     return {decision.alert_id: decision for decision in found if decision.alert_id is not None}
 
 
-def list_decisions(
-    engine: Engine, rules: Sequence[str], cameras: Sequence[str], before: int | None, limit: int
-) -> AlertDecisionPage:
-    """Newest first; `cameras` empty: every camera."""
+class Answer(StrEnum):
+    """How a question ended, as `GET /v1/alerts/decisions?answer=` filters it."""
+
+    MATCH = "match"  # the VLM said yes (and the alert fired, unless cooling)
+    NO_MATCH = "no_match"  # the VLM said no
+    ERROR = "error"  # no answer: `error` says why
+
+
+@dataclass(frozen=True)
+class DecisionFilter:
+    """Which decisions a page lists; an empty sequence or None: no condition."""
+
+    rules: Sequence[str] = ()
+    cameras: Sequence[str] = ()
+    answers: Sequence[Answer] = ()
+    caption_id: int | None = None
+    before: int | None = None  # ids below this (the previous page's `next_cursor`)
+
+
+def _answered(answer: Answer) -> ColumnElement[bool]:
+    if answer is Answer.ERROR:
+        return DECISIONS.c.match.is_(None)
+    return DECISIONS.c.match.is_(answer is Answer.MATCH)
+
+
+def list_decisions(engine: Engine, where: DecisionFilter, limit: int) -> AlertDecisionPage:
+    """Newest first."""
     query = select(DECISIONS).order_by(DECISIONS.c.id.desc()).limit(limit)
-    if rules:
-        query = query.where(DECISIONS.c.rule.in_(list(rules)))
-    if cameras:
-        query = query.where(DECISIONS.c.camera.in_(list(cameras)))
-    if before is not None:
-        query = query.where(DECISIONS.c.id < before)
+    if where.rules:
+        query = query.where(DECISIONS.c.rule.in_(list(where.rules)))
+    if where.cameras:
+        query = query.where(DECISIONS.c.camera.in_(list(where.cameras)))
+    if where.answers:
+        query = query.where(or_(*(_answered(answer) for answer in set(where.answers))))
+    if where.caption_id is not None:
+        query = query.where(DECISIONS.c.caption_id == where.caption_id)
+    if where.before is not None:
+        query = query.where(DECISIONS.c.id < where.before)
     with engine.connect() as conn:
         items = [AlertDecision.model_validate(dict(row._mapping)) for row in conn.execute(query)]
     return AlertDecisionPage(items=items, next_cursor=items[-1].id if len(items) == limit else None)

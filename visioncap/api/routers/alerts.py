@@ -9,7 +9,14 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.responses import Response
 
 from visioncap.alerts import store
-from visioncap.alerts.decisions import AlertDecision, AlertDecisionPage, firing_decisions, list_decisions
+from visioncap.alerts.decisions import (
+    AlertDecision,
+    AlertDecisionPage,
+    Answer,
+    DecisionFilter,
+    firing_decisions,
+    list_decisions,
+)
 from visioncap.api.auth import EVERY_CAMERA, CameraScope, camera_scope
 from visioncap.api.cursors import decode_alert_cursor, encode_alert_cursor
 from visioncap.api.errors import ApiError, bad_param
@@ -24,7 +31,7 @@ from visioncap.api.protocol import (
 )
 from visioncap.api.routers.captions import Time
 from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, Responses, SharedPathRoute, service
-from visioncap.api.serving import ApiService
+from visioncap.api.serving import MAX_ID, ApiService
 from visioncap.config.alerts import NAME_PATTERN, AlertRule, AlertRulePatch, AlertsConfig
 from visioncap.store.records import DeliveryState
 
@@ -245,10 +252,18 @@ def list_alert_decisions(
     scope: Annotated[CameraScope, Depends(camera_scope)],
     rule: Annotated[list[str], Query(description="Rule name; repeat for several.")] = [],  # noqa: B006
     camera: Annotated[list[str], Query(description="Camera id; repeat for several.")] = [],  # noqa: B006
+    answer: Annotated[
+        list[Answer], Query(description="match, no_match or error (no answer); repeat for several.")
+    ] = [],  # noqa: B006
+    caption_id: Annotated[
+        int | None, Query(ge=1, le=MAX_ID, description="Only the questions about this caption.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500, description="Page size.")] = 50,
-    before: Annotated[int | None, Query(ge=1, description="`next_cursor` of the previous page.")] = None,
+    # Bounded as the ids are (INTEGER on PostgreSQL): a larger number would reach the database and fail there.
+    before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
 ) -> AlertDecisionPage:
     visible = scope.narrow(camera)
     if visible is None:  # only cameras the key may not see: as for cameras that do not exist
         return AlertDecisionPage(items=[], next_cursor=None)
-    return list_decisions(api.engine, rule, visible, before, limit)
+    where = DecisionFilter(rule, visible, answer, caption_id, before)
+    return list_decisions(api.engine, where, limit)

@@ -2,7 +2,7 @@
 // message went (pending, delivered, failed and why), and the watch rules' answers (each question the VLM was asked).
 
 import { apiJson } from "./api.js";
-import { badge, h, people, setStatus, timeEl } from "./ui.js";
+import { answerBadge, badge, h, people, setStatus, timeEl } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
 const PAGE = 50;
@@ -73,12 +73,6 @@ function alertItem(alert) {
       : h("p", { class: "muted small" }, "No destination was configured for it."));
 }
 
-function answer(decision) {
-  if (decision.match === true) return badge("match", "match");
-  if (decision.match === false) return badge("no match", "no-match");
-  return badge("no answer", "no-answer");
-}
-
 function answerRow(decision) {
   const said = decision.match === null ? decision.error : decision.reason;
   const tokens = decision.prompt_tokens === null ? "" : ` · ${decision.prompt_tokens} + ${decision.completion_tokens} tokens`;
@@ -86,7 +80,7 @@ function answerRow(decision) {
     h("td", {}, timeEl(decision.decided_at)),
     h("th", { scope: "row" }, decision.rule),
     h("td", {}, decision.camera),
-    h("td", {}, answer(decision),
+    h("td", {}, answerBadge(decision),
       decision.alert_id !== null ? h("span", { class: "muted small" }, " fired") : null),
     h("td", { class: decision.match === null ? "error-text" : "" }, said || ""),
     h("td", { class: "num" }, decision.latency_ms === null ? "—" : `${Math.round(decision.latency_ms)} ms`,
@@ -101,6 +95,8 @@ async function loadAnswers(more) {
   const params = [["limit", String(PAGE)]];
   const rule = $("alerts-rule").value;
   if (rule) params.push(["rule", rule]);
+  const answered = $("answers-answer").value;
+  if (answered) params.push(["answer", answered]);
   if (more) params.push(["before", String(answersBefore)]);
   try {
     const page = await apiJson("/v1/alerts/decisions", { params, signal: controller.signal });
@@ -111,7 +107,7 @@ async function loadAnswers(more) {
     $("alert-answers-more").hidden = answersBefore === null;
     const count = $("alert-answers").children.length;
     $("alert-answers-table").hidden = !count;
-    $("alert-answers-note").textContent = count ? "" : "No question asked yet (with this rule filter).";
+    $("alert-answers-note").textContent = count ? "" : "No question asked yet (with these filters).";
   } catch (error) {
     if (error.name === "AbortError") return;
     $("alert-answers-note").textContent = error.message;
@@ -180,4 +176,5 @@ export function setUp() {
   $("alerts-state").addEventListener("change", () => loadAlerts(false));
   $("alerts-more").addEventListener("click", () => loadAlerts(true));
   $("alert-answers-more").addEventListener("click", () => loadAnswers(true));
+  $("answers-answer").addEventListener("change", () => loadAnswers(false));
 }

@@ -2,7 +2,7 @@
 // description's frames, the other captions of its event, re-caption (write keys) and a link to copy.
 
 import { Images, apiJson, canWrite, session } from "./api.js";
-import { badge, dayOf, h, people, setStatus, timeEl, whenLocal } from "./ui.js";
+import { answerBadge, badge, dayOf, h, people, setStatus, timeEl, whenLocal } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
 // The event's captions are looked for this far either side of the caption (the API filters by time, not event).
@@ -100,6 +100,29 @@ function eventItem(other, shownId) {
       h("span", { class: "event-text" }, other.caption ?? other.status)));
 }
 
+function askedItem(decision) {
+  const said = decision.match === null ? decision.error : decision.reason;
+  return h("li", { dataset: { id: decision.id } },
+    h("span", { class: "rule-name" }, decision.rule), " ", answerBadge(decision), " ",
+    h("span", { class: decision.match === null ? "error-text" : "" }, said || ""),
+    h("span", { class: "muted small" }, ` · “${decision.question}” · `, timeEl(decision.decided_at)));
+}
+
+async function loadAsked(caption, signal) {
+  try {
+    // A caption is asked about once per watch rule (a page that rolled back may ask again): one page holds them.
+    const page = await apiJson("/v1/alerts/decisions", { params: [["caption_id", String(caption.id)], ["limit", "50"]], signal });
+    const panel = $("detail-asked-panel");
+    panel.dataset.answers = String(page.items.length); // the panel stays hidden when none: this says it looked
+    $("detail-asked").replaceChildren(...page.items.map(askedItem));
+    panel.hidden = !page.items.length;
+  } catch (error) {
+    if (error.name === "AbortError") return;
+    $("detail-asked").replaceChildren(h("li", { class: "error-text" }, `The watch rules' answers could not be loaded: ${error.message}`));
+    $("detail-asked-panel").hidden = false;
+  }
+}
+
 async function loadEvent(caption, signal) {
   const list = $("detail-event");
   const at = Date.parse(caption.captured_at);
@@ -187,6 +210,9 @@ function render(caption) {
         fields(caption))),
     structured,
     descriptionFrames(caption),
+    h("section", { class: "panel", id: "detail-asked-panel", "aria-labelledby": "asked-heading", hidden: true },
+      h("h2", { id: "asked-heading" }, "Watch rules' answers"),
+      h("ul", { id: "detail-asked", class: "asked-list" })),
     h("section", { class: "panel", "aria-labelledby": "event-heading" },
       h("h2", { id: "event-heading" }, "This event's captions"),
       h("p", { id: "detail-event-note", class: "muted" }, "Loading..."),
@@ -212,6 +238,7 @@ export const detailView = {
       render(caption);
       status("");
       loadEvent(caption, signal);
+      loadAsked(caption, signal);
     } catch (error) {
       if (error.name === "AbortError") return;
       status(error.status === 404 ? `Caption ${id} does not exist, or this key may not see its camera.` : error.message, "error");

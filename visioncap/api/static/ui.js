@@ -50,6 +50,13 @@ export function badge(text, kind = text) {
   return h("span", { class: `badge badge-${kind}` }, text);
 }
 
+// A watch rule's answer (a decision of /v1/alerts/decisions): match, no match, or none came.
+export function answerBadge(decision) {
+  if (decision.match === true) return badge("match", "match");
+  if (decision.match === false) return badge("no match", "no-match");
+  return badge("no answer", "no-answer");
+}
+
 // A local day as YYYY-MM-DD (what <input type=date> holds) and back to its start.
 export function dayOf(ms) {
   const d = new Date(ms);
