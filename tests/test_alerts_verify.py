@@ -14,6 +14,7 @@ import sqlean
 from alerts_support import Receiver
 from fastapi.testclient import TestClient
 from PIL import Image
+from pydantic import ValidationError
 from sqlalchemy import select
 
 from visioncap.alerts.decisions import DECISIONS
@@ -24,7 +25,7 @@ from visioncap.alerts.store import add_alert
 from visioncap.alerts.verify import Verifier, event_frames
 from visioncap.api import create_app
 from visioncap.caption.client import CAMERA_HEADER, camera_headers
-from visioncap.config.alerts import AlertsConfig
+from visioncap.config.alerts import AlertRule, AlertsConfig
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.frames import Caption, SelectionReason
@@ -348,6 +349,42 @@ def test_without_a_vlm_in_the_alerts_file_the_settings_endpoint_is_asked(
     [decision] = decisions(store)
     assert (decision["caption_id"], decision["match"], decision["error"]) == (candidate, True, None)
     assert [body["caption_id"] for body in receiver.bodies()] == [candidate]
+
+
+@pytest.mark.vllm
+@pytest.mark.postgres
+def test_a_nul_in_the_models_reason_is_stored_without_it(
+    vllm_server: VllmServer, db_site: tuple[CaptionStore, Path, str], receiver: Receiver
+) -> None:
+    """The model's JSON may escape a NUL into its reason: PostgreSQL refuses it in a text column, which failed the
+    engine's page (and every retry of it). Forced through guided decoding, so the real model writes it."""
+    store, data_dir, _ = db_site
+    answer = {"match": True, "reason": "left\x00 a box"}
+    service = AlertService(
+        store.engine, config(vllm_server.base_url, receiver.url, force_answer=answer), data_dir=data_dir
+    )
+    try:
+        candidate = add_framed(store, data_dir, "door", T0, "a person with a box at the door")
+        drain(service)
+    finally:
+        service.stop()
+    [decision] = decisions(store)
+    assert (decision["caption_id"], decision["match"], decision["reason"]) == (candidate, True, "left a box")
+    assert [body["verification"]["reason"] for body in receiver.bodies()] == ["left\x00 a box"]
+
+
+def test_a_rule_text_with_a_control_character_is_refused() -> None:
+    """Refused where a key holder writes it (422 through the API), not stored to fail each decision's insert."""
+    rule = {"name": "r", "verify": {"question": "q"}}
+    for field, value in [
+        ("words", ["a\x00b"]),
+        ("activities", ["a\x1bb"]),
+        ("semantic", {"text": "a\x00b"}),
+        ("verify", {"question": "a\x00b"}),
+    ]:
+        with pytest.raises(ValidationError, match="control characters"):
+            AlertRule.model_validate({**rule, field: value})
+    assert AlertRule.model_validate({**rule, "words": ["tab\tok"], "verify": {"question": "line\nbreak"}})
 
 
 @pytest.mark.vllm

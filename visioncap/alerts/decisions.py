@@ -23,8 +23,13 @@ def create_table(conn: Connection) -> None:
 
 
 def add_decision(conn: Connection, values: dict[str, object]) -> int:
+    """One decision; its texts made storable (the reason is model output: a NUL in it, which the JSON of a guided
+    answer may carry, would fail the insert on PostgreSQL and so the alerts engine's page, again at each retry)."""
     if values.get("error") is not None:
         values = {**values, "error": clean_text(str(values["error"]), MAX_ERROR_CHARS)}
+    for name in ("question", "reason"):
+        if values.get(name) is not None:
+            values = {**values, name: clean_text(str(values[name]))}
     return int(conn.execute(insert(DECISIONS).values(**values).returning(DECISIONS.c.id)).scalar_one())
 
 

@@ -100,11 +100,17 @@ MAX_ZONES, MAX_ZONE_LENGTH = 32, 64
 def names_param(values: Sequence[str], param: str, most: int, longest: int) -> list[str]:
     """`param=a&param=b` or `param=a,b`, each name once, in the order given. A name nothing has matches nothing."""
     names = list(dict.fromkeys(part.strip() for value in values for part in value.split(",") if part.strip()))
+    return checked_names(names, param, most, longest)
+
+
+def checked_names(names: Sequence[str], param: str, most: int, longest: int) -> list[str]:
+    """`names` (a repeated parameter) as given, refused (422) when more than `most`, or one is longer than
+    `longest` or holds a NUL (PostgreSQL refuses it in a query: a 500, not an empty answer)."""
     if len(names) > most:
         raise bad_param(param, f"at most {most} {param}s")
     for name in names:
         _check_text(param, name, longest)
-    return names
+    return list(names)
 
 
 def cameras_param(values: Sequence[str]) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, Strict, create_model, model_validator
 
-from visioncap.config.base import StrictModel, TimeZoneName
+from visioncap.config.base import PlainText, StrictModel, TimeZoneName
 from visioncap.config.loading import load_yaml_model
 from visioncap.config.verify import VerifySpec, VlmEndpoint
 from visioncap.config.zones import ZoneName
@@ -47,7 +47,7 @@ class TimeWindow(StrictModel):
 class SemanticMatch(StrictModel):
     """Caption text close in meaning to `text` (cosine similarity of sentence embeddings)."""
 
-    text: str = Field(min_length=1, max_length=500, description="What the caption should be about.")
+    text: PlainText = Field(min_length=1, max_length=500, description="What the caption should be about.")
     threshold: Annotated[float, Strict()] = Field(
         default=0.5, ge=-1, le=1, description="Least cosine similarity (all-MiniLM-L6-v2) that matches."
     )
@@ -58,7 +58,7 @@ class AlertRule(StrictModel):
 
     name: Name = Field(description="Unique rule id: the MQTT topic `visioncap/alerts/<name>` and metric label.")
     cameras: list[Name] = Field(default_factory=list, description="Only these cameras; empty: all.")
-    words: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+    words: list[Annotated[PlainText, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list,
         max_length=20,
         description="Words in the caption text (case-insensitive, whole words); see `all_words`.",
@@ -67,7 +67,7 @@ class AlertRule(StrictModel):
     semantic: SemanticMatch | None = Field(default=None, description="Caption text similar in meaning.")
     min_people: Count | None = Field(default=None, description="At least this many people (stored count).")
     max_people: Count | None = Field(default=None, description="At most this many people.")
-    activities: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+    activities: list[Annotated[PlainText, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list,
         max_length=20,
         description="Any of these in the structured caption's activities (case-insensitive substring); a caption "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import types
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Union, get_args, get_origin
@@ -28,6 +29,20 @@ def _known_zone(value: str) -> str:
 
 # An IANA time zone name, checked when the file loads (a typo would otherwise surface at the first local time).
 TimeZoneName = Annotated[str, AfterValidator(_known_zone)]
+
+# Control characters (tab and line breaks aside) and lone surrogates: PostgreSQL refuses a NUL in a text column.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def _plain(value: str) -> str:
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters (NUL and the like)")
+    return value
+
+
+# Text a key holder writes that later reaches stored rows (a watch rule's question goes into each decision row):
+# refused at submission, where it is a clear 422, rather than failing every later write that carries it.
+PlainText = Annotated[str, AfterValidator(_plain)]
 
 
 def _keys(model: type[BaseModel]) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, Strict, ValidationError, field_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
-from visioncap.config.base import StrictModel
+from visioncap.config.base import PlainText, StrictModel
 from visioncap.config.caption import CaptionConfig
 from visioncap.config.secret_references import (
     CAMERA_SECRET_PREFIX,
@@ -52,7 +52,7 @@ def has_inline_secret(url: str) -> bool:
 class CameraConfig(StrictModel):
     """One camera a worker runs: where its frames come from and what it does differently from its pipeline."""
 
-    pipeline: str = Field(min_length=1, max_length=128, description="Name of the pipeline whose worker runs it.")
+    pipeline: PlainText = Field(min_length=1, max_length=128, description="Name of the pipeline whose worker runs it.")
     source: SourceConfig = Field(description="The source, as in a pipeline file's `sources` (its `camera` is the id).")
     selection: dict[str, Any] = Field(
         default_factory=dict, description="Selection settings that replace the pipeline's for this camera."

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field, Strict
 from pydantic.json_schema import SkipJsonSchema
 
-from visioncap.config.base import StrictModel
+from visioncap.config.base import PlainText, StrictModel
 
 MAX_REASON_CHARS = 200  # the answer's `reason`, bounded in the guided-decoding schema so every answer ends
 
@@ -24,7 +24,7 @@ class VerifySpec(StrictModel):
     """Ask the VLM a question about each caption that meets the rule's other conditions (the cheap pre-filter);
     only a `match` answer fires the alert."""
 
-    question: str = Field(
+    question: PlainText = Field(
         min_length=1, max_length=500, description="The condition in plain language, e.g. 'someone climbs the fence'."
     )
     max_frames: int = Field(

@@ -31,7 +31,7 @@ from visioncap.api.protocol import (
 )
 from visioncap.api.routers.captions import Time
 from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, Responses, SharedPathRoute, service
-from visioncap.api.serving import MAX_ID, ApiService
+from visioncap.api.serving import MAX_CAMERA_LENGTH, MAX_CAMERAS, MAX_ID, ApiService, checked_names
 from visioncap.config.alerts import NAME_PATTERN, AlertRule, AlertRulePatch, AlertsConfig
 from visioncap.store.records import DeliveryState
 
@@ -40,6 +40,8 @@ router = APIRouter(
 )
 
 RuleName = Annotated[str, Path(pattern=NAME_PATTERN, description="Rule name.")]
+MAX_RULE_FILTERS = 50  # `rule=` repeated: more names than any alerts file holds is a hostile query
+RULE_NAME_LENGTH = 64  # NAME_PATTERN's: a longer name matches nothing, refused before the database
 RULE_ERRORS: Responses = {
     404: {"model": ErrorResponse, "description": "No rule of that name."},
     409: {"model": ErrorResponse, "description": "A rule of that name exists, or the rule is the file's."},
@@ -71,6 +73,14 @@ def _next_cursor(alert_id: int) -> str:
     return encode_alert_cursor(alert_id)
 
 
+def _rules(values: list[str]) -> list[str]:
+    return checked_names(values, "rule", MAX_RULE_FILTERS, RULE_NAME_LENGTH)
+
+
+def _cameras(values: list[str]) -> list[str]:
+    return checked_names(values, "camera", MAX_CAMERAS, MAX_CAMERA_LENGTH)
+
+
 def _verification(decision: AlertDecision | None) -> AlertVerification | None:
     if decision is None:
         return None
@@ -92,6 +102,7 @@ def list_alerts(
     cursor: Annotated[str | None, Query(max_length=40, description="`next_cursor` of the previous page.")] = None,
 ) -> AlertPage:
     after = _cursor(cursor)
+    rule, camera = _rules(rule), _cameras(camera)
     visible = scope.narrow(camera)
     if visible is None:  # only cameras the key may not see: as for cameras that do not exist
         return AlertPage(items=[], next_cursor=None)
@@ -262,6 +273,7 @@ def list_alert_decisions(
     # Bounded as the ids are (INTEGER on PostgreSQL): a larger number would reach the database and fail there.
     before: Annotated[int | None, Query(ge=1, le=MAX_ID, description="`next_cursor` of the previous page.")] = None,
 ) -> AlertDecisionPage:
+    rule, camera = _rules(rule), _cameras(camera)
     visible = scope.narrow(camera)
     if visible is None:  # only cameras the key may not see: as for cameras that do not exist
         return AlertDecisionPage(items=[], next_cursor=None)

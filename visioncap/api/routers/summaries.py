@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from visioncap.api.auth import CameraScope, camera_scope
 from visioncap.api.routers.common import BAD_BODY, ERRORS, SECURED, SharedPathRoute, service
-from visioncap.api.serving import ApiService
+from visioncap.api.serving import MAX_CAMERA_LENGTH, ApiService, checked_names
 from visioncap.api.summaries import Summaries
 from visioncap.api.summaries_protocol import SummaryList, SummaryRequest, SummaryView
 
@@ -49,7 +49,11 @@ def create_summary(
 def list_summaries(
     scope: Annotated[CameraScope, Depends(camera_scope)],
     writer: Annotated[Summaries, Depends(summaries)],
-    camera: Annotated[str | None, Query(max_length=64, description="Only summaries covering this camera.")] = None,
+    camera: Annotated[
+        str | None, Query(max_length=MAX_CAMERA_LENGTH, description="Only summaries covering this camera.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200, description="Most summaries returned.")] = 50,
 ) -> SummaryList:
+    if camera is not None:
+        checked_names([camera], "camera", 1, MAX_CAMERA_LENGTH)
     return writer.list(camera, limit, scope)
