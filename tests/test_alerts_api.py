@@ -10,14 +10,17 @@ from pathlib import Path
 import pytest
 from alerts_support import add_caption
 from fastapi.testclient import TestClient
+from sqlalchemy import insert
 
 from visioncap.alerts.engine import AlertEngine
 from visioncap.alerts.metrics import AlertMetrics
+from visioncap.alerts.store import api_rules
 from visioncap.api import create_app
 from visioncap.config.alerts import load_alerts_config
 from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.store import CaptionStore
+from visioncap.store.records import AlertRuleRecord
 
 READ_KEY = "alerts-read-key"
 WRITE_KEY = "alerts-write-key"
@@ -75,6 +78,22 @@ def test_rules_crud_and_file_rules_read_only(setup: tuple[TestClient, CaptionSto
     assert [item["rule"]["name"] for item in client.get("/v1/alerts/rules").json()["items"]] == ["crowd", "forklift"]
     assert client.delete("/v1/alerts/rules/forklift").status_code == 204
     assert client.delete("/v1/alerts/rules/forklift").status_code == 404
+
+
+def test_a_stored_rule_this_version_refuses_is_left_out_and_can_be_deleted(
+    setup: tuple[TestClient, CaptionStore, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rule an older version stored with a word this one refuses (a NUL) must not stop the other rules."""
+    client, store, _ = setup
+    assert client.post("/v1/alerts/rules", json={"name": "forklift", "words": ["forklift"]}).status_code == 201
+    with store.engine.begin() as conn:  # as the older version wrote it: its JSON, NUL and all
+        conn.execute(insert(AlertRuleRecord).values(name="legacy", definition={"name": "legacy", "words": ["a\x00b"]}))
+    names = [item["rule"]["name"] for item in client.get("/v1/alerts/rules").json()["items"]]
+    assert names == ["crowd", "forklift"]
+    assert "stored rule 'legacy' is not valid any more" in caplog.text
+    assert [rule.name for rule in api_rules(store.engine)] == ["forklift"]
+    assert client.delete("/v1/alerts/rules/legacy").status_code == 204
+    assert client.delete("/v1/alerts/rules/legacy").status_code == 404
 
 
 def test_alerts_listed_with_filters_and_pages(setup: tuple[TestClient, CaptionStore, Path]) -> None:

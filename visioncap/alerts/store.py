@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import Connection, Engine, delete, exists, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -25,11 +27,25 @@ from visioncap.store.safety import MAX_ERROR_CHARS, clean_text
 
 CURSOR_NAME = "default"
 
+log = logging.getLogger(__name__)
+
 
 def api_rules(engine: Engine) -> list[AlertRule]:
+    """The rules made through the API. One stored by an older version that this one refuses (a text with a NUL,
+    say) is left out with an error in the log, rather than stopping every rule: it can still be deleted."""
     with engine.connect() as conn:
-        rows = conn.execute(select(AlertRuleRecord.definition).order_by(AlertRuleRecord.name))
-        return [AlertRule.model_validate(definition) for (definition,) in rows]
+        rows = list(
+            conn.execute(select(AlertRuleRecord.name, AlertRuleRecord.definition).order_by(AlertRuleRecord.name))
+        )
+    rules = []
+    for name, definition in rows:
+        try:
+            rules.append(AlertRule.model_validate(definition))
+        except ValidationError as exc:
+            log.error(
+                "alerts: stored rule %r is not valid any more, left out (delete it and add it again): %s", name, exc
+            )
+    return rules
 
 
 def add_rule(engine: Engine, rule: AlertRule) -> bool:
