@@ -3,6 +3,7 @@ PostgreSQL), the pipeline-file seed and its rule, and secrets that never reach t
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from helpers import invoke_cli, pipeline_dict, write_pipeline
-from sqlalchemy import text
+from sqlalchemy import JSON, bindparam, text
 
 from visioncap.api import create_app
 from visioncap.config.api import ApiKey, ApiSettings
@@ -121,6 +122,27 @@ def test_invalid_cameras_are_422_naming_the_field(
     error = refused.json()["error"]
     assert error["param"] == param and error["message"].startswith(f"{param}: ") and says in error["message"]
     assert list_cameras(store.engine) == []
+
+
+def test_a_stored_camera_this_version_refuses_is_left_out_and_can_be_removed(
+    client: TestClient, store: CaptionStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A camera an older version stored with a pipeline name this one refuses (a NUL, which SQLite took) must not
+    hide the other cameras from the API and the workers."""
+    assert client.post("/v1/cameras", json=camera_body("yard"), headers=WRITER).status_code == 201
+    assert client.post("/v1/cameras", json=camera_body("gate"), headers=WRITER).status_code == 201
+    # PostgreSQL never stored the NUL; there a setting an older version had and this one dropped.
+    sqlite = store.engine.dialect.name == "sqlite"
+    bad = {"pipeline": "a\x00b"} if sqlite else {"selection": {"no_such_setting": 1}}
+    with store.engine.begin() as conn:
+        config = conn.execute(text("SELECT config FROM camera_configs WHERE camera = 'gate'")).scalar_one()
+        config = json.loads(config) if isinstance(config, str) else config
+        statement = text("UPDATE camera_configs SET config = :config WHERE camera = 'gate'")
+        conn.execute(statement.bindparams(bindparam("config", type_=JSON)), {"config": {**config, **bad}})
+    assert [stored.camera for stored in list_cameras(store.engine)] == ["yard"]
+    assert "stored camera 'gate' is not valid any more" in caplog.text
+    assert [item["camera"] for item in client.get("/v1/cameras").json()["items"]] == ["yard"]
+    assert client.delete("/v1/cameras/gate", headers=WRITER).status_code == 204
 
 
 @pytest.mark.parametrize(

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, cast
 
+from pydantic import ValidationError
 from sqlalchemy import CursorResult, Engine, delete, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -22,6 +24,8 @@ from visioncap.config.cameras import CameraConfig, has_inline_secret
 from visioncap.config.sources import SourceConfig, StreamSourceConfig
 from visioncap.redact import mask_credentials
 from visioncap.store.records import CameraConfigRecord, CameraOrigin, PipelineSeedRecord, utcnow
+
+log = logging.getLogger(__name__)
 
 
 class CameraExists(Exception):
@@ -69,7 +73,16 @@ def list_cameras(engine: Engine, pipeline: str | None = None) -> list[StoredCame
     if pipeline is not None:
         statement = statement.where(CameraConfigRecord.pipeline == pipeline)
     with Session(engine) as session:
-        return [_stored(row) for row in session.scalars(statement)]
+        rows = list(session.scalars(statement))
+    cameras = []
+    for row in rows:
+        try:
+            cameras.append(_stored(row))
+        except ValidationError as exc:
+            # Stored by an older version that this one refuses (a NUL in its pipeline's name, say): one such row
+            # must not hide every camera from the API and the workers. It can still be deleted by id.
+            log.error("cameras: stored camera %r is not valid any more, left out (delete it): %s", row.camera, exc)
+    return cameras
 
 
 def camera_versions(engine: Engine, pipeline: str) -> dict[str, int]:
