@@ -20,6 +20,7 @@ from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.config.pipeline import load_pipeline
 from visioncap.config.sources import StreamSourceConfig
+from visioncap.pipeline.watcher import CameraWatcher
 from visioncap.store import CaptionStore
 from visioncap.store.camera_configs import SeedOutcome, get_camera, list_cameras, seed_cameras
 
@@ -142,6 +143,12 @@ def test_a_stored_camera_this_version_refuses_is_left_out_and_can_be_removed(
     assert [stored.camera for stored in list_cameras(store.engine)] == ["yard"]
     assert "stored camera 'gate' is not valid any more" in caplog.text
     assert [item["camera"] for item in client.get("/v1/cameras").json()["items"]] == ["yard"]
+    # A worker of the pipeline runs the valid one and does not reload (nor log) the refused one at each poll.
+    watcher = CameraWatcher(store.engine, "p")
+    assert list(watcher.load()) == ["yard"]
+    assert not watcher.changed()
+    assert client.patch("/v1/cameras/yard", json={"paused": True}, headers=WRITER).status_code == 200
+    assert watcher.changed()
     assert client.delete("/v1/cameras/gate", headers=WRITER).status_code == 204
 
 

@@ -32,9 +32,17 @@ class CameraWatcher:
 
     def load(self) -> dict[str, StoredCamera]:
         """The configs now (and the versions later polls compare against)."""
+        # Every row's version, read before the configs: a stored camera this version refuses is left out of the
+        # configs (and logged) but counted here, so later polls do not reload and log it again; a change made
+        # between the two reads is found by the next poll.
+        versions = camera_versions(self._engine, self._pipeline)
         cameras = {stored.camera: stored for stored in list_cameras(self._engine, self._pipeline)}
-        self._versions = {camera: stored.version for camera, stored in cameras.items()}
+        self._versions = versions
         return cameras
+
+    def changed(self) -> bool:
+        """Whether a camera of the pipeline was added, changed or removed since the last `load()`."""
+        return camera_versions(self._engine, self._pipeline) != self._versions
 
     def start(self) -> None:
         self._thread.start()
@@ -53,8 +61,7 @@ class CameraWatcher:
     def _loop(self) -> None:
         while not self._stopping.wait(self._poll_s):
             try:
-                unchanged = camera_versions(self._engine, self._pipeline) == self._versions
-                cameras = None if unchanged else self.load()
+                cameras = self.load() if self.changed() else None
             except SQLAlchemyError as exc:
                 # The running cameras go on as they are; the next poll tries again. One line per outage.
                 if not self._failing:
