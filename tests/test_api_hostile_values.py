@@ -28,7 +28,8 @@ from visioncap.store import CaptionStore, create_db_engine
 
 KEY = "hostile-values-key"
 ENDLESS = {"/v1/stream"}
-HOSTILE_TEXT = ["a\x00b", "x" * 5000, "caméra ☃", "%", "a,b", " "]
+# A NUL, a long value, non-ASCII and right-to-left text, SQL LIKE and full-text query syntax, quotes.
+HOSTILE_TEXT = ["a\x00b", "x" * 5000, "caméra ☃ 日本", "\u202egate", "%_", "a,b", " ", "'; --", "a & !b:* | (c", "\\"]
 HOSTILE_INTEGERS = [2**31, 2**63, -(2**63) - 1, 10**30, 0, -1]
 HOSTILE_NUMBERS = ["1e308", "-1e308", "nan", "inf"]
 CONTROL_TEXT = ["a\x00b", "a\x1bb"]
