@@ -1,7 +1,7 @@
 // Alerts (#/alerts): the rules (the alerts file's and the API's), what fired, newest first, with where each
 // message went (pending, delivered, failed and why), and the watch rules' answers (each question the VLM was asked).
 
-import { apiJson } from "./api.js";
+import { api, apiJson, canWrite } from "./api.js";
 import { answerBadge, badge, h, people, setStatus, timeEl } from "./ui.js";
 
 const $ = (id) => document.getElementById(id);
@@ -47,7 +47,63 @@ function ruleRow(view) {
     h("td", {}, conditions(rule)),
     h("td", { class: "num" }, rule.cooldown_s ? `${rule.cooldown_s} s` : "—"),
     h("td", {}, rule.notify?.length ? rule.notify.join(", ") : "all destinations"),
-    h("td", {}, badge(view.source === "file" ? "alerts file" : "API", view.source)));
+    h("td", {}, badge(view.source === "file" ? "alerts file" : "API", view.source),
+      canWrite() && !view.read_only
+        ? h("button", { type: "button", class: "secondary small rule-delete", onclick: () => deleteRule(rule.name),
+          "aria-label": `Delete rule ${rule.name}` }, "Delete")
+        : null));
+}
+
+function ruleStatus(text, kind = "") {
+  setStatus($("rule-form-status"), text, kind);
+}
+
+async function deleteRule(name) {
+  if (!confirm(`Delete rule ${name}? What it fired stays listed.`)) return;
+  try {
+    await api(`/v1/alerts/rules/${encodeURIComponent(name)}`, { method: "DELETE" });
+    status(`Rule ${name} deleted.`);
+  } catch (error) {
+    status(error.message, "error");
+  }
+  await loadRules();
+}
+
+// The form as the API's rule: only what was filled in (the API's defaults for the rest).
+function ruleBody() {
+  const body = { name: $("rule-name").value.trim() };
+  const cameras = [...$("rule-cameras").selectedOptions].map((option) => option.value);
+  if (cameras.length) body.cameras = cameras;
+  const words = $("rule-words").value.split(",").map((word) => word.trim()).filter(Boolean);
+  if (words.length) body.words = words;
+  if ($("rule-min-people").value !== "") body.min_people = Number($("rule-min-people").value);
+  if ($("rule-cooldown").value !== "") body.cooldown_s = Number($("rule-cooldown").value);
+  const question = $("rule-question").value.trim();
+  if (question) body.verify = { question, max_frames: Number($("rule-frames").value || 1) };
+  return body;
+}
+
+async function addRule(event) {
+  event.preventDefault();
+  const body = ruleBody();
+  const button = $("rule-submit");
+  button.disabled = true;
+  try {
+    await apiJson("/v1/alerts/rules", { method: "POST", body });
+    $("rule-form").reset();
+    ruleStatus(`Rule ${body.name} added: the alerts service takes it up at its next page.`, "ok");
+    await loadRules();
+  } catch (error) {
+    ruleStatus(error.param ? `${error.message} (field: ${error.param})` : error.message, "error");
+  } finally {
+    button.disabled = false;
+  }
+}
+
+async function loadRuleCameras() {
+  const cameras = (await apiJson("/v1/cameras")).items.map((camera) => camera.camera);
+  const picked = new Set([...$("rule-cameras").selectedOptions].map((option) => option.value));
+  $("rule-cameras").replaceChildren(...cameras.map((camera) => new Option(camera, camera, false, picked.has(camera))));
 }
 
 function delivery(d) {
@@ -152,8 +208,10 @@ export const alertsView = {
   title: "Alerts",
   async enter() {
     status("Loading...");
+    $("rule-form").hidden = !canWrite();
+    ruleStatus("");
     try {
-      await loadRules();
+      await Promise.all([loadRules(), canWrite() ? loadRuleCameras() : null]);
     } catch (error) {
       status(error.message, "error");
       return;
@@ -177,4 +235,5 @@ export function setUp() {
   $("alerts-more").addEventListener("click", () => loadAlerts(true));
   $("alert-answers-more").addEventListener("click", () => loadAnswers(true));
   $("answers-answer").addEventListener("change", () => loadAnswers(false));
+  $("rule-form").addEventListener("submit", addRule);
 }
