@@ -12,6 +12,8 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 from web_app_support import SHOTS, WRITE_KEY, Site, axe_source, launched_browser, screenshot, seeded_site, signed_in
 
+from visioncap.serve import VllmServer
+
 pytestmark = pytest.mark.browser
 
 BLOCKING = ("serious", "critical")
@@ -38,9 +40,11 @@ def violations(page: Page, source: str) -> list[str]:
     ]
 
 
-def test_every_view_has_no_serious_accessibility_violation(tmp_path: Path, browser: Browser) -> None:
+def test_every_view_has_no_serious_accessibility_violation(
+    tmp_path: Path, browser: Browser, vllm_server: VllmServer
+) -> None:
     source = axe_source()
-    with seeded_site(tmp_path) as site:
+    with seeded_site(tmp_path, vllm_server.base_url) as site:
         found = check_views(site, browser, source)
     assert found == {}, found
 

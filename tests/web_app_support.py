@@ -5,12 +5,11 @@ Debian's Chromium driven by Playwright.
 The seeded day is 2026-11-29 (UTC; the browser runs in UTC too): at the dock, a courier event of three captions
 in the morning (one with structured fields) and a forklift in the afternoon, one caption the day before; two
 lobby captions; at the gate one caption and one still waiting for the VLM. dock and lobby are configured cameras
-(so they can be paused); dock reports `online`, lobby `offline`, gate nothing. An alerts file's three rules (one a
-watch rule that asks the VLM about the dock's courier captions) and an API rule fired on them through the real
-alerts engine; their deliveries are then marked delivered and failed as a delivery process records a receiver's
-answers (none runs here: its retries are not what these tests check). The watch rule's answers are scripted
-(`ScriptedVlm`: no vLLM in the browser tier; the real answer, guided decoding on the real server, is
-tests/test_alerts_verify.py's)."""
+(so they can be paused); dock reports `online`, lobby `offline`, gate nothing. An alerts file's five rules (three
+watch rules, each asking the real vLLM about one of the dock's courier captions: a forced match, a forced no, a
+deadline no answer meets) and an API rule fired on them through the real alerts engine; their deliveries are then
+marked delivered and failed as a delivery process records a receiver's answers (none runs here: its retries are
+not what these tests check)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import yaml
 from helpers import ARTIFACTS, CHROMIUM_FLAGS, chromium, missing, serve_api
@@ -34,7 +33,6 @@ from sqlalchemy import update
 from visioncap.alerts import store as alerts_store
 from visioncap.alerts.engine import AlertEngine
 from visioncap.alerts.metrics import AlertMetrics
-from visioncap.alerts.verify import Verdict, Verifier
 from visioncap.config.alerts import AlertRule, AlertsConfig
 from visioncap.config.cameras import CameraConfig
 from visioncap.config.keys import hash_key
@@ -103,26 +101,43 @@ ALERTS_FILE = {
     "rules": [
         {"name": "courier", "words": ["courier"], "cooldown_s": 0, "notify": ["ops", "archive"]},
         {"name": "crowd", "min_people": 2, "notify": ["ops"]},
+        # Watch rules, each asking about one dock caption, answered by the real vLLM: guided decoding forced to one
+        # answer (a random-weight model's own answers are noise), and a deadline no question can meet.
         {
             "name": "handover",
             "cameras": ["dock"],
-            "words": ["courier"],
+            "words": ["hands"],
             "cooldown_s": 0,
             "notify": ["archive"],
-            "verify": {"question": "a parcel changes hands", "max_frames": 2},
+            "verify": {
+                "question": "a parcel changes hands",
+                "max_frames": 2,
+                "force_answer": {"match": True, "reason": "the courier gives a parcel to the worker"},
+            },
+        },
+        {
+            "name": "trolley",
+            "cameras": ["dock"],
+            "words": ["trolley"],
+            "verify": {
+                "question": "a parcel is left on the trolley",
+                "force_answer": {"match": False, "reason": "no parcel yet"},
+            },
+        },
+        {
+            "name": "van",
+            "cameras": ["dock"],
+            "words": ["van"],
+            "verify": {"question": "the van blocks the gate", "deadline_s": 0.001},
         },
     ],
 }
-# The watch rule's answers, by caption: a match, a no, and a VLM that did not answer.
-HANDOVER_REASON = "the courier gives a parcel to the worker"
-VLM_ERROR = "the VLM is unreachable: connection refused"
-ANSWERS = {
-    "a courier wheels a trolley to the loading dock": Verdict(False, "no parcel yet", 812.0, 640, 18, None),
-    "the courier hands a parcel to a worker in a yellow vest": Verdict(True, HANDOVER_REASON, 905.0, 1210, 21, None),
-    "the courier walks back to the van": Verdict(None, None, None, None, None, VLM_ERROR),
-}
 API_RULE = AlertRule(name="forklift", cameras=["dock"], words=["forklift"], notify=["archive"])
 FAILED_ERROR = "HTTP 500 from http://127.0.0.1:9/hooks/ops"
+HANDOVER_REASON = "the courier gives a parcel to the worker"
+NO_PARCEL = "no parcel yet"
+VLM_ERROR = "deadline: no answer within 0.001 s"
+RULE_NAMES = ["courier", "crowd", "handover", "trolley", "van", "forklift"]  # as listed: the file's first
 
 
 def photo(index: int, width: int, height: int) -> bytes:
@@ -210,30 +225,19 @@ def _cameras(store: CaptionStore) -> None:
     )
 
 
-class ScriptedVlm:
-    """The watch rule's VLM: `ANSWERS` by caption text, so the engine stores and fires as it does on a real answer."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-
-    def ask(self, spec: Any, text: str, frames: list[bytes], camera: str | None = None) -> Verdict:
-        self.requests += 1
-        assert frames, "the engine sends the caption's stored frames"
-        return ANSWERS[text]
-
-    def close(self) -> None:
-        pass
-
-
-def _alerts(store: CaptionStore, config_path: Path, data_dir: Path) -> dict[str, list[int]]:
-    config_path.write_text(yaml.safe_dump(ALERTS_FILE), encoding="utf-8")
-    config = AlertsConfig.model_validate(ALERTS_FILE)
+def _alerts(store: CaptionStore, config_path: Path, data_dir: Path, vlm_base_url: str) -> dict[str, list[int]]:
+    alerts_file = {**ALERTS_FILE, "vlm": {"base_url": vlm_base_url, "max_tokens": 64}}
+    config_path.write_text(yaml.safe_dump(alerts_file), encoding="utf-8")
+    config = AlertsConfig.model_validate(alerts_file)
     assert alerts_store.add_rule(store.engine, API_RULE)
-    vlm = ScriptedVlm()
-    engine = AlertEngine(store.engine, config, AlertMetrics(), data_dir=data_dir, verifier=cast(Verifier, vlm))
-    while engine.run_once():
-        pass
-    assert vlm.requests == len(ANSWERS)
+    engine = AlertEngine(store.engine, config, AlertMetrics(), data_dir=data_dir)
+    try:
+        while engine.run_once():
+            pass
+        assert engine.verifier is not None and engine.verifier.requests == 3  # a question per watch rule
+    finally:
+        if engine.verifier is not None:
+            engine.verifier.close()
     fired: dict[str, list[int]] = {}
     for alert, _ in alerts_store.list_alerts(store.engine, alerts_store.AlertFilter(), 100):
         fired.setdefault(alert.rule, []).append(alert.caption_id)
@@ -268,7 +272,8 @@ def api_keys() -> str:
 
 
 @contextmanager
-def seeded_site(folder: Path, **env: str) -> Iterator[Site]:
+def seeded_site(folder: Path, vlm_base_url: str, **env: str) -> Iterator[Site]:
+    """The site, its watch rules answered by the vLLM at `vlm_base_url` (the session's)."""
     data_dir = folder / "data"
     data_dir.mkdir(parents=True)
     database_url = f"sqlite:///{data_dir / 'visioncap.db'}"
@@ -276,7 +281,7 @@ def seeded_site(folder: Path, **env: str) -> Iterator[Site]:
     store.create_schema()
     ids = _store_shots(store, data_dir)
     _cameras(store)
-    fired = _alerts(store, folder / "alerts.yaml", data_dir)
+    fired = _alerts(store, folder / "alerts.yaml", data_dir, vlm_base_url)
     with serve_api(
         data_dir,
         database_url,
