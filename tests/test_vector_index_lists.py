@@ -43,11 +43,10 @@ def _index(runs_of_one: bool = False) -> tuple[VectorIndex, np.ndarray]:
         np.ones(rows, np.int32), np.zeros(rows, np.int8),
     )  # fmt: skip
     centroids = train_centroids(vectors[rng.choice(rows, 2_000, replace=False)], LISTS, rng)
-    index = VectorIndex(None)  # type: ignore[arg-type]  # never reads a table: its columns are set here
-    index._columns, index._lists = group(columns, centroids, nearest_lists(centroids, vectors))
-    index._camera_codes = {f"cam-{n}": n for n in range(4)}
+    grouped, lists = group(columns, centroids, nearest_lists(centroids, vectors))
+    index = VectorIndex.holding(grouped, lists, {f"cam-{n}": n for n in range(4)})
     if runs_of_one:
-        index._lists.runs = np.arange(index._lists.covered, dtype=np.int32)
+        lists.runs = np.arange(lists.covered, dtype=np.int32)
     return index, distinct
 
 
@@ -58,29 +57,31 @@ def test_the_first_copies_of_a_code_are_those_the_sorted_cap_would_choose(
     monkeypatch.setattr(vector_index, "PROBE_ROWS_PER_CANDIDATE", 8)
     runs, _ = _index()
     whole, distinct = _index(runs_of_one=True)
-    assert len(np.unique(runs._lists.runs)) < runs._lists.covered / 4  # the copies make long runs
+    assert len(np.unique(runs._state.lists.runs)) < runs._state.lists.covered / 4  # the copies make long runs
     for query in distinct[:CODES:4]:  # a query on a copied code: hundreds of its copies in its list
         found, every = runs.nearest(query, IndexFilter(cameras=cameras), 64, per_code=4)
         expected, _ = whole.nearest(query, IndexFilter(cameras=cameras), 64, per_code=4)
         assert found.tolist() == expected.tolist() and not every
-        position = {int(row_id): n for n, row_id in enumerate(runs._columns.ids[: runs.size])}
-        codes = Counter(runs._columns.bits[position[int(row_id)]].tobytes() for row_id in found)
+        position = {int(row_id): n for n, row_id in enumerate(runs._state.columns.ids[: runs.size])}
+        codes = Counter(runs._state.columns.bits[position[int(row_id)]].tobytes() for row_id in found)
         assert len(found) == 64 and max(codes.values()) == 4
         # What the sort saw: the first copies of each run only, against every row of the probed lists.
         with runs._lock, whole._lock:
-            mask, kept = (None, None) if not cameras else runs._masked_rows(runs._columns, IndexFilter(cameras=cameras))
-            read = vector_index._probe(runs._columns, runs._lists, mask, kept, query, 64, 4)[0]
-            every_row = vector_index._probe(whole._columns, whole._lists, mask, kept, query, 64)[0]
+            mask, kept = (
+                (None, None) if not cameras else runs._masked_rows(runs._state.columns, IndexFilter(cameras=cameras))
+            )
+            read = vector_index._probe(runs._state.columns, runs._state.lists, mask, kept, query, 64, 4)[0]
+            every_row = vector_index._probe(whole._state.columns, whole._state.lists, mask, kept, query, 64)[0]
         assert sum(map(len, read)) < sum(map(len, every_row)) / 2
 
 
 def test_rows_kept_per_list_under_a_mask() -> None:
     index, _ = _index()
-    lists = index._lists
+    lists = index._state.lists
     assert lists is not None
     where = IndexFilter(cameras=["cam-3"])
     with index._lock:
-        mask, kept = index._masked_rows(index._columns, where)
+        mask, kept = index._masked_rows(index._state.columns, where)
     labels = np.searchsorted(lists.starts, np.flatnonzero(mask), side="right") - 1
     assert kept is not None and kept.tolist() == np.bincount(labels, minlength=LISTS).tolist()
     assert int(kept.sum()) == index.count(where) == (CODES * COPIES + DISTINCT) // 4
@@ -114,20 +115,24 @@ def test_a_change_in_place_makes_the_mask_again() -> None:
     index, distinct = _index()
     where = IndexFilter(cameras=["cam-0"])
     before = index.count(where)
-    position = int(np.flatnonzero(index._columns.cameras[: index.size] == 1)[0])
-    row_id = int(index._columns.ids[position])
+    position = int(np.flatnonzero(index._state.columns.cameras[: index.size] == 1)[0])
+    row_id = int(index._state.columns.ids[position])
     late = [(row_id, "cam-0", "2026-10-01T00:00:00", 1, "captioned", distinct[0].tobytes(), None)]
     with index._lock:
-        index._replace(late)
+        index._replace(index._state, late)
     assert index.count(where) == before + 1
-    assert index._lists is not None and position in index._lists.moved and index._lists.runs[position] < 0
+    assert (
+        index._state.lists is not None
+        and position in index._state.lists.moved
+        and index._state.lists.runs[position] < 0
+    )
 
 
 def test_the_lists_leave_room_for_the_rows_before_the_next_build() -> None:
     """Columns built at capacity doubled on the first new caption (770 MB more at 10M rows): the build leaves room
     for as many rows as the lists take before they are stale, so appending them moves no column."""
     index, _ = _index()
-    columns, lists = index._columns, index._lists
+    columns, lists = index._state.columns, index._state.lists
     assert lists is not None
     room = int(vector_index._STALE_SHARE * lists.covered)
     before = [id(getattr(columns, name)) for name in vector_index._COLUMN_NAMES]
