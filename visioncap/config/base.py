@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Union, get_args, get_origin
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from pydantic import AfterValidator, BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 
 class StrictModel(BaseModel):
@@ -40,9 +40,14 @@ def _plain(value: str) -> str:
     return value
 
 
+# The document's pattern (regex escapes, read alike by Python, ECMA-262 and the Rust regex of JSON Schema tools),
+# so that clients and the schema fuzzer know the rule; the validator above says it in words. Lone surrogates are
+# left out of it (no Rust regex can name them; JSON text rarely carries one) and refused by the validator alone.
+PLAIN_TEXT_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+
 # Text a key holder writes that later reaches stored rows (a watch rule's question goes into each decision row):
 # refused at submission, where it is a clear 422, rather than failing every later write that carries it.
-PlainText = Annotated[str, AfterValidator(_plain)]
+PlainText = Annotated[str, AfterValidator(_plain), Field(json_schema_extra={"pattern": PLAIN_TEXT_PATTERN})]
 
 
 def _keys(model: type[BaseModel]) -> list[str]:
