@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, text
 
 from visioncap.bench.common.netns import Host
+from visioncap.config.api import ApiKey, ApiSettings
 from visioncap.config.keys import hash_key
 from visioncap.serve import PortTakenError, check_own, free_port
 from visioncap.serve.ports import bind_refused
@@ -311,3 +312,17 @@ def read_caption_events(response: httpx.Response, count: int) -> list[dict[str, 
             name, _, value = line.partition(": ")
             event[name] = value
     raise AssertionError(f"stream ended after {len(events)} events")
+
+
+def offline_api_settings(data_dir: Path, database_url: str, key: str, **extra: Any) -> ApiSettings:
+    """An API over `database_url` for in-process tests: one key with both scopes, no .env read, and the VLM at
+    the discard port (refused at once), which readiness does not check."""
+    return ApiSettings(  # type: ignore[call-arg]
+        _env_file=None,
+        data_dir=data_dir,
+        database_url=database_url,
+        api_keys=[ApiKey(name="tests", sha256=hash_key(key), scopes={"read", "write"})],
+        api_ready_check_vlm=False,
+        vlm_base_url="http://127.0.0.1:9/v1",
+        **extra,
+    )

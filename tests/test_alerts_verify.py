@@ -128,6 +128,16 @@ def db_site(database_url: str, tmp_path: Path) -> tuple[CaptionStore, Path, str]
     return store, data_dir, database_url
 
 
+def one_candidate_asked(service: AlertService, store: CaptionStore, data_dir: Path) -> int:
+    """A person with a box at the door, the engine's and the workers' passes over it, the service stopped: its id."""
+    try:
+        candidate = add_framed(store, data_dir, "door", T0, "a person with a box at the door")
+        drain(service)
+    finally:
+        service.stop()
+    return candidate
+
+
 def drain(service: AlertService) -> None:
     """The engine's passes, then each delivery worker's, in this thread: no timing involved."""
     while service.engine.run_once() > 0:
@@ -341,11 +351,7 @@ def test_without_a_vlm_in_the_alerts_file_the_settings_endpoint_is_asked(
     store, data_dir = site
     monkeypatch.setenv("VISIONCAP_VLM_BASE_URL", vllm_server.base_url)
     service = AlertService(store.engine, config(None, receiver.url, force_answer=MATCH), data_dir=data_dir)
-    try:
-        candidate = add_framed(store, data_dir, "door", T0, "a person with a box at the door")
-        drain(service)
-    finally:
-        service.stop()
+    candidate = one_candidate_asked(service, store, data_dir)
     [decision] = decisions(store)
     assert (decision["caption_id"], decision["match"], decision["error"]) == (candidate, True, None)
     assert [body["caption_id"] for body in receiver.bodies()] == [candidate]
@@ -363,11 +369,7 @@ def test_a_nul_in_the_models_reason_is_stored_without_it(
     service = AlertService(
         store.engine, config(vllm_server.base_url, receiver.url, force_answer=answer), data_dir=data_dir
     )
-    try:
-        candidate = add_framed(store, data_dir, "door", T0, "a person with a box at the door")
-        drain(service)
-    finally:
-        service.stop()
+    candidate = one_candidate_asked(service, store, data_dir)
     [decision] = decisions(store)
     assert (decision["caption_id"], decision["match"], decision["reason"]) == (candidate, True, "left a box")
     assert [body["verification"]["reason"] for body in receiver.bodies()] == ["left\x00 a box"]

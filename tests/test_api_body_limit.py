@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from helpers import offline_api_settings
 from taps import AsgiThread
 
 from visioncap.api import create_app
-from visioncap.config.api import ApiKey, ApiSettings
-from visioncap.config.keys import hash_key
+from visioncap.config.api import ApiSettings
 from visioncap.store import CaptionStore, create_db_engine
 
 KEY = "body-limit-write-key"
@@ -32,16 +32,7 @@ def settings(tmp_path: Path) -> ApiSettings:
     data_dir = tmp_path / "data"
     url = f"sqlite:///{data_dir / 'visioncap.db'}"
     CaptionStore(create_db_engine(url)).create_schema()
-    return ApiSettings(  # type: ignore[call-arg]
-        _env_file=None,
-        data_dir=data_dir,
-        database_url=url,
-        api_keys=[ApiKey(name="limits", sha256=hash_key(KEY), scopes={"read", "write"})],
-        api_ready_check_vlm=False,
-        vlm_base_url="http://127.0.0.1:9/v1",
-        api_max_body_bytes=LIMIT,
-        ask_max_body_bytes=ASK_LIMIT,
-    )
+    return offline_api_settings(data_dir, url, KEY, api_max_body_bytes=LIMIT, ask_max_body_bytes=ASK_LIMIT)
 
 
 @pytest.fixture

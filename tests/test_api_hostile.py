@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from helpers import offline_api_settings
 from test_api import captioned, jpeg, new_caption
 
 from visioncap.api import create_app
 from visioncap.api.errors import ApiError
 from visioncap.api.serving import decode_ranked_cursor
-from visioncap.config.api import ApiKey, ApiSettings
-from visioncap.config.keys import hash_key
 from visioncap.config.outbox import OutboxConfig
 from visioncap.pipeline.metrics import PipelineMetrics
 from visioncap.pipeline.outbox import Outbox
@@ -62,14 +61,7 @@ def seeded(tmp_path: Path) -> Iterator[Seeded]:
     # A stored file damaged on disk (a full disk, a bad sector, a bit flip): a JPEG's start, then garbage.
     (data_dir / row.image_path).write_bytes(jpeg()[:200] + b"\x00garbage" * 50)
     store.engine.dispose()
-    settings = ApiSettings(  # type: ignore[call-arg]
-        _env_file=None,
-        data_dir=data_dir,
-        database_url=url,
-        api_keys=[ApiKey(name="hostile", sha256=hash_key(KEY), scopes={"read", "write"})],
-        api_ready_check_vlm=False,
-        vlm_base_url="http://127.0.0.1:9/v1",  # the discard port: refused at once
-    )
+    settings = offline_api_settings(data_dir, url, KEY)
     with TestClient(create_app(settings), headers={"X-Api-Key": KEY}, raise_server_exceptions=False) as client:
         yield Seeded(client, ids[0], ids[1])
 

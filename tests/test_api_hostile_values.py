@@ -20,10 +20,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from helpers import offline_api_settings
 
 from visioncap.api import create_app
-from visioncap.config.api import ApiKey, ApiSettings
-from visioncap.config.keys import hash_key
 from visioncap.store import CaptionStore, create_db_engine
 
 KEY = "hostile-values-key"
@@ -132,15 +131,7 @@ def variants(body: Any) -> Iterator[Any]:
 def api_client(database_url: str, data_dir: Path) -> Iterator[TestClient]:
     store = CaptionStore(create_db_engine(database_url))
     store.create_schema()
-    settings = ApiSettings(  # type: ignore[call-arg]
-        _env_file=None,
-        data_dir=data_dir,
-        database_url=database_url,
-        api_keys=[ApiKey(name="hostile", sha256=hash_key(KEY), scopes={"read", "write"})],
-        api_ready_check_vlm=False,
-        vlm_base_url="http://127.0.0.1:9/v1",
-        ask_model="away",
-    )
+    settings = offline_api_settings(data_dir, database_url, KEY, ask_model="away")
     headers = {"Authorization": f"Bearer {KEY}"}
     try:
         with TestClient(create_app(settings), headers=headers, raise_server_exceptions=False) as client:

@@ -14,11 +14,10 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from helpers import offline_api_settings
 from test_api import captioned, new_caption
 
 from visioncap.api import create_app
-from visioncap.config.api import ApiKey, ApiSettings
-from visioncap.config.keys import hash_key
 from visioncap.store import CaptionStatus, CaptionStore, create_db_engine
 
 KEY = "params-read-write-key"
@@ -37,14 +36,7 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
         row_id = store.add(new_caption(index, camera=camera), status=CaptionStatus.PENDING)
         store.mark_captioned(row_id, captioned(f"a person on camera {camera}"), 1)
     store.engine.dispose()
-    settings = ApiSettings(  # type: ignore[call-arg]
-        _env_file=None,
-        data_dir=data_dir,
-        database_url=url,
-        api_keys=[ApiKey(name="params", sha256=hash_key(KEY), scopes={"read", "write"})],
-        api_ready_check_vlm=False,
-        vlm_base_url="http://127.0.0.1:9/v1",
-    )
+    settings = offline_api_settings(data_dir, url, KEY)
     with TestClient(create_app(settings), headers={"X-Api-Key": KEY}, raise_server_exceptions=False) as client:
         yield client
 

@@ -156,12 +156,9 @@ async function loadAnswers(more) {
   if (more) params.push(["before", String(answersBefore)]);
   try {
     const page = await apiJson("/v1/alerts/decisions", { params, signal: controller.signal });
-    const rows = page.items.map(answerRow);
-    if (more) $("alert-answers").append(...rows);
-    else $("alert-answers").replaceChildren(...rows);
+    const count = filled("alert-answers", page.items.map(answerRow), more);
     answersBefore = page.next_cursor;
     $("alert-answers-more").hidden = answersBefore === null;
-    const count = $("alert-answers").children.length;
     $("alert-answers-table").hidden = !count;
     $("alert-answers-note").textContent = count ? "" : "No question asked yet (with these filters).";
   } catch (error) {
@@ -170,11 +167,18 @@ async function loadAnswers(more) {
   }
 }
 
+// A page of `nodes` after those shown (`more`) or instead of them; how many the list shows now.
+function filled(id, nodes, more) {
+  if (more) $(id).append(...nodes);
+  else $(id).replaceChildren(...nodes);
+  return $(id).children.length;
+}
+
 async function loadRules() {
   const rules = (await apiJson("/v1/alerts/rules")).items;
   $("alert-rules").replaceChildren(...rules.map(ruleRow));
   $("alert-rules-table").hidden = !rules.length;
-  $("alert-rules-note").textContent = rules.length ? "" : "No rules: add them to the alerts file or through POST /v1/alerts/rules.";
+  $("alert-rules-note").textContent = rules.length ? "" : "No rules: add one below (a write key), to the alerts file, or through POST /v1/alerts/rules.";
   const select = $("alerts-rule");
   const chosen = select.value;
   select.replaceChildren(new Option("any rule", ""), ...rules.map((view) => new Option(view.rule.name, view.rule.name)));
@@ -190,12 +194,9 @@ async function loadAlerts(more) {
   if (more) params.push(["cursor", cursor]);
   try {
     const page = await apiJson("/v1/alerts", { params, signal: controller.signal });
-    const items = page.items.map(alertItem);
-    if (more) $("alert-list").append(...items);
-    else $("alert-list").replaceChildren(...items);
+    const count = filled("alert-list", page.items.map(alertItem), more);
     cursor = page.next_cursor;
     $("alerts-more").hidden = !cursor;
-    const count = $("alert-list").children.length;
     status(count ? `${count} alert${count === 1 ? "" : "s"} shown` : "Nothing fired (with these filters).");
   } catch (error) {
     if (error.name === "AbortError") return;
