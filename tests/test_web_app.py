@@ -368,7 +368,7 @@ def test_alerts_page_lists_rules_and_what_fired_with_delivery_states(site: Site,
     assert any("/v1/alerts/decisions?" in url and "rule=forklift" in url for url in seen.requests)
 
 
-def test_a_write_key_adds_a_watch_rule_from_the_page_and_deletes_it(site: Site, browser: Browser) -> None:
+def test_a_write_key_adds_changes_and_deletes_a_watch_rule_from_the_page(site: Site, browser: Browser) -> None:
     seen = signed_in(browser, site.url, WRITE_KEY, path="/#/alerts")
     page = seen.page
     page.on("dialog", lambda dialog: dialog.accept())  # the delete button's "Delete rule ...?"
@@ -407,7 +407,33 @@ def test_a_write_key_adds_a_watch_rule_from_the_page_and_deletes_it(site: Site, 
             2,
             60,
         )
-        # The alerts file's rules cannot be deleted here; the API's can.
+        # Changed from the page: the form holds the rule; what it empties is cleared, what it has not is kept.
+        row.locator(".rule-edit").click()
+        expect(page.locator("#rule-form-heading")).to_have_text("Change rule ladder")
+        expect(page.locator("#rule-name")).to_have_value("ladder")
+        expect(page.locator("#rule-question")).to_have_value("someone climbs the fence")
+        expect(page.locator("#rule-words")).to_have_value("fence, ladder")
+        page.fill("#rule-question", "someone cuts the fence")
+        page.fill("#rule-min-people", "")
+        page.fill("#rule-frames", "3")
+        page.click("#rule-submit")
+        expect(page.locator("#rule-form-status")).to_contain_text("Rule ladder changed")
+        expect(row.locator(".rule-question")).to_have_text(
+            "and the VLM answers yes to “someone cuts the fence” (up to 3 frames)"
+        )
+        expect(row).not_to_contain_text("at least")
+        expect(page.locator("#rule-form-heading")).to_have_text("Add a rule")
+        stored = api_get(site, "/v1/alerts/rules").json()["items"]
+        [ladder] = [item["rule"] for item in stored if item["rule"]["name"] == "ladder"]
+        assert (ladder["words"], ladder["min_people"], ladder["cameras"], ladder["cooldown_s"]) == (
+            ["fence", "ladder"],
+            None,
+            ["dock"],
+            60,
+        )
+        assert (ladder["verify"]["question"], ladder["verify"]["max_frames"]) == ("someone cuts the fence", 3)
+        # The alerts file's rules cannot be changed or deleted here; the API's can.
+        expect(page.locator('#alert-rules tr[data-rule="courier"] .rule-edit')).to_have_count(0)
         expect(page.locator('#alert-rules tr[data-rule="courier"] .rule-delete')).to_have_count(0)
         row.locator(".rule-delete").click()
         expect(row).to_have_count(0)
@@ -420,13 +446,13 @@ def test_a_write_key_adds_a_watch_rule_from_the_page_and_deletes_it(site: Site, 
     only_declared(seen.requests)
 
 
-def test_a_read_key_sees_no_rule_form_nor_delete_buttons(site: Site, browser: Browser) -> None:
+def test_a_read_key_sees_no_rule_form_nor_rule_buttons(site: Site, browser: Browser) -> None:
     seen = signed_in(browser, site.url, READ_KEY, path="/#/alerts")
     page = seen.page
     try:
         expect(page.locator("#alert-rules tr")).to_have_count(len(RULE_NAMES))
         expect(page.locator("#rule-form")).to_be_hidden()
-        expect(page.locator(".rule-delete")).to_have_count(0)
+        expect(page.locator(".rule-delete, .rule-edit")).to_have_count(0)
     finally:
         seen.context.close()
 

@@ -49,9 +49,39 @@ function ruleRow(view) {
     h("td", {}, rule.notify?.length ? rule.notify.join(", ") : "all destinations"),
     h("td", {}, badge(view.source === "file" ? "alerts file" : "API", view.source),
       canWrite() && !view.read_only
-        ? h("button", { type: "button", class: "secondary small rule-delete", onclick: () => deleteRule(rule.name),
-          "aria-label": `Delete rule ${rule.name}` }, "Delete")
+        ? [
+          h("button", { type: "button", class: "secondary small rule-edit", onclick: () => editRule(rule),
+            "aria-label": `Change rule ${rule.name}` }, "Change"),
+          h("button", { type: "button", class: "secondary small rule-delete", onclick: () => deleteRule(rule.name),
+            "aria-label": `Delete rule ${rule.name}` }, "Delete"),
+        ]
         : null));
+}
+
+// The rule being changed in the form (null: the form adds one).
+let editing = null;
+
+function formMode(rule) {
+  editing = rule;
+  $("rule-form-heading").textContent = rule ? `Change rule ${rule.name}` : "Add a rule";
+  $("rule-submit").textContent = rule ? "Save rule" : "Add rule";
+  $("rule-name").readOnly = Boolean(rule);
+  $("rule-cancel").hidden = !rule;
+}
+
+function editRule(rule) {
+  $("rule-form").reset();
+  formMode(rule);
+  $("rule-name").value = rule.name;
+  const cameras = new Set(rule.cameras || []);
+  for (const option of $("rule-cameras").options) option.selected = cameras.has(option.value);
+  $("rule-words").value = (rule.words || []).join(", ");
+  $("rule-min-people").value = rule.min_people ?? "";
+  $("rule-cooldown").value = rule.cooldown_s ?? "";
+  $("rule-question").value = rule.verify?.question || "";
+  $("rule-frames").value = rule.verify?.max_frames || 1;
+  ruleStatus(`Changing ${rule.name}: conditions the form has not (zones, times, ...) keep their value.`);
+  $("rule-question").focus();
 }
 
 function ruleStatus(text, kind = "") {
@@ -67,6 +97,20 @@ async function deleteRule(name) {
     status(error.message, "error");
   }
   await loadRules();
+}
+
+// A change of `rule` from the form: every field the form shows, emptied ones included (null or []), and the
+// rule's other verify settings (deadline, similarity) kept beside a changed question.
+function ruleChange(rule) {
+  const question = $("rule-question").value.trim();
+  const cooldown = $("rule-cooldown").value;
+  return {
+    cameras: [...$("rule-cameras").selectedOptions].map((option) => option.value),
+    words: $("rule-words").value.split(",").map((word) => word.trim()).filter(Boolean),
+    min_people: $("rule-min-people").value === "" ? null : Number($("rule-min-people").value),
+    ...(cooldown === "" ? {} : { cooldown_s: Number(cooldown) }),
+    verify: question ? { ...(rule.verify || {}), question, max_frames: Number($("rule-frames").value || 1) } : null,
+  };
 }
 
 // The form as the API's rule: only what was filled in (the API's defaults for the rest).
@@ -85,13 +129,20 @@ function ruleBody() {
 
 async function addRule(event) {
   event.preventDefault();
-  const body = ruleBody();
   const button = $("rule-submit");
   button.disabled = true;
   try {
-    await apiJson("/v1/alerts/rules", { method: "POST", body });
+    if (editing) {
+      const name = editing.name;
+      await apiJson(`/v1/alerts/rules/${encodeURIComponent(name)}`, { method: "PATCH", body: ruleChange(editing) });
+      ruleStatus(`Rule ${name} changed: the alerts service applies it from its next page.`, "ok");
+    } else {
+      const body = ruleBody();
+      await apiJson("/v1/alerts/rules", { method: "POST", body });
+      ruleStatus(`Rule ${body.name} added: the alerts service takes it up at its next page.`, "ok");
+    }
     $("rule-form").reset();
-    ruleStatus(`Rule ${body.name} added: the alerts service takes it up at its next page.`, "ok");
+    formMode(null);
     await loadRules();
   } catch (error) {
     ruleStatus(error.param ? `${error.message} (field: ${error.param})` : error.message, "error");
@@ -210,6 +261,8 @@ export const alertsView = {
   async enter() {
     status("Loading...");
     $("rule-form").hidden = !canWrite();
+    $("rule-form").reset();
+    formMode(null);
     ruleStatus("");
     try {
       await Promise.all([loadRules(), canWrite() ? loadRuleCameras() : null]);
@@ -237,4 +290,5 @@ export function setUp() {
   $("alert-answers-more").addEventListener("click", () => loadAnswers(true));
   $("answers-answer").addEventListener("change", () => loadAnswers(false));
   $("rule-form").addEventListener("submit", addRule);
+  $("rule-cancel").addEventListener("click", () => { $("rule-form").reset(); formMode(null); ruleStatus(""); });
 }
