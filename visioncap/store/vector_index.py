@@ -343,7 +343,9 @@ class VectorIndex:
                 written = conn.scalar(_LAST_WRITE)  # before the rows: what is written meanwhile is read after
                 count, low, high = conn.execute(_ID_RANGE).one()
                 centroids = self._centroids(conn, count, low, high) if (count or 0) >= LISTS_MIN_ROWS else None
-            state = _Loaded(_Columns(), codes=dict(self._state.codes))
+            # Camera codes of its own, as its rows take them: copying the state searched's would race a refresh
+            # that adds a camera to them in place, and a state's codes need only match its own columns.
+            state = _Loaded(_Columns())
             state.written = None if written is None else float(written)
             labels: list[np.ndarray] = []
             state.max_id = self._read(state, state.columns, state.codes, 0, centroids, labels)
