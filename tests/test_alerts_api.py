@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from alerts_support import add_caption
 from fastapi.testclient import TestClient
+from helpers import offline_api_settings
 from sqlalchemy import insert
 
 from visioncap.alerts.engine import AlertEngine
@@ -56,8 +57,11 @@ def setup(tmp_path: Path) -> Iterator[tuple[TestClient, CaptionStore, Path]]:
 
 def test_rules_crud_and_file_rules_read_only(setup: tuple[TestClient, CaptionStore, Path]) -> None:
     client, _, _ = setup
-    listed = client.get("/v1/alerts/rules").json()["items"]
-    assert [(item["rule"]["name"], item["source"], item["read_only"]) for item in listed] == [("crowd", "file", True)]
+    listed = client.get("/v1/alerts/rules").json()
+    assert [(item["rule"]["name"], item["source"], item["read_only"]) for item in listed["items"]] == [
+        ("crowd", "file", True)
+    ]
+    assert listed["destinations"] == ["hook"]  # what `notify` may name, for the web page's form
     reader = {"Authorization": f"Bearer {READ_KEY}"}
     new = {"name": "forklift", "words": ["forklift"], "cooldown_s": 0}
     assert client.post("/v1/alerts/rules", json=new, headers=reader).status_code == 403
@@ -78,6 +82,16 @@ def test_rules_crud_and_file_rules_read_only(setup: tuple[TestClient, CaptionSto
     assert [item["rule"]["name"] for item in client.get("/v1/alerts/rules").json()["items"]] == ["crowd", "forklift"]
     assert client.delete("/v1/alerts/rules/forklift").status_code == 204
     assert client.delete("/v1/alerts/rules/forklift").status_code == 404
+
+
+def test_without_an_alerts_file_destinations_are_unknown_and_notify_is_not_checked(tmp_path: Path) -> None:
+    settings = offline_api_settings(tmp_path / "data", f"sqlite:///{tmp_path / 'api.db'}", WRITE_KEY)
+    with TestClient(create_app(settings), headers={"Authorization": f"Bearer {WRITE_KEY}"}) as client:
+        made = client.post("/v1/alerts/rules", json={"name": "gate", "notify": ["pager"]})
+        assert made.status_code == 201
+        listed = client.get("/v1/alerts/rules").json()
+    assert listed["destinations"] is None
+    assert [item["rule"]["notify"] for item in listed["items"]] == [["pager"]]
 
 
 def test_a_stored_rule_this_version_refuses_is_left_out_and_can_be_deleted(

@@ -446,6 +446,108 @@ def test_a_write_key_adds_changes_and_deletes_a_watch_rule_from_the_page(site: S
     only_declared(seen.requests)
 
 
+def _stored_rule(site: Site, name: str) -> dict[str, object]:
+    items = api_get(site, "/v1/alerts/rules").json()["items"]
+    [rule] = [item["rule"] for item in items if item["rule"]["name"] == name]
+    return rule
+
+
+def test_the_rule_form_sets_where_when_what_and_whom_to_tell(site: Site, browser: Browser) -> None:
+    """Every condition of a rule, from the page: zones and a stay, times of day, activities, similarity, the
+    question's pre-filter and deadline, the destinations (as the alerts file names them); changed, then cleared."""
+    seen = signed_in(browser, site.url, WRITE_KEY, path="/#/alerts")
+    page = seen.page
+    try:
+        expect(page.locator("#rule-notify option")).to_have_text(["ops", "archive"])  # the alerts file's
+        expect(page.locator("#rule-notify-note")).to_have_text("None picked: every destination.")
+        page.fill("#rule-name", "night-fence")
+        page.fill("#rule-words", "fence")
+        page.check("#rule-all-words")
+        page.fill("#rule-question", "someone climbs the fence")
+        page.fill("#rule-deadline", "12.5")
+        page.click("#rule-more summary")
+        page.fill("#rule-zones", "fence, back-door")
+        page.fill("#rule-dwell", "60")
+        page.fill("#rule-max-people", "3")
+        page.fill("#rule-activities", "climbing")
+        page.fill("#rule-semantic", "a person at the fence")
+        page.fill("#rule-semantic-threshold", "0.4")
+        page.fill("#rule-question-similarity", "0.25")
+        page.select_option("#rule-notify", ["ops"])
+        # A time that is no time stops the form in the browser: nothing is sent.
+        page.fill("#rule-windows", "25:00-06:00")
+        page.click("#rule-submit")
+        assert page.evaluate("document.getElementById('rule-windows').validity.patternMismatch") is True
+        page.fill("#rule-windows", f"22:00-06:00, 12:00 {DASH} 13:00")  # either dash, as the page writes them
+        page.click("#rule-submit")
+        expect(page.locator("#rule-form-status")).to_contain_text("Rule night-fence added")
+        row = page.locator('#alert-rules tr[data-rule="night-fence"]')
+        expect(row.locator("td").nth(1)).to_contain_text(
+            "all of “fence”; about “a person at the fence” (similarity ≥ 0.4); at most 3 people; doing climbing; "
+            f"between 22:00{DASH}06:00, 12:00{DASH}13:00; in fence or back-door for ≥ 60 s"
+        )
+        expect(row.locator(".rule-question")).to_have_text(
+            "and the VLM answers yes to “someone climbs the fence” (up to 1 frame, if the caption is about it "
+            "(similarity ≥ 0.25))"
+        )
+        expect(row.locator("td").nth(3)).to_have_text("ops")
+        rule = _stored_rule(site, "night-fence")
+        assert {key: rule[key] for key in ("words", "all_words", "zones", "min_dwell_s", "max_people")} == {
+            "words": ["fence"],
+            "all_words": True,
+            "zones": ["fence", "back-door"],
+            "min_dwell_s": 60,
+            "max_people": 3,
+        }
+        assert rule["windows"] == [{"start": "22:00", "end": "06:00"}, {"start": "12:00", "end": "13:00"}]
+        assert (rule["activities"], rule["semantic"], rule["notify"]) == (
+            ["climbing"],
+            {"text": "a person at the fence", "threshold": 0.4},
+            ["ops"],
+        )
+        verify = rule["verify"]
+        assert isinstance(verify, dict)
+        assert (verify["min_similarity"], verify["deadline_s"], verify["max_frames"]) == (0.25, 12.5, 1)
+
+        # Changed: the form opens with every condition of the rule; what it empties is cleared.
+        row.locator(".rule-edit").click()
+        expect(page.locator("#rule-more")).to_have_attribute("open", "")
+        expect(page.locator("#rule-zones")).to_have_value("fence, back-door")
+        expect(page.locator("#rule-windows")).to_have_value("22:00-06:00, 12:00-13:00")
+        expect(page.locator("#rule-deadline")).to_have_value("12.5")
+        expect(page.locator("#rule-all-words")).to_be_checked()
+        page.fill("#rule-zones", "")
+        page.fill("#rule-dwell", "")
+        page.fill("#rule-windows", "23:00-05:00")
+        page.fill("#rule-semantic", "")
+        page.select_option("#rule-notify", [])
+        page.click("#rule-submit")
+        expect(page.locator("#rule-form-status")).to_contain_text("Rule night-fence changed")
+        expect(row.locator("td").nth(3)).to_have_text("all destinations")
+        rule = _stored_rule(site, "night-fence")
+        assert (rule["zones"], rule["min_dwell_s"], rule["semantic"], rule["notify"]) == ([], None, None, [])
+        assert rule["windows"] == [{"start": "23:00", "end": "05:00"}]
+        assert (rule["activities"], rule["max_people"], rule["all_words"]) == (["climbing"], 3, True)
+        verify = rule["verify"]
+        assert isinstance(verify, dict)
+        assert (verify["question"], verify["min_similarity"], verify["deadline_s"]) == (
+            "someone climbs the fence",
+            0.25,
+            12.5,
+        )
+    finally:
+        seen.context.close()
+        httpx.delete(
+            f"{site.url}/v1/alerts/rules/night-fence",
+            headers={"Authorization": f"Bearer {WRITE_KEY}"},
+            timeout=TIMEOUT_MS / 1000,
+        )
+    assert [item["rule"]["name"] for item in api_get(site, "/v1/alerts/rules").json()["items"]] == RULE_NAMES
+    assert seen.refused == []
+    assert seen.errors == []
+    only_declared(seen.requests)
+
+
 def test_a_read_key_sees_no_rule_form_nor_rule_buttons(site: Site, browser: Browser) -> None:
     seen = signed_in(browser, site.url, READ_KEY, path="/#/alerts")
     page = seen.page

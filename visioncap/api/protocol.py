@@ -395,6 +395,11 @@ class AlertRuleList(_Model):
     """Every rule, the file's first."""
 
     items: list[AlertRuleView] = Field(description="The rules.")
+    destinations: list[str] | None = Field(
+        default=None,
+        description="The names a rule may list in `notify` (the alerts file's webhooks, then its MQTT broker); "
+        "null: this API was given no alerts file (VISIONCAP_ALERTS_CONFIG), so `notify` is not checked here.",
+    )
 
 
 class AlertDelivery(_Model):

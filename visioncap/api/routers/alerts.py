@@ -160,7 +160,7 @@ def list_rules(
         for rule in store.api_rules(api.engine)
         if rule.name not in names and scope.covers(rule.cameras)
     ]
-    return AlertRuleList(items=items)
+    return AlertRuleList(items=items, destinations=config.destination_names() if config else None)
 
 
 def _checked(rule: AlertRule, config: AlertsConfig | None, scope: CameraScope) -> AlertRule:

@@ -60,6 +60,8 @@ function ruleRow(view) {
 
 // The rule being changed in the form (null: the form adds one).
 let editing = null;
+// The names a rule's `notify` may pick (the alerts file's destinations); null: the API was given no alerts file.
+let destinations = null;
 
 function formMode(rule) {
   editing = rule;
@@ -73,14 +75,27 @@ function editRule(rule) {
   $("rule-form").reset();
   formMode(rule);
   $("rule-name").value = rule.name;
-  const cameras = new Set(rule.cameras || []);
-  for (const option of $("rule-cameras").options) option.selected = cameras.has(option.value);
+  pick("rule-cameras", rule.cameras);
   $("rule-words").value = (rule.words || []).join(", ");
+  $("rule-all-words").checked = Boolean(rule.all_words);
   $("rule-min-people").value = rule.min_people ?? "";
   $("rule-cooldown").value = rule.cooldown_s ?? "";
   $("rule-question").value = rule.verify?.question || "";
   $("rule-frames").value = rule.verify?.max_frames || 1;
-  ruleStatus(`Changing ${rule.name}: conditions the form has not (zones, times, ...) keep their value.`);
+  $("rule-deadline").value = rule.verify?.deadline_s ?? "";
+  $("rule-question-similarity").value = rule.verify?.min_similarity ?? "";
+  $("rule-zones").value = (rule.zones || []).join(", ");
+  $("rule-dwell").value = rule.min_dwell_s ?? "";
+  $("rule-max-people").value = rule.max_people ?? "";
+  $("rule-windows").value = (rule.windows || []).map((w) => `${w.start}-${w.end}`).join(", ");
+  $("rule-activities").value = (rule.activities || []).join(", ");
+  $("rule-semantic").value = rule.semantic?.text || "";
+  $("rule-semantic-threshold").value = rule.semantic?.threshold ?? "";
+  pick("rule-notify", rule.notify);
+  const more = ["rule-zones", "rule-dwell", "rule-max-people", "rule-windows", "rule-activities", "rule-semantic",
+    "rule-question-similarity"].some((id) => $(id).value !== "") || Boolean(rule.notify?.length);
+  $("rule-more").open = more;
+  ruleStatus(`Changing ${rule.name}: Save replaces its conditions with the form's.`);
   $("rule-question").focus();
 }
 
@@ -99,32 +114,52 @@ async function deleteRule(name) {
   await loadRules();
 }
 
-// A change of `rule` from the form: every field the form shows, emptied ones included (null or []), and the
-// rule's other verify settings (deadline, similarity) kept beside a changed question.
-function ruleChange(rule) {
-  const question = $("rule-question").value.trim();
-  const cooldown = $("rule-cooldown").value;
-  return {
-    cameras: [...$("rule-cameras").selectedOptions].map((option) => option.value),
-    words: $("rule-words").value.split(",").map((word) => word.trim()).filter(Boolean),
-    min_people: $("rule-min-people").value === "" ? null : Number($("rule-min-people").value),
-    ...(cooldown === "" ? {} : { cooldown_s: Number(cooldown) }),
-    verify: question ? { ...(rule.verify || {}), question, max_frames: Number($("rule-frames").value || 1) } : null,
-  };
+const list = (id) => $(id).value.split(",").map((part) => part.trim()).filter(Boolean);
+const number = (id) => ($(id).value === "" ? null : Number($(id).value));
+const picked = (id) => [...$(id).selectedOptions].map((option) => option.value);
+const given = (key, value) => (value === null ? {} : { [key]: value });
+
+function pick(id, values) {
+  const chosen = new Set(values || []);
+  for (const option of $(id).options) option.selected = chosen.has(option.value);
 }
 
-// The form as the API's rule: only what was filled in (the API's defaults for the rest).
-function ruleBody() {
-  const body = { name: $("rule-name").value.trim() };
-  const cameras = [...$("rule-cameras").selectedOptions].map((option) => option.value);
-  if (cameras.length) body.cameras = cameras;
-  const words = $("rule-words").value.split(",").map((word) => word.trim()).filter(Boolean);
-  if (words.length) body.words = words;
-  if ($("rule-min-people").value !== "") body.min_people = Number($("rule-min-people").value);
-  if ($("rule-cooldown").value !== "") body.cooldown_s = Number($("rule-cooldown").value);
+// "22:00-06:00, 12:00–13:00" as the API's windows (the input's pattern allows nothing else).
+function windows() {
+  return list("rule-windows").map((span) => {
+    const [start, end] = span.split(/[-–]/).map((part) => part.trim());
+    return { start, end };
+  });
+}
+
+// The form as the API's rule: every field it shows, emptied ones as null or [] (so a change clears them); an
+// empty cooldown, deadline or threshold is left out (the API's default for a new rule; a change keeps the
+// cooldown), and `notify` too when the API knows no destinations to pick from.
+function formRule() {
   const question = $("rule-question").value.trim();
-  if (question) body.verify = { question, max_frames: Number($("rule-frames").value || 1) };
-  return body;
+  const about = $("rule-semantic").value.trim();
+  return {
+    cameras: picked("rule-cameras"),
+    words: list("rule-words"),
+    all_words: $("rule-all-words").checked,
+    min_people: number("rule-min-people"),
+    max_people: number("rule-max-people"),
+    zones: list("rule-zones"),
+    min_dwell_s: number("rule-dwell"),
+    windows: windows(),
+    activities: list("rule-activities"),
+    semantic: about ? { text: about, ...given("threshold", number("rule-semantic-threshold")) } : null,
+    verify: question
+      ? {
+        question,
+        max_frames: Number($("rule-frames").value || 1),
+        min_similarity: number("rule-question-similarity"),
+        ...given("deadline_s", number("rule-deadline")),
+      }
+      : null,
+    ...given("cooldown_s", number("rule-cooldown")),
+    ...(destinations === null ? {} : { notify: picked("rule-notify") }),
+  };
 }
 
 async function addRule(event) {
@@ -134,10 +169,10 @@ async function addRule(event) {
   try {
     if (editing) {
       const name = editing.name;
-      await apiJson(`/v1/alerts/rules/${encodeURIComponent(name)}`, { method: "PATCH", body: ruleChange(editing) });
+      await apiJson(`/v1/alerts/rules/${encodeURIComponent(name)}`, { method: "PATCH", body: formRule() });
       ruleStatus(`Rule ${name} changed: the alerts service applies it from its next page.`, "ok");
     } else {
-      const body = ruleBody();
+      const body = { name: $("rule-name").value.trim(), ...formRule() };
       await apiJson("/v1/alerts/rules", { method: "POST", body });
       ruleStatus(`Rule ${body.name} added: the alerts service takes it up at its next page.`, "ok");
     }
@@ -225,8 +260,20 @@ function filled(id, nodes, more) {
   return $(id).children.length;
 }
 
+function showDestinations() {
+  const chosen = picked("rule-notify");
+  $("rule-notify").replaceChildren(...(destinations || []).map((name) => new Option(name, name, false, chosen.includes(name))));
+  $("rule-notify-label").hidden = !destinations?.length;
+  $("rule-notify-note").textContent = destinations === null
+    ? "Destinations: the API has no alerts file to list them from; set a rule's notify through the API."
+    : destinations.length ? "None picked: every destination." : "The alerts file has no destinations.";
+}
+
 async function loadRules() {
-  const rules = (await apiJson("/v1/alerts/rules")).items;
+  const listed = await apiJson("/v1/alerts/rules");
+  const rules = listed.items;
+  destinations = listed.destinations;
+  showDestinations();
   $("alert-rules").replaceChildren(...rules.map(ruleRow));
   $("alert-rules-table").hidden = !rules.length;
   $("alert-rules-note").textContent = rules.length ? "" : "No rules: add one below (a write key), to the alerts file, or through POST /v1/alerts/rules.";
