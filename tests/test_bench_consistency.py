@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from visioncap.bench.cli import bench_app
-from visioncap.bench.mixed.consistency import captions_interval, judge_series, run_goals
+from visioncap.bench.mixed.consistency import captions_interval, judge_series, run_goals, series_report
 
 
 def phase(completed: int, window_s: float = 100.0) -> dict[str, Any]:
@@ -72,9 +72,12 @@ def test_captions_must_not_fall_from_one_objective_level_to_the_next(
     assert (judged["met"], judged["falls"]) == (met, falls)
 
 
-def a_run(s3: float, missed: tuple[str, ...] = (), command: str = "visioncap bench mixed") -> dict[str, Any]:
+def a_run(
+    s3: float, missed: tuple[str, ...] = (), command: str = "visioncap bench mixed", unjudged: tuple[str, ...] = ()
+) -> dict[str, Any]:
     goals = {name: {"met": True} for name in ("itl_p99_at_1_25", "ceiling_fraction_at_1_25")}
     goals.update({name: {"met": False} for name in missed})
+    goals.update({name: {"met": None, "not_judged": "the stand-in was not faithful"} for name in unjudged})
     completed = int(s3 * 100)
     run_setups = setups(completed, completed + 100, completed + 200, completed + 300, idle=500)  # 5/s
     return {
@@ -98,12 +101,21 @@ def test_three_runs_each_meeting_every_goal_near_their_mean_meet_the_series() ->
         ([a_run(7.0), a_run(6.5)], "two runs"),
         ([a_run(7.0), a_run(4.0), a_run(7.5)], "S3 off its mean by more than 20 %"),
         ([a_run(7.0), a_run(6.5, missed=("itl_p99_at_1_25",)), a_run(7.5)], "a goal missed in one run"),
+        ([a_run(7.0), a_run(6.5, unjudged=("itl_p99_at_1_25",)), a_run(7.5)], "a goal not judged in one run"),
         ([a_run(7.0), a_run(6.5), a_run(7.5, command="visioncap bench mixed --quick")], "another command"),
         ([a_run(2.8), a_run(2.9), a_run(2.85)], "the 1.25x captions under 0.6 of S1-idle's in each"),
     ],
 )
 def test_a_series_is_not_met(runs: list[dict[str, Any]], why: str) -> None:
     assert judge_series(runs, [f"run-{n}" for n in range(len(runs))])["met"] is False, why
+
+
+def test_the_series_lists_goals_not_judged_apart_from_those_missed() -> None:
+    runs = [a_run(7.0, missed=("ceiling_fraction_at_1_25",)), a_run(6.5, unjudged=("itl_p99_at_1_25",))]
+    judged = judge_series(runs, ["a", "b"])
+    assert judged["goals_missed"] == {"a": ["ceiling_fraction_at_1_25"], "b": []}
+    assert judged["goals_not_judged"] == {"a": [], "b": ["itl_p99_at_1_25"]}
+    assert "| b | 2026-12-05T00:00:00+00:00 | 6.5 | -4% | none | itl_p99_at_1_25 |" in series_report(judged)
 
 
 def test_the_series_command_exits_by_the_judgement(tmp_path: Path) -> None:

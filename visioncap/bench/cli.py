@@ -159,6 +159,34 @@ def mixed_series_command(
     raise typer.Exit(0 if judged["met"] else 1)
 
 
+@bench_app.command("mixed-misses")
+def mixed_misses_command(
+    run: Annotated[Path, typer.Argument(help="A run's mixed.json; its -raw.json beside it is read too.")],
+    out: Annotated[
+        Path | None, typer.Option(help="Write the split here as JSON, and as Markdown beside it (.md).")
+    ] = None,
+) -> None:
+    """Where a `bench mixed` run's chat gaps above the objective fell: beside a frame at vLLM or beside none (the
+    host's own), per set-up, against chat alone's (#46 item 4). Also in every newer run's mixed.json."""
+    from visioncap.bench.mixed.misses import misses_table, run_miss_sources
+
+    raw_path = run.with_name(f"{run.stem}-raw.json")
+    try:
+        summary = json.loads(run.read_text())
+        raw = json.loads(raw_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(f"a run's file could not be read: {exc}") from None
+    found = run_miss_sources(raw, summary.get("setups") or {}, summary.get("gateway_objectives"))
+    if found is None:
+        raise typer.BadParameter(f"{run} has no gateway inter-token objective to judge the gaps by")
+    report = misses_table(found)
+    typer.echo(report)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(found, indent=1) + "\n")
+        out.with_suffix(".md").write_text(report)
+
+
 @bench_app.command("fidelity")
 def fidelity_command(
     profile: StandInProfile = "standin",

@@ -96,8 +96,14 @@ def _levels(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 def judge_series(runs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, Any]:
     """Whether these consecutive runs (their `mixed.json`, oldest first) meet #46 item 4: every goal met in each of
     at least three, and each one's S3 captions/s within 20 % of their mean; what missed, by run."""
+    # A goal not judged (met None: an unfaithful stand-in, a phase the run lacks) is not met either, but says
+    # nothing of the gateway: listed apart.
     missed = {
-        name: sorted(goal for goal, judged in goals_of(run).items() if judged.get("met") is not True)
+        name: sorted(goal for goal, judged in goals_of(run).items() if judged.get("met") is False)
+        for name, run in zip(names, runs, strict=True)
+    }
+    unjudged = {
+        name: sorted(goal for goal, judged in goals_of(run).items() if judged.get("met") is None)
         for name, run in zip(names, runs, strict=True)
     }
     s3 = [((run.get("setups") or {}).get("S3") or {}).get("captions", {}).get("throughput_per_s") for run in runs]
@@ -111,11 +117,16 @@ def judge_series(runs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dic
         "commands": commands,
         "started_at": [run.get("started_at") for run in runs],
         "goals_missed": missed,
+        "goals_not_judged": unjudged,
         "s3_captions_per_s": s3,
         "s3_mean": None if mean is None else round(mean, 3),
         "s3_spread_from_mean": spread,
         "s3_within_spread": within,
-        "met": len(runs) >= SERIES_RUNS and len(commands) == 1 and within and not any(missed.values()),
+        "met": len(runs) >= SERIES_RUNS
+        and len(commands) == 1
+        and within
+        and not any(missed.values())
+        and not any(unjudged.values()),
         "goal": f"every goal met in each of {SERIES_RUNS} consecutive runs of one command, and their S3 captions/s "
         f"each within {SERIES_SPREAD:.0%} of the mean",
     }
@@ -130,16 +141,17 @@ def goals_of(run: Mapping[str, Any]) -> dict[str, Any]:
 def series_report(judged: Mapping[str, Any]) -> str:
     """Markdown of `judge_series`'s answer."""
     lines = [
-        "| run | started | S3 captions/s | vs mean | goals missed |",
-        "|---|---|---:|---:|---|",
+        "| run | started | S3 captions/s | vs mean | goals missed | not judged |",
+        "|---|---|---:|---:|---|---|",
     ]
     spread = judged["s3_spread_from_mean"] or [None] * len(judged["runs"])
     for name, started, rate, off in zip(
         judged["runs"], judged["started_at"], judged["s3_captions_per_s"], spread, strict=True
     ):
         missed = ", ".join(judged["goals_missed"][name]) or "none"
+        unjudged = ", ".join(judged["goals_not_judged"][name]) or "none"
         shown = "-" if off is None else f"{off:+.0%}"
-        lines.append(f"| {name} | {started} | {rate} | {shown} | {missed} |")
+        lines.append(f"| {name} | {started} | {rate} | {shown} | {missed} | {unjudged} |")
     verdict = "met" if judged["met"] else "not met"
     lines += ["", f"Series goal ({judged['goal']}): **{verdict}**. Commands: {', '.join(judged['commands'])}."]
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from visioncap.bench.common.machine import portable
 from visioncap.bench.common.stats import ecdf
+from visioncap.bench.mixed.misses import misses_table
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -308,6 +309,13 @@ def _frames_text(results: dict[str, Any]) -> str:
     )
 
 
+def _misses_text(results: dict[str, Any]) -> str:
+    found = results.get("miss_sources")
+    if not found:
+        return ""
+    return f"Where the gaps above the objective fell ({found['method']}):\n\n{misses_table(found)}\n"
+
+
 def markdown(results: dict[str, Any]) -> str:
     calibration = results.get("calibration") or {}
     model = results["model"]
@@ -332,7 +340,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{table(results)}\n\n{alerts_table(results)}{goals_table(results)}\n\n"
         f"{ceiling_text(results)}{frontier_text(results)}"
         f"S0 blocks, gateway / direct p50 per ABBA pair: {pairs}.\n\n"
-        f"{host_costs_table(results)}"
+        f"{host_costs_table(results)}{_misses_text(results)}"
         f"S3 gateway probes (every 0.5 s): {json.dumps(results.get('s3_gateway_timeline'))}.\n"
     )
 

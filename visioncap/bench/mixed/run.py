@@ -58,6 +58,7 @@ from visioncap.bench.common.workload import (
 from visioncap.bench.mixed import consistency
 from visioncap.bench.mixed.calibrate import calibrate, tokens_per_word
 from visioncap.bench.mixed.frontier import FrontierPoint, frontier
+from visioncap.bench.mixed.misses import run_miss_sources
 from visioncap.bench.mixed.phase_costs import phase_costs, vllm_pids
 from visioncap.bench.mixed.phase_costs import snapshot as cost_snapshot
 from visioncap.bench.standin.fidelity import FidelityResult, attempt_record, gate_goals, probe_for, target_for
@@ -1291,6 +1292,11 @@ def assemble(run: Run, started_at: datetime, wall_s: float) -> dict[str, Any]:
         "goals": gate_goals(
             evaluate_goals(ratios, bounds, run.summaries, run.extra.get("ceilings"), read_overhead(), front),
             run.extra.get("fidelity"),
+        ),
+        "miss_sources": run_miss_sources(
+            {name: phase.raw() for name, phase in run.phases.items()},
+            run.summaries,
+            run.extra.get("gateway_objectives"),
         ),
         "timeline": run.timeline,
     }
