@@ -3,10 +3,14 @@ on records built here: which gap counts as beside a frame, and which part each v
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from visioncap.bench.cli import bench_app
 from visioncap.bench.mixed.misses import miss_sources, misses_table, verdict
 
 OBJECTIVE_S = 0.006
@@ -86,3 +90,19 @@ def test_the_verdict_names_what_a_miss_comes_from(
 def test_either_part_alone_would_meet_it() -> None:
     # 1.2 % in all; frames free: 0.8 %; host as chat alone (0.2 %): 0.1 % + 0.6 % = 0.7 %.
     assert verdict(0.012, 0.007, 0.008) == "either: each alone would meet it"
+
+
+def test_the_misses_command_reads_a_run_and_its_raw_records(tmp_path: Path) -> None:
+    raw = {"S0": {"chats": [chat(0.0, [0.002] * 100)], "captions": []}, "S3": _phase((500, 1), (500, 40))}
+    run = tmp_path / "mixed.json"
+    run.write_text(json.dumps({"setups": SUMMARIES, "gateway_objectives": {"itl_p99_ms": 6.0}}))
+    (tmp_path / "mixed-raw.json").write_text(json.dumps(raw))
+    out = tmp_path / "split" / "misses.json"
+    done = CliRunner().invoke(bench_app, ["mixed-misses", str(run), "--out", str(out)])
+    assert done.exit_code == 0, done.output
+    assert "| S3 | 1000 | 4.10% | 500, 0.20% | 500, 8.00% |" in done.output
+    assert json.loads(out.read_text())["phases"]["S3"]["verdict"].startswith("frames")
+    assert out.with_suffix(".md").read_text() == done.output.rstrip("\n") + "\n"
+    (tmp_path / "mixed-raw.json").unlink()
+    missing = CliRunner().invoke(bench_app, ["mixed-misses", str(run)])
+    assert missing.exit_code == 2 and "could not be read" in missing.output

@@ -150,13 +150,17 @@ def mixed_series_command(
     except (OSError, ValueError) as exc:
         raise typer.BadParameter(f"a run's file could not be read: {exc}") from None
     judged = judge_series(loaded, [path.name for path in runs])
-    report = series_report(judged)
+    _echo_and_write(series_report(judged), judged, out)
+    raise typer.Exit(0 if judged["met"] else 1)
+
+
+def _echo_and_write(report: str, found: dict[str, Any], out: Path | None) -> None:
+    """Print a judgement's Markdown; with `out`, write it there as JSON and as Markdown beside it (.md)."""
     typer.echo(report)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(judged, indent=2) + "\n")
+        out.write_text(json.dumps(found, indent=2) + "\n")
         out.with_suffix(".md").write_text(report)
-    raise typer.Exit(0 if judged["met"] else 1)
 
 
 @bench_app.command("mixed-misses")
@@ -179,12 +183,7 @@ def mixed_misses_command(
     found = run_miss_sources(raw, summary.get("setups") or {}, summary.get("gateway_objectives"))
     if found is None:
         raise typer.BadParameter(f"{run} has no gateway inter-token objective to judge the gaps by")
-    report = misses_table(found)
-    typer.echo(report)
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(found, indent=1) + "\n")
-        out.with_suffix(".md").write_text(report)
+    _echo_and_write(misses_table(found), found, out)
 
 
 @bench_app.command("fidelity")
